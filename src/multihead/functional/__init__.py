@@ -1,0 +1,24 @@
+"""Functional attention: ``attention`` plus mask builders and backends."""
+
+from .attention import attention
+from .backends import AUTO_ORDER, Backend, list_backends, register_backend
+from .masks import (
+    causal_mask,
+    padding_mask_from_ignore,
+    padding_mask_from_keep,
+    padding_mask_from_lengths,
+    sliding_window_mask,
+)
+
+__all__ = [
+    "attention",
+    "causal_mask",
+    "sliding_window_mask",
+    "padding_mask_from_lengths",
+    "padding_mask_from_keep",
+    "padding_mask_from_ignore",
+    "Backend",
+    "AUTO_ORDER",
+    "list_backends",
+    "register_backend",
+]

@@ -1,0 +1,98 @@
+"""``attention(q, k, v, ...)``: the one entry point every module calls."""
+
+from __future__ import annotations
+
+import torch
+
+from .backends import select_backend
+from .math_backend import math_attention
+from .nonfinite import split_nonfinite
+from .request import make_request
+
+__all__ = ["attention"]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    return_weights: bool = False,
+    backend: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention with GQA, exact masking and named backends.
+
+    softmax(q kᵀ · scale + bias, hiding masked keys) v, per query head h with
+    key/value head h // (H // G)::
+
+        H = 4 query heads, G = 2 key/value heads
+        q heads:   0  1  2  3
+                    \\/    \\/
+        kv heads:   0     1          (repeat_interleave order, not tile)
+
+    Args:
+        q: [B, H, T, D] queries.
+        k: [B, G, S, D] keys, G dividing H (G = H: MHA, G = 1: MQA).
+        v: [B, G, S, Dv] values.
+        attn_mask: None; bool (True = may attend); or floating, added to the
+            scores (-inf entries count as hidden). Shape (T, S), or 4-D
+            broadcastable to (B, H, T, S). 3-D masks are refused because
+            (B, T, S) and (H, T, S) would be indistinguishable.
+        is_causal: hide keys after each query; combined with ``attn_mask``
+            by logical AND on "may attend".
+        causal_alignment: ``"top_left"`` or ``"bottom_right"`` when T != S
+            (see ``multihead.functional.masks``); decoding is bottom-right.
+        scale: score multiplier, default 1 / sqrt(D).
+        dropout_p: dropout on the weights, applied only when ``training``;
+            with 0 no random numbers are drawn.
+        training: whether dropout is active.
+        return_weights: also return the exact post-softmax weights
+            [B, H, T, S] (before dropout). Needs the ``math`` backend.
+        backend: ``"auto"`` (the fused ``sdpa`` kernel unless the request
+            needs ``math``), ``"math"`` or ``"sdpa"``.
+
+    Returns:
+        out [B, H, T, Dv], or (out, weights) when ``return_weights``.
+
+    Guarantees (all backends): a query that may attend to nothing gets output
+    0, weights 0 and zero gradients; keys/values it may not see (even NaN)
+    do not change its output, while a NaN it may see stays visible in it
+    (``multihead.functional.nonfinite``); float16/bfloat16 scores are
+    accumulated in float32.
+
+    Raises:
+        TypeError: non-tensors, non-floating q/k/v, integer masks.
+        ValueError: shapes, dtypes, devices, mask shapes, scale, dropout_p,
+            causal_alignment, unknown backend, or a backend that cannot serve
+            the call (with every reason).
+    """
+    req = make_request(
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        dropout_p=dropout_p,
+        training=training,
+        return_weights=return_weights,
+    )
+    chosen = select_backend(backend, req)
+    req, fixup = split_nonfinite(req)
+    B, H, G, T, S, Dv = req.shape
+    if B == 0 or T == 0 or S == 0 or H == 0:
+        # Nothing for a kernel to do: the explicit path returns the empty or
+        # all-zero result (with zero gradients) whatever the backend.
+        out, weights = math_attention(req)
+    else:
+        out, weights = chosen.forward(req)
+    if fixup is not None:
+        out, weights = fixup(out, weights)
+    return (out, weights) if return_weights else out

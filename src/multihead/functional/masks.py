@@ -1,0 +1,186 @@
+"""Mask builders. Every boolean mask here means True = "may attend".
+
+Shapes: T query length, S key length, B batch. Builders return masks that
+broadcast against attention scores of shape (B, H, T, S):
+
+* ``causal_mask`` and ``sliding_window_mask`` -> (T, S)
+* the padding builders -> (B, 1, 1, S)
+
+Causal alignment when T != S (``x`` = may attend), T = 2, S = 4::
+
+    top_left            bottom_right
+    q0  x . . .         q0  x x x .
+    q1  x x . .         q1  x x x x
+
+``top_left`` lines query i up with key i (training on a fresh sequence);
+``bottom_right`` lines the last query up with the last key (decoding with a
+KV cache, where the T new queries come after S - T cached keys). With
+``bottom_right`` and T > S the first T - S queries see no key at all; the
+attention functions return zeros for such rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ALIGNMENTS = ("top_left", "bottom_right")
+
+__all__ = [
+    "ALIGNMENTS",
+    "causal_mask",
+    "sliding_window_mask",
+    "padding_mask_from_lengths",
+    "padding_mask_from_keep",
+    "padding_mask_from_ignore",
+    "check_alignment",
+]
+
+
+def check_alignment(alignment: str) -> str:
+    """Return ``alignment`` if it is a known causal alignment.
+
+    Raises:
+        ValueError: naming the valid alignments.
+    """
+    if alignment not in ALIGNMENTS:
+        raise ValueError(
+            f"causal_alignment must be one of {ALIGNMENTS}, got {alignment!r}"
+        )
+    return alignment
+
+
+def _offset(T: int, S: int, alignment: str) -> int:
+    """Key index that query 0 may see up to (inclusive)."""
+    return 0 if check_alignment(alignment) == "top_left" else S - T
+
+
+def _check_length(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def causal_mask(
+    T: int,
+    S: int | None = None,
+    *,
+    alignment: str = "top_left",
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Causal mask: query i may attend to key j iff j <= i + offset.
+
+    Args:
+        T: query length.
+        S: key length (defaults to T).
+        alignment: ``"top_left"`` (offset 0) or ``"bottom_right"``
+            (offset S - T); see the module docstring for a picture.
+        device: where to build the mask.
+
+    Returns:
+        bool [T, S], True = may attend.
+
+    Raises:
+        ValueError: negative lengths or an unknown alignment.
+    """
+    T = _check_length("T", T)
+    S = T if S is None else _check_length("S", S)
+    offset = _offset(T, S, alignment)
+    i = torch.arange(T, device=device).unsqueeze(1)  # (T, 1)
+    j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
+    return j <= i + offset
+
+
+def sliding_window_mask(
+    T: int,
+    S: int | None = None,
+    *,
+    window: int,
+    alignment: str = "top_left",
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Causal mask that also hides keys more than ``window - 1`` steps back.
+
+    Query i (at aligned position p = i + offset) may attend to key j iff
+    p - window < j <= p, i.e. to itself and the ``window - 1`` keys before it
+    (Mistral/Longformer-style local attention).
+
+    Returns:
+        bool [T, S], True = may attend.
+
+    Raises:
+        ValueError: window < 1, negative lengths or an unknown alignment.
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    T = _check_length("T", T)
+    S = T if S is None else _check_length("S", S)
+    offset = _offset(T, S, alignment)
+    pos = torch.arange(T, device=device).unsqueeze(1) + offset  # (T, 1)
+    j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
+    return (j <= pos) & (j > pos - window)
+
+
+def padding_mask_from_lengths(
+    lengths: torch.Tensor | list[int], S: int, *, left: bool = False
+) -> torch.Tensor:
+    """Padding mask from the number of real keys in each batch row.
+
+    Args:
+        lengths: [B] ints, each in [0, S].
+        S: padded key length.
+        left: True when padding sits at the start of each row (left-padded
+            prompts for batched generation), False when it sits at the end.
+
+    Returns:
+        bool [B, 1, 1, S], True = real key (may attend).
+
+    Raises:
+        ValueError: a length outside [0, S] or lengths not 1-D.
+    """
+    S = _check_length("S", S)
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise ValueError(
+            f"lengths must be a 1-D integer tensor, got shape {tuple(lengths.shape)} "
+            f"dtype {lengths.dtype}"
+        )
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > S):
+        raise ValueError(f"lengths must lie in [0, {S}], got {lengths.tolist()}")
+    j = torch.arange(S, device=lengths.device).unsqueeze(0)  # (1, S)
+    n = lengths.unsqueeze(1)  # (B, 1)
+    keep = j >= S - n if left else j < n  # (B, S)
+    return keep[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+
+
+def _check_padding(name: str, mask: torch.Tensor) -> torch.Tensor:
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor, got dtype {mask.dtype}")
+    if mask.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, S), got {tuple(mask.shape)}")
+    return mask
+
+
+def padding_mask_from_keep(keep: torch.Tensor) -> torch.Tensor:
+    """Padding mask from a (B, S) bool tensor where True marks a real key.
+
+    This is the polarity of Hugging Face's ``attention_mask`` (1 = keep).
+
+    Returns:
+        bool [B, 1, 1, S], True = may attend.
+    """
+    return _check_padding("keep", keep)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+
+
+def padding_mask_from_ignore(ignore: torch.Tensor) -> torch.Tensor:
+    """Padding mask from a (B, S) bool tensor where True marks padding.
+
+    This is the polarity of ``torch.nn.MultiheadAttention``'s
+    ``key_padding_mask`` (True = ignore); the result is inverted to
+    multihead's convention.
+
+    Returns:
+        bool [B, 1, 1, S], True = may attend.
+    """
+    return ~_check_padding("ignore", ignore)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)

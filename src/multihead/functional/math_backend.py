@@ -1,0 +1,71 @@
+"""The ``math`` backend: explicit scores and softmax, exact weights.
+
+This is the specification path of ``multihead.functional.attention``: every
+other backend is tested against it. It materialises the (B, H, T, S) score
+matrix, so it can return the attention weights, at the cost of memory that
+grows with T x S.
+
+Half-precision inputs (float16, bfloat16) are computed in float32 and the
+results cast back, so large scores cannot overflow (q = k = 300 with D = 64
+gives scores of 5.8e6, far above float16's 65504).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .request import AttentionRequest
+
+__all__ = ["math_attention"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def math_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Compute attention explicitly.
+
+    GQA folds the H // G query heads of each group into the query axis, so
+    keys and values are read once per group and never expanded::
+
+        q (B, H, T, D) -> (B, G, R*T, D)   with R = H // G,
+        query head h = g*R + r uses key/value head g = h // R.
+
+    Returns:
+        (out [B, H, T, Dv] in the input dtype,
+         weights [B, H, T, S] post-softmax and pre-dropout, or None when
+         not requested).
+    """
+    B, H, G, T, S, Dv = req.shape
+    R = H // G
+    D = req.q.shape[-1]
+    compute = torch.float32 if req.q.dtype in _HALF else req.q.dtype
+    q, k, v = (t.to(compute) for t in (req.q, req.k, req.v))
+
+    qg = q.reshape(B, G, R * T, D)  # (B, H, T, D) -> (B, G, R*T, D)
+    scores = (qg @ k.transpose(-1, -2)) * req.scale  # (B, G, R*T, S)
+    scores = scores.view(B, H, T, S)  # (B, G, R*T, S) -> (B, H, T, S)
+    if req.bias is not None:
+        scores = scores + req.bias.to(compute)
+
+    visible = req.visible()
+    if visible is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        # Exclude with where (masked_fill), never by adding -inf: a NaN score
+        # at a hidden key is replaced, not propagated.
+        row_ok = visible.any(dim=-1, keepdim=True)  # (..., T, 1)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        # Rows with nothing to attend to get finite scores, then zero weights:
+        # no NaN in the output or in any gradient.
+        scores = scores.masked_fill(~row_ok, 0.0)
+        probs = torch.softmax(scores, dim=-1).masked_fill(~row_ok, 0.0)
+
+    weights = probs if req.return_weights else None
+    if req.dropout_p > 0.0:
+        probs = torch.nn.functional.dropout(probs, p=req.dropout_p, training=True)
+
+    out = probs.reshape(B, G, R * T, S) @ v  # (B, G, R*T, Dv)
+    out = out.view(B, H, T, Dv).to(req.q.dtype)  # (B, G, R*T, Dv) -> (B, H, T, Dv)
+    if weights is not None:
+        weights = weights.to(req.q.dtype)
+    return out, weights

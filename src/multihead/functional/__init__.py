@@ -4,6 +4,7 @@ from .attention import attention
 from .backends import AUTO_ORDER, Backend, list_backends, register_backend
 from .masks import (
     causal_mask,
+    merge_masks,
     padding_mask_from_ignore,
     padding_mask_from_keep,
     padding_mask_from_lengths,
@@ -13,6 +14,7 @@ from .masks import (
 __all__ = [
     "attention",
     "causal_mask",
+    "merge_masks",
     "sliding_window_mask",
     "padding_mask_from_lengths",
     "padding_mask_from_keep",

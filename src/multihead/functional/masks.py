@@ -33,6 +33,7 @@ __all__ = [
     "padding_mask_from_keep",
     "padding_mask_from_ignore",
     "check_alignment",
+    "merge_masks",
 ]
 
 
@@ -184,3 +185,21 @@ def padding_mask_from_ignore(ignore: torch.Tensor) -> torch.Tensor:
         bool [B, 1, 1, S], True = may attend.
     """
     return ~_check_padding("ignore", ignore)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+
+
+def merge_masks(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """Combine two masks on "may attend", never by adding two -inf planes.
+
+    bool & bool -> logical AND; bool & float -> the float mask with -inf
+    where the bool mask is False; float & float -> their sum (a sum that
+    overflows to -inf still means "hidden"). Shapes broadcast.
+    """
+    if a is None or b is None:
+        return b if a is None else a
+    if a.dtype == torch.bool and b.dtype == torch.bool:
+        return a & b
+    if a.dtype == torch.bool:
+        a, b = b, a
+    if b.dtype == torch.bool:
+        return torch.where(b, a, torch.full((), float("-inf"), dtype=a.dtype, device=a.device))
+    return a + b

@@ -1,0 +1,110 @@
+"""Static key/value cache for decoding, sized by key/value heads.
+
+Keys and values live in preallocated buffers of shape (B, G, S_max, D) —
+G key/value heads, not H query heads, so GQA/MQA shrink the cache by H / G.
+The buffers are non-persistent: they never enter a state_dict.
+
+    cache = attn.make_kv_cache(batch_size=2, max_len=64)
+    y = attn(prompt, is_causal=True, kv_cache=cache)     # prefill: T tokens
+    y = attn(next_tok, is_causal=True, kv_cache=cache)   # then 1+ per step
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["KVCache"]
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class KVCache(nn.Module):
+    """Preallocated keys and values for one attention layer.
+
+    Args:
+        batch_size: B.
+        num_kv_heads: G.
+        max_len: S_max, the capacity in tokens.
+        head_dim: D of the keys.
+        value_dim: D of the values (defaults to ``head_dim``).
+        dtype, device: of the buffers.
+
+    The cache is an inference device: writes are detached, so no gradient
+    flows through cached keys and values.
+
+    Attributes:
+        k: [B, G, S_max, D] key buffer; v: [B, G, S_max, Dv] value buffer.
+        length: number of positions written so far.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        value_dim: int | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        B = _positive("batch_size", batch_size)
+        G = _positive("num_kv_heads", num_kv_heads)
+        S = _positive("max_len", max_len)
+        D = _positive("head_dim", head_dim)
+        Dv = D if value_dim is None else _positive("value_dim", value_dim)
+        self.max_len = S
+        self.length = 0
+        self.register_buffer("k", torch.zeros(B, G, S, D, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(B, G, S, Dv, dtype=dtype, device=device), persistent=False)
+
+    def reset(self) -> None:
+        """Forget every cached position (the buffers are reused)."""
+        self.length = 0
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append T new positions and return everything cached so far.
+
+        Args:
+            k: [B, G, T, D] new keys.
+            v: [B, G, T, Dv] new values.
+
+        Returns:
+            (keys [B, G, length, D], values [B, G, length, Dv]) after the write,
+            views into the buffers.
+
+        Raises:
+            ValueError: shapes that do not match the buffers, or a write past
+                capacity (raised before anything is written).
+        """
+        B, G, _, D = self.k.shape
+        Dv = self.v.shape[-1]
+        if k.dim() != 4 or v.dim() != 4 or k.shape[2] != v.shape[2]:
+            raise ValueError(
+                f"k and v must be (B, G, T, D) with equal T; got k={tuple(k.shape)}, v={tuple(v.shape)}"
+            )
+        T = k.shape[2]
+        if (k.shape[0], k.shape[1], k.shape[3]) != (B, G, D) or (v.shape[0], v.shape[1], v.shape[3]) != (B, G, Dv):
+            raise ValueError(
+                f"cache holds k (B={B}, G={G}, D={D}) and v (D={Dv}); "
+                f"got k={tuple(k.shape)}, v={tuple(v.shape)}"
+            )
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(
+                f"KV cache overflow: {self.length} cached + {T} new = {end} > max_len {self.max_len}"
+            )
+        self.k[:, :, self.length : end] = k.detach()
+        self.v[:, :, self.length : end] = v.detach()
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def extra_repr(self) -> str:
+        B, G, S, D = self.k.shape
+        return f"batch_size={B}, num_kv_heads={G}, max_len={S}, head_dim={D}, length={self.length}"

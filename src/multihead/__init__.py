@@ -1,0 +1,30 @@
+"""multihead: multi-head attention and the family that grew out of it.
+
+The public API on one screen:
+
+* ``multihead.reference``  NumPy float64 specification (readable, loops allowed)
+* ``multihead.functional`` ``attention(q, k, v, ...)``, masks, backends
+* ``multihead.textbook``   the tutorial classes with their exact signatures
+* ``MultiHeadAttention``   the production module (MHA / GQA / MQA, cross, cache)
+* ``KVCache``              static cache sized by key/value heads
+* ``TorchMultiheadAttention`` drop-in for ``torch.nn.MultiheadAttention``
+"""
+
+from . import functional, reference, textbook
+from .functional import attention
+from .modules.attention import MultiHeadAttention
+from .modules.kv_cache import KVCache
+from .modules.torch_compat import TorchMultiheadAttention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention",
+    "functional",
+    "reference",
+    "textbook",
+    "MultiHeadAttention",
+    "KVCache",
+    "TorchMultiheadAttention",
+    "__version__",
+]

@@ -1,14 +1,12 @@
-"""Raschka chapter 3 classes against the book's numbers (tests/data/textbook_ch03.json)."""
+"""Raschka chapter 3 classes against the book's numbers (multihead/data/textbook_ch03.json)."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from multihead.data import load_textbook_oracle
 from multihead.modules.textbook import (
     CausalAttention,
     MultiHeadAttention,
@@ -17,7 +15,7 @@ from multihead.modules.textbook import (
     SelfAttention_v2,
 )
 
-ORACLE = json.loads((Path(__file__).resolve().parents[1] / "data" / "textbook_ch03.json").read_text())
+ORACLE = load_textbook_oracle()
 TOL = 1e-6
 CLASSES = {
     "SelfAttention_v1": SelfAttention_v1,

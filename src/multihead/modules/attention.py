@@ -58,13 +58,24 @@ def check_heads(
     return num_heads, G, head_dim
 
 
-def _check_input(name: str, x: object, width: int, batch: int | None = None) -> torch.Tensor:
+def _check_input(
+    name: str, x: object, width: int, query: torch.Tensor | None = None
+) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 3 or x.shape[-1] != width:
         raise ValueError(f"{name} must be (B, T, {width}), got {tuple(x.shape)}")
-    if batch is not None and x.shape[0] != batch:
-        raise ValueError(f"{name} batch {x.shape[0]} != query batch {batch}")
+    if query is not None:
+        if x.shape[0] != query.shape[0]:
+            raise ValueError(
+                f"{name} batch {x.shape[0]} != query batch {query.shape[0]}: "
+                f"query={tuple(query.shape)}, {name}={tuple(x.shape)}"
+            )
+        if x.dtype != query.dtype or x.device != query.device:
+            raise ValueError(
+                f"query and {name} differ in dtype/device: query {query.dtype} on {query.device}, "
+                f"{name} {x.dtype} on {x.device}"
+            )
     return x
 
 
@@ -248,11 +259,11 @@ class MultiHeadAttention(nn.Module):
         _check_input("query", query, self.embed_dim)
         B = query.shape[0]
         if key is not None:
-            _check_input("key", key, self.kdim, B)
+            _check_input("key", key, self.kdim, query)
         if value is not None:
             if key is None:
                 raise ValueError("value given without key; pass key too (or neither)")
-            _check_input("value", value, self.vdim, B)
+            _check_input("value", value, self.vdim, query)
             if value.shape[1] != key.shape[1]:
                 raise ValueError(
                     f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}"
@@ -260,24 +271,30 @@ class MultiHeadAttention(nn.Module):
         if kv_cache is not None and key is not None:
             raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
         q, k, v = self.project(query, key, value)
-        if kv_cache is not None:
-            k, v = kv_cache.update(k, v)
-        S = k.shape[2]
         if causal_alignment is None:
             causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
-        mask = merge_masks(attn_mask, self._padding(key_padding_mask, B, S))
-        out = attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            dropout_p=self.dropout,
-            training=self.training,
-            return_weights=return_weights,
-            backend=backend,
-        )
+        cached = None if kv_cache is None else kv_cache.length
+        try:
+            if kv_cache is not None:
+                k, v = kv_cache.update(k, v)
+            S = k.shape[2]
+            mask = merge_masks(attn_mask, self._padding(key_padding_mask, B, S))
+            out = attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=is_causal,
+                causal_alignment=causal_alignment,
+                dropout_p=self.dropout,
+                training=self.training,
+                return_weights=return_weights,
+                backend=backend,
+            )
+        except Exception:
+            if kv_cache is not None:
+                kv_cache.length = cached  # a refused call leaves the cache as it was
+            raise
         if return_weights:
             out, weights = out
             return self.merge_heads(out), weights

@@ -1,0 +1,1 @@
+"""Implementations of the ``multihead`` CLI subcommands (one module each)."""

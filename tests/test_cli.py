@@ -1,0 +1,60 @@
+"""The ``multihead`` command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from multihead.cli import main
+from multihead.commands.parity import parity_errors
+from multihead.commands.textbook import textbook_cases
+
+
+def test_textbook_command_matches_the_book(capsys):
+    assert main(["textbook"]) == 0
+    out = capsys.readouterr().out
+    assert "textbook cases: all match" in out
+    assert "2,360,064" in out
+    assert "nn.MultiheadAttention" in out and "F.scaled_dot_product_attention" in out
+
+
+def test_textbook_command_fails_when_a_case_differs(capsys):
+    # A negative tolerance cannot be met: the command must report failure.
+    assert main(["textbook", "--tolerance", "-1"]) == 1
+    assert "differ by more than" in capsys.readouterr().out
+
+
+def test_every_textbook_case_is_within_1e_6():
+    cases = textbook_cases()
+    assert len(cases) == 7
+    for case in cases:
+        if "max_diff" in case:
+            assert case["max_diff"] <= 1e-6, case["name"]
+        else:
+            assert case["ours"] == case["published"] == 2_360_064
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_parity_errors_are_at_rounding_level(causal):
+    errs64 = parity_errors(torch.float64, causal)
+    assert max(errs64.values()) < 1e-12
+    errs32 = parity_errors(torch.float32, causal)
+    assert max(errs32.values()) < 1e-5
+
+
+def test_console_script_help_lists_examples():
+    out = subprocess.run(
+        [sys.executable, "-m", "multihead.cli", "textbook", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "examples:" in out and "multihead textbook" in out
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "textbook" in capsys.readouterr().out

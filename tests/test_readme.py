@@ -1,0 +1,26 @@
+"""The README's library example runs as written."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_readme_has_a_short_library_example():
+    blocks = _python_blocks()
+    assert blocks, "README has no python example"
+    assert len(blocks[0].strip().splitlines()) <= 12
+
+
+def test_readme_example_runs(tmp_path, capsys):
+    script = tmp_path / "example.py"
+    script.write_text(_python_blocks()[0], encoding="utf-8")
+    runpy.run_path(str(script), run_name="__main__")
+    assert "torch.Size([2, 10, 64]) torch.Size([2, 8, 10, 10]) torch.Size([2, 2, 16, 8])" in capsys.readouterr().out

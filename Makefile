@@ -29,7 +29,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run mha_vs_torch
 
 lint: $(STAMP)
-	$(PY) -m pip install --quiet ruff
+	$(PY) -m pip install --quiet ruff==0.17.6
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Case", "CASES", "register", "load_cases", "TIMING_DEFAULTS"]
+__all__ = ["CASES", "TIMING_DEFAULTS", "Case", "load_cases", "register"]
 
 Step = Callable[[], None]
 Setup = Callable[[dict[str, Any]], dict[str, Step]]

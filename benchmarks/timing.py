@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["time_alternating", "summarize", "compare", "threads"]
+__all__ = ["compare", "fmt_ms", "summarize", "threads", "time_alternating"]
 
 
 @contextmanager
@@ -139,5 +139,5 @@ def fmt_ms(seconds: float) -> str:
     ms = seconds * 1e3
     if ms == 0 or not math.isfinite(ms):
         return f"{ms}"
-    digits = max(0, 2 - int(math.floor(math.log10(abs(ms)))))
+    digits = max(0, 2 - math.floor(math.log10(abs(ms))))
     return f"{ms:.{digits}f}"

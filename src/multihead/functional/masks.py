@@ -139,6 +139,8 @@ def padding_mask_from_lengths(
         ValueError: a length outside [0, S] or lengths not 1-D.
     """
     S = _check_length("S", S)
+    if isinstance(lengths, (list, tuple)) and len(lengths) == 0:
+        lengths = torch.zeros(0, dtype=torch.long)  # [] would become float32
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
         raise ValueError(

@@ -30,6 +30,16 @@ def sdpa_not_supported(req: AttentionRequest) -> list[str]:
     reasons = []
     if req.return_weights:
         reasons.append("return_weights=True: the fused kernel never forms the weights")
+    if req.bias is not None and req.bias.dtype != req.q.dtype:
+        # float16/bfloat16 inputs: the float32 mask is cast to q's dtype for the
+        # kernel, where e.g. finfo(float32).min becomes -inf and hides a key
+        # that the math path keeps.
+        limit = torch.finfo(req.q.dtype).max
+        if req.bias.numel() and bool(req.bias.abs().amax() > limit):
+            reasons.append(
+                f"attn_mask has values beyond {req.q.dtype}'s range (+-{limit:.5g}), "
+                "which the kernel's cast would turn into inf; use -inf or a bool mask"
+            )
     return reasons
 
 

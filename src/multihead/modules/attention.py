@@ -14,6 +14,8 @@ same matrix in two slices; with ``kdim``/``vdim`` different from
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,6 +23,9 @@ from torch import nn
 from ..functional import attention, merge_masks
 from ..functional.request import check_dropout
 from .kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from .torch_compat import TorchMultiheadAttention
 
 __all__ = ["MultiHeadAttention", "check_heads"]
 
@@ -313,7 +318,7 @@ class MultiHeadAttention(nn.Module):
         return mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
 
     @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention) -> "TorchMultiheadAttention":
+    def from_torch(cls, module: nn.MultiheadAttention) -> TorchMultiheadAttention:
         """Convert a ``torch.nn.MultiheadAttention`` into a drop-in equivalent.
 
         Returns a :class:`TorchMultiheadAttention`: it takes the torch

@@ -84,7 +84,7 @@ class TorchMultiheadAttention(nn.Module):
             self.bias_k = self.bias_v = None
 
     @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention) -> "TorchMultiheadAttention":
+    def from_torch(cls, module: nn.MultiheadAttention) -> TorchMultiheadAttention:
         """Copy a torch module's configuration and weights."""
         if not isinstance(module, nn.MultiheadAttention):
             raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(module).__name__}")

@@ -1,0 +1,281 @@
+"""Command line: list, run and report benchmark cases.
+
+    python -m benchmarks.run --list
+    python -m benchmarks.run CASE [--quick] [--rounds N] [--warmup N]
+                             [--threads N] [--scenario NAME ...]
+                             [--set KEY=VALUE ...] [--out DIR]
+
+Prints a markdown table and writes ``<out>/<case>-<timestamp>.json`` (all
+samples, summaries, config, machine) and ``.md`` (the table with the
+command, machine and date), each written to a temporary name first and
+moved into place with ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .registry import Case, load_cases
+from .timing import compare, fmt_ms, summarize, threads, time_alternating
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# ---------------------------------------------------------------- machine
+def cpu_model() -> str:
+    """The CPU model from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """Where and with what the benchmark ran."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count()
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_num_threads": torch.get_num_threads(),
+        "torch_num_interop_threads": torch.get_num_interop_threads(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "cuda": torch.cuda.is_available(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        import multihead
+
+        info["multihead"] = multihead.__version__
+    except ImportError:  # pragma: no cover - the package is in this repo
+        info["multihead"] = None
+    return info
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+# ---------------------------------------------------------------- running
+def run_case(
+    case: Case,
+    *,
+    quick: bool = False,
+    overrides: dict[str, Any] | None = None,
+    scenarios: list[str] | None = None,
+    log=print,
+) -> dict[str, Any]:
+    """Set up and time every scenario of ``case``; return the result record."""
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    results = []
+    for scenario in scenarios or list(case.scenarios):
+        config = case.resolve(scenario, quick=quick, overrides=overrides)
+        with threads(config.get("threads")):
+            num_threads = torch.get_num_threads()
+            steps = case.setup(config)
+            baseline = case.baseline or next(iter(steps))
+            if baseline not in steps:
+                raise KeyError(f"baseline {baseline!r} is not a contender of {case.name}: {list(steps)}")
+            log(f"[{case.name}] {scenario}: contenders {list(steps)}, "
+                f"warmup {config['warmup']}, rounds {config['rounds']}, number {config['number']}, "
+                f"threads {num_threads}")
+            load_before = load_average()
+
+            def progress(done: int, total: int) -> None:
+                if done == total or done % max(1, total // 5) == 0:
+                    log(f"    round {done}/{total}")
+
+            samples = time_alternating(
+                steps,
+                warmup=int(config["warmup"]),
+                rounds=int(config["rounds"]),
+                number=int(config["number"]),
+                progress=progress,
+            )
+            load_after = load_average()
+            del steps
+        results.append(
+            {
+                "scenario": scenario,
+                "config": config,
+                "threads": num_threads,
+                "baseline": baseline,
+                "order": list(samples),
+                "load_average_before": load_before,
+                "load_average_after": load_after,
+                "samples_s": samples,
+                "summary_s": {name: summarize(xs) for name, xs in samples.items()},
+                "ratios": {
+                    name: compare(xs, samples[baseline])
+                    for name, xs in samples.items()
+                    if name != baseline
+                },
+            }
+        )
+    return {
+        "case": case.name,
+        "description": case.description,
+        "quick": quick,
+        "overrides": overrides or {},
+        "command": "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "started": started,
+        "machine": machine_info(),  # its "date" is when the run finished
+        "results": results,
+    }
+
+
+# ---------------------------------------------------------------- reporting
+def markdown_table(record: dict[str, Any]) -> str:
+    """One row per (scenario, non-baseline contender); times are medians in
+    ms with the interquartile range; ratios are contender / baseline."""
+    lines = [
+        (
+            "| scenario | contender | median ms [IQR] | baseline | baseline median ms [IQR] "
+            "| ratio of medians | per-round ratio: median [IQR] (min-max) |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for res in record["results"]:
+        base = res["baseline"]
+        b = res["summary_s"][base]
+        for name, ratio in res["ratios"].items():
+            s = res["summary_s"][name]
+            pr = ratio["per_round"]
+            lines.append(
+                f"| {res['scenario']} | {name} "
+                f"| {fmt_ms(s['median'])} [{fmt_ms(s['q1'])}-{fmt_ms(s['q3'])}] "
+                f"| {base} | {fmt_ms(b['median'])} [{fmt_ms(b['q1'])}-{fmt_ms(b['q3'])}] "
+                f"| {ratio['ratio_of_medians']:.3f} "
+                f"| {pr['median']:.3f} [{pr['q1']:.3f}-{pr['q3']:.3f}] ({pr['min']:.3f}-{pr['max']:.3f}) |"
+            )
+    return "\n".join(lines)
+
+
+def markdown_report(record: dict[str, Any]) -> str:
+    m = record["machine"]
+    res0 = record["results"][0] if record["results"] else {}
+    timing = ", ".join(f"{k} {res0.get('config', {}).get(k)}" for k in ("warmup", "rounds", "number"))
+    return "\n".join(
+        [
+            f"# {record['case']}{' (quick)' if record['quick'] else ''}",
+            "",
+            record["description"],
+            "",
+            f"- command: `{record['command']}`",
+            f"- date: {record.get('started', '?')} to {m['date']}",
+            (
+                f"- machine: {m['cpu_model']}, {m['cpus_usable']} usable CPUs of {m['cpu_count']}, "
+                f"{m['platform']}"
+            ),
+            f"- torch {m['torch']}, {m['torch_num_threads']} threads; multihead {m['multihead']}",
+            f"- timing: {timing}; contenders alternate within each round",
+            "",
+            markdown_table(record),
+            "",
+        ]
+    )
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file next to ``path``, then os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value  # a bare string such as float32
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("case", nargs="?", help="case name (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the registered cases and exit")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of seconds")
+    parser.add_argument("--rounds", type=int, help="measured rounds (overrides the case)")
+    parser.add_argument("--warmup", type=int, help="warm-up rounds (overrides the case)")
+    parser.add_argument("--number", type=int, help="calls per measurement (overrides the case)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads for the run")
+    parser.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key (value parsed as a Python literal)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
+    args = parser.parse_args(argv)
+
+    cases = load_cases()
+    if args.list or not args.case:
+        for name, case in sorted(cases.items()):
+            print(f"{name}: {case.description}")
+            print(f"    scenarios: {', '.join(case.scenarios)}")
+        return 0 if args.list else 2
+    if args.case not in cases:
+        print(f"unknown case {args.case!r}; valid: {sorted(cases)}", file=sys.stderr)
+        return 2
+    case = cases[args.case]
+    overrides = _parse_set(args.set)
+    for key in ("rounds", "warmup", "number", "threads"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    for s in args.scenario or []:
+        if s not in case.scenarios:
+            print(f"unknown scenario {s!r}; valid: {list(case.scenarios)}", file=sys.stderr)
+            return 2
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    record = run_case(case, quick=args.quick, overrides=overrides, scenarios=args.scenario, log=log)
+    report = markdown_report(record)
+    print(report)
+    stamp = dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    base = args.out / f"{case.name}-{stamp}"
+    write_atomic(base.with_suffix(".json"), json.dumps(record, indent=1, default=str) + "\n")
+    write_atomic(base.with_suffix(".md"), report)
+    print(f"wrote {base}.json and {base}.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,7 +32,7 @@ def profile_case(case, scenario: str, *, rounds: int, quick: bool, overrides: di
         for step in steps.values():
             step()
         per: dict[str, dict[str, list[float]]] = {n: defaultdict(list) for n in steps}
-        for r in range(rounds):
+        for _ in range(rounds):
             for name, step in steps.items():
                 with profile(activities=[ProfilerActivity.CPU]) as prof:
                     step()

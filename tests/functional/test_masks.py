@@ -1,6 +1,7 @@
 """Mask builders in ``multihead.functional.masks`` (True = may attend)."""
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -47,10 +48,11 @@ def test_causal_mask_pictures():
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "3", True, None])
 def test_causal_mask_bad_lengths(bad):
-    with pytest.raises(ValueError, match=r"T must be a non-negative int, got " + repr(bad).replace(".", r"\.")):
+    error = ValueError if bad == -1 and not isinstance(bad, bool) else TypeError
+    with pytest.raises(error, match=r"T must be a non-negative int, got T=" + re.escape(repr(bad))):
         causal_mask(bad, 3)
     if bad is not None:  # S=None means S = T
-        with pytest.raises(ValueError, match=r"S must be a non-negative int"):
+        with pytest.raises(error, match=r"S must be a non-negative int, got S="):
             causal_mask(3, bad)
 
 
@@ -98,9 +100,9 @@ def test_sliding_window_bad_window(window):
 
 
 def test_sliding_window_bad_lengths():
-    with pytest.raises(ValueError, match="T must be a non-negative int, got -2"):
+    with pytest.raises(ValueError, match="T must be a non-negative int, got T=-2"):
         sliding_window_mask(-2, 3, window=2)
-    with pytest.raises(ValueError, match="S must be a non-negative int, got -1"):
+    with pytest.raises(ValueError, match="S must be a non-negative int, got S=-1"):
         sliding_window_mask(2, -1, window=2)
 
 
@@ -134,8 +136,7 @@ def test_padding_from_lengths_pictures():
     (3, 4, r"lengths must be a 1-D integer tensor, got shape \(\)"),
     ([1.0, 2.0], 4, r"1-D integer tensor.*dtype torch.float32"),
     ([True, False], 4, r"1-D integer tensor.*dtype torch.bool"),
-    ([1], -1, r"S must be a non-negative int, got -1"),
-    ([1], 2.5, r"S must be a non-negative int, got 2.5"),
+    ([1], -1, r"S must be a non-negative int, got S=-1"),
 ])
 def test_padding_from_lengths_errors(lengths, S, match):
     with pytest.raises(ValueError, match=match):
@@ -209,3 +210,8 @@ def test_merge_float_and_float_adds_and_overflow_means_hidden():
 def test_builders_on_a_device_argument():
     assert causal_mask(2, 3, device="meta").device.type == "meta"
     assert sliding_window_mask(2, 3, window=2, device="cpu").device.type == "cpu"
+
+
+def test_padding_from_lengths_non_int_length_is_a_type_error():
+    with pytest.raises(TypeError, match=r"S must be a non-negative int, got S=2\.5"):
+        padding_mask_from_lengths([1], 2.5)

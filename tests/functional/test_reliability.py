@@ -188,7 +188,7 @@ def test_mask_not_a_tensor(backend):
 @pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, float("nan"), True, "0.1", None])
 def test_bad_dropout(backend, p):
     q, k, v = t(1, 2, 3, 4), t(1, 2, 5, 4), t(1, 2, 5, 4)
-    with pytest.raises(ValueError, match=re.escape(f"dropout_p must be a float in [0, 1), got {p!r}")):
+    with pytest.raises(ValueError, match=re.escape(f"dropout_p must be a float in [0, 1), got dropout_p={p!r}")):
         attention(q, k, v, dropout_p=p, training=True, backend=backend)
 
 

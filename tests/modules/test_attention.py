@@ -239,28 +239,32 @@ def test_float32_module_matches_reference_at_default_tolerance():
 @pytest.mark.parametrize("kwargs,match", [
     ({"embed_dim": 10, "num_heads": 4}, r"embed_dim=10 is not divisible by num_heads=4"),
     ({"embed_dim": 7, "num_heads": 2}, r"embed_dim=7 .*num_heads=2"),
-    ({"embed_dim": 8, "num_heads": 0}, r"num_heads must be a positive int, got 0"),
-    ({"embed_dim": 8, "num_heads": -2}, r"num_heads must be a positive int, got -2"),
-    ({"embed_dim": 0, "num_heads": 2}, r"embed_dim must be a positive int, got 0"),
-    ({"embed_dim": -4, "num_heads": 2}, r"embed_dim must be a positive int, got -4"),
-    ({"embed_dim": 8, "num_heads": 2, "head_dim": 0}, r"head_dim must be a positive int, got 0"),
-    ({"embed_dim": 8, "num_heads": 2, "head_dim": -1}, r"head_dim must be a positive int, got -1"),
-    ({"embed_dim": 8, "num_heads": 2.0}, r"num_heads must be a positive int, got 2.0"),
-    ({"embed_dim": 8, "num_heads": True}, r"num_heads must be a positive int, got True"),
+    ({"embed_dim": 8, "num_heads": 0}, r"num_heads must be a positive int, got num_heads=0"),
+    ({"embed_dim": 8, "num_heads": -2}, r"num_heads must be a positive int, got num_heads=-2"),
+    ({"embed_dim": 0, "num_heads": 2}, r"embed_dim must be a positive int, got embed_dim=0"),
+    ({"embed_dim": -4, "num_heads": 2}, r"embed_dim must be a positive int, got embed_dim=-4"),
+    ({"embed_dim": 8, "num_heads": 2, "head_dim": 0}, r"head_dim must be a positive int, got head_dim=0"),
+    ({"embed_dim": 8, "num_heads": 2, "head_dim": -1}, r"head_dim must be a positive int, got head_dim=-1"),
     ({"embed_dim": 12, "num_heads": 4, "num_kv_heads": 3}, r"num_kv_heads=3 must divide num_heads=4"),
     ({"embed_dim": 12, "num_heads": 4, "num_kv_heads": 8}, r"num_kv_heads=8 must divide num_heads=4"),
-    ({"embed_dim": 12, "num_heads": 4, "num_kv_heads": 0}, r"num_kv_heads must be a positive int, got 0"),
-    ({"embed_dim": 12, "num_heads": 4, "kdim": 0}, r"kdim must be a positive int, got 0"),
-    ({"embed_dim": 12, "num_heads": 4, "vdim": -3}, r"vdim must be a positive int, got -3"),
+    ({"embed_dim": 12, "num_heads": 4, "num_kv_heads": 0}, r"num_kv_heads must be a positive int, got num_kv_heads=0"),
+    ({"embed_dim": 12, "num_heads": 4, "kdim": 0}, r"kdim must be a positive int, got kdim=0"),
+    ({"embed_dim": 12, "num_heads": 4, "vdim": -3}, r"vdim must be a positive int, got vdim=-3"),
 ])
 def test_invalid_sizes_raise_value_error_naming_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         MultiHeadAttention(**kwargs)
 
 
+@pytest.mark.parametrize("num_heads", [2.0, True, "2", None])
+def test_non_int_sizes_raise_type_error_naming_values(num_heads):
+    with pytest.raises(TypeError, match=r"num_heads must be a positive int, got num_heads=" + re.escape(repr(num_heads))):
+        MultiHeadAttention(8, num_heads)
+
+
 @pytest.mark.parametrize("dropout", [-0.1, 1.0, 1.5, float("nan"), float("inf"), True, False, "0.1", None])
 def test_invalid_dropout_raises(dropout):
-    with pytest.raises(ValueError, match=r"dropout must be a float in \[0, 1\), got " + re.escape(repr(dropout))):
+    with pytest.raises(ValueError, match=r"dropout must be a float in \[0, 1\), got dropout=" + re.escape(repr(dropout))):
         MultiHeadAttention(8, 2, dropout=dropout)
 
 

@@ -329,9 +329,9 @@ def test_half_precision_error_at_most_2x_plain_outputs_3x_grads(dtype, causal, b
     x = torch.randn(2, 63, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
     g = torch.randn(2, 63, 64, generator=torch.Generator().manual_seed(1), dtype=F64)
     results = {}
-    for name, fn, mod in (("ref", lambda t: m64(t, is_causal=causal), m64),
-                          ("plain", lambda t: _plain_low_precision(lp, t, causal), lp),
-                          ("module", lambda t: lp(t, is_causal=causal, backend=backend), lp)):
+    for name, fn in (("ref", lambda t: m64(t, is_causal=causal)),
+                     ("plain", lambda t: _plain_low_precision(lp, t, causal)),
+                     ("module", lambda t: lp(t, is_causal=causal, backend=backend))):
         xi = (x.double() if name == "ref" else x).clone().requires_grad_()
         out = fn(xi)
         (out.double() * g).sum().backward()

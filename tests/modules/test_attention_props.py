@@ -67,7 +67,9 @@ def test_gradcheck_with_a_fully_masked_row_has_zero_gradient():
     k = torch.randn(2, 4, 6, dtype=F64, requires_grad=True)
     kpm = torch.tensor([[1, 1, 0, 1], [0, 0, 0, 0]], dtype=torch.bool)
     for backend in BACKENDS:
-        fn = lambda a, b, backend=backend: m(a, b, key_padding_mask=kpm, backend=backend)
+        def fn(a, b, backend=backend):
+            return m(a, b, key_padding_mask=kpm, backend=backend)
+
         assert torch.autograd.gradcheck(fn, (q, k), fast_mode=True)
 
 

@@ -188,11 +188,12 @@ def test_value_dim_and_constructor_validation():
     assert cache.v.shape == (1, 2, 4, 5) and "max_len=4" in repr(cache)
     k, v = cache.update(torch.ones(1, 2, 2, 3), torch.ones(1, 2, 2, 5))
     assert k.shape == (1, 2, 2, 3) and v.shape == (1, 2, 2, 5)
-    for kwargs, name in (({"batch_size": 0}, "batch_size"), ({"num_kv_heads": -1}, "num_kv_heads"),
-                         ({"max_len": 0}, "max_len"), ({"head_dim": 2.0}, "head_dim"),
-                         ({"value_dim": 0}, "value_dim"), ({"max_len": True}, "max_len")):
+    for kwargs, name, error in (({"batch_size": 0}, "batch_size", ValueError),
+                                ({"num_kv_heads": -1}, "num_kv_heads", ValueError),
+                                ({"max_len": 0}, "max_len", ValueError), ({"head_dim": 2.0}, "head_dim", TypeError),
+                                ({"value_dim": 0}, "value_dim", ValueError), ({"max_len": True}, "max_len", TypeError)):
         args = {"batch_size": 1, "num_kv_heads": 1, "max_len": 4, "head_dim": 2, **kwargs}
-        with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+        with pytest.raises(error, match=f"{name} must be a positive int, got {name}="):
             KVCache(**args)
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import non_negative_int
+
 ALIGNMENTS = ("top_left", "bottom_right")
 
 __all__ = [
@@ -55,12 +57,6 @@ def _offset(T: int, S: int, alignment: str) -> int:
     return 0 if check_alignment(alignment) == "top_left" else S - T
 
 
-def _check_length(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value
-
-
 def causal_mask(
     T: int,
     S: int | None = None,
@@ -83,8 +79,8 @@ def causal_mask(
     Raises:
         ValueError: negative lengths or an unknown alignment.
     """
-    T = _check_length("T", T)
-    S = T if S is None else _check_length("S", S)
+    T = non_negative_int("T", T)
+    S = T if S is None else non_negative_int("S", S)
     offset = _offset(T, S, alignment)
     i = torch.arange(T, device=device).unsqueeze(1)  # (T, 1)
     j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
@@ -113,8 +109,8 @@ def sliding_window_mask(
     """
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an int >= 1, got {window!r}")
-    T = _check_length("T", T)
-    S = T if S is None else _check_length("S", S)
+    T = non_negative_int("T", T)
+    S = T if S is None else non_negative_int("S", S)
     offset = _offset(T, S, alignment)
     pos = torch.arange(T, device=device).unsqueeze(1) + offset  # (T, 1)
     j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
@@ -138,7 +134,7 @@ def padding_mask_from_lengths(
     Raises:
         ValueError: a length outside [0, S] or lengths not 1-D.
     """
-    S = _check_length("S", S)
+    S = non_negative_int("S", S)
     if isinstance(lengths, (list, tuple)) and len(lengths) == 0:
         lengths = torch.zeros(0, dtype=torch.long)  # [] would become float32
     lengths = torch.as_tensor(lengths)

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import dropout_probability
 from .masks import causal_mask, check_alignment
 
-__all__ = ["AttentionRequest", "make_request", "check_dropout"]
+__all__ = ["AttentionRequest", "make_request"]
 
 
 @dataclass(frozen=True)
@@ -79,20 +80,6 @@ class AttentionRequest:
         if self.allowed is not None:
             return True
         return self.is_causal and self.causal_alignment == "bottom_right" and T > S
-
-
-def check_dropout(dropout_p: object, name: str = "dropout_p") -> float:
-    """Return ``dropout_p`` as a float in [0, 1).
-
-    Raises:
-        ValueError: bool, NaN, or outside [0, 1).
-    """
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise ValueError(f"{name} must be a float in [0, 1), got {dropout_p!r}")
-    p = float(dropout_p)
-    if not (0.0 <= p < 1.0):  # also rejects NaN
-        raise ValueError(f"{name} must be a float in [0, 1), got {dropout_p!r}")
-    return p
 
 
 def _shapes(**tensors: torch.Tensor) -> str:
@@ -192,7 +179,7 @@ def make_request(
     check_alignment(causal_alignment)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-    p = check_dropout(dropout_p)
+    p = dropout_probability(dropout_p, "dropout_p")
     if scale is None:
         D = q.shape[-1]
         scale = 1.0 / math.sqrt(D) if D > 0 else 1.0

@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from .textbook import _divisible, _positive_int, _probability
+from .._checks import divisible, dropout_probability, positive_int
 
 __all__ = ["MultiHeadedAttention", "subsequent_mask", "clones", "attention"]
 
@@ -60,7 +60,7 @@ def subsequent_mask(size: int) -> torch.Tensor:
     Returns:
         Bool tensor [1, size, size], True where key index <= query index (may attend).
     """
-    size = _positive_int("size", size)
+    size = positive_int("size", size)
     attn_shape = (1, size, size)
     future = torch.triu(torch.ones(attn_shape), diagonal=1).type(torch.uint8)  # [1, size, size]
     return future == 0
@@ -128,10 +128,10 @@ class MultiHeadedAttention(nn.Module):
 
     def __init__(self, h: int, d_model: int, dropout: float = 0.1):
         super().__init__()
-        h = _positive_int("h", h)
-        d_model = _positive_int("d_model", d_model)
-        dropout = _probability("dropout", dropout)
-        _divisible(d_model, h, out_name="d_model", heads_name="h")
+        h = positive_int("h", h)
+        d_model = positive_int("d_model", d_model)
+        dropout = dropout_probability(dropout)
+        divisible(d_model, h, "d_model", "h")
         # We assume d_v always equals d_k
         self.d_k = d_model // h
         self.h = h

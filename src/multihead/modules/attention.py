@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
-from ..functional.request import check_dropout
 from .kv_cache import KVCache
 
 if TYPE_CHECKING:
@@ -32,23 +32,18 @@ __all__ = ["MultiHeadAttention", "check_heads"]
 _SPLIT = ("q_proj", "k_proj", "v_proj")
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def check_heads(
     embed_dim: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None
 ) -> tuple[int, int, int]:
     """Validate head sizes; return (num_heads, num_kv_heads, head_dim).
 
     Raises:
+        TypeError: a size that is not an int.
         ValueError: non-positive sizes, embed_dim not divisible by num_heads
             (when head_dim is not given), num_kv_heads not dividing num_heads.
     """
-    _positive_int("embed_dim", embed_dim)
-    _positive_int("num_heads", num_heads)
+    positive_int("embed_dim", embed_dim)
+    positive_int("num_heads", num_heads)
     if head_dim is None:
         if embed_dim % num_heads != 0:
             raise ValueError(
@@ -56,8 +51,8 @@ def check_heads(
                 "pass head_dim explicitly to decouple them"
             )
         head_dim = embed_dim // num_heads
-    _positive_int("head_dim", head_dim)
-    G = num_heads if num_kv_heads is None else _positive_int("num_kv_heads", num_kv_heads)
+    positive_int("head_dim", head_dim)
+    G = num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
     if G > num_heads or num_heads % G != 0:
         raise ValueError(f"num_kv_heads={G} must divide num_heads={num_heads}")
     return num_heads, G, head_dim
@@ -120,9 +115,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
-        self.kdim = embed_dim if kdim is None else _positive_int("kdim", kdim)
-        self.vdim = embed_dim if vdim is None else _positive_int("vdim", vdim)
-        self.dropout = check_dropout(dropout, "dropout")
+        self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
+        self.vdim = embed_dim if vdim is None else positive_int("vdim", vdim)
+        self.dropout = dropout_probability(dropout)
         factory = {"device": device, "dtype": dtype}
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
         if self.fused:
@@ -142,8 +137,6 @@ class MultiHeadAttention(nn.Module):
     def _load_split_layout(self, state_dict, prefix, *args) -> None:
         """Accept q_proj/k_proj/v_proj keys for a fused module and qkv_proj keys
         for a split one, converting in place before the normal load."""
-        split = [f"{prefix}{n}.weight" for n in _SPLIT]
-        fused = f"{prefix}qkv_proj.weight"
         for suffix in ("weight", "bias"):
             names = [f"{prefix}{n}.{suffix}" for n in _SPLIT]
             if self.fused and all(n in state_dict for n in names):
@@ -152,7 +145,6 @@ class MultiHeadAttention(nn.Module):
                 whole = state_dict.pop(f"{prefix}qkv_proj.{suffix}")
                 for n, sl in zip(names, self._slices()):
                     state_dict[n] = whole[sl]
-        del split, fused
 
     def projection_weights(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         """The q, k, v projections as (weight, bias) views, whatever the layout."""

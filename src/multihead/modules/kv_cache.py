@@ -14,13 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._checks import positive_int
+
 __all__ = ["KVCache"]
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class KVCache(nn.Module):
@@ -54,11 +50,11 @@ class KVCache(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        B = _positive("batch_size", batch_size)
-        G = _positive("num_kv_heads", num_kv_heads)
-        S = _positive("max_len", max_len)
-        D = _positive("head_dim", head_dim)
-        Dv = D if value_dim is None else _positive("value_dim", value_dim)
+        B = positive_int("batch_size", batch_size)
+        G = positive_int("num_kv_heads", num_kv_heads)
+        S = positive_int("max_len", max_len)
+        D = positive_int("head_dim", head_dim)
+        Dv = D if value_dim is None else positive_int("value_dim", value_dim)
         self.max_len = S
         self.length = 0
         self.register_buffer("k", torch.zeros(B, G, S, D, dtype=dtype, device=device), persistent=False)

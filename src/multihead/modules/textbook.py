@@ -19,10 +19,10 @@ Deviations from the book, none of which changes a number:
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import nn
+
+from .._checks import divisible, dropout_probability, positive_int
 
 __all__ = [
     "SelfAttention_v1",
@@ -34,33 +34,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- checks
-def _positive_int(name: str, value: object) -> int:
-    """Returns ``value`` if it is a positive int, else raises TypeError/ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
-    return int(value)
-
-
-def _probability(name: str, value: object) -> float:
-    """Returns ``value`` as a float if it lies in [0, 1], else raises TypeError/ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float in [0, 1], got {value!r} ({type(value).__name__})")
-    if not 0.0 <= float(value) <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {name}={value}")
-    return float(value)
-
-
-def _divisible(d_out: int, num_heads: int, out_name: str = "d_out", heads_name: str = "num_heads") -> None:
-    """Raises ValueError unless ``num_heads`` divides ``d_out``."""
-    if d_out % num_heads != 0:
-        raise ValueError(
-            f"{out_name} must be divisible by {heads_name}, got {out_name}={d_out} and "
-            f"{heads_name}={num_heads} ({out_name} % {heads_name} = {d_out % num_heads})"
-        )
-
-
 def _check_input(x: object, d_in: int, ranks: tuple[int, ...], context_length: int | None = None) -> None:
     """Validates a token tensor ``x`` of shape [..., T, d_in].
 
@@ -103,8 +76,8 @@ class SelfAttention_v1(nn.Module):  # noqa: N801 (the book's name)
 
     def __init__(self, d_in: int, d_out: int):
         super().__init__()
-        self.d_in = _positive_int("d_in", d_in)
-        self.d_out = _positive_int("d_out", d_out)
+        self.d_in = positive_int("d_in", d_in)
+        self.d_out = positive_int("d_out", d_out)
         self.W_query = nn.Parameter(torch.rand(d_in, d_out))
         self.W_key = nn.Parameter(torch.rand(d_in, d_out))
         self.W_value = nn.Parameter(torch.rand(d_in, d_out))
@@ -140,8 +113,8 @@ class SelfAttention_v2(nn.Module):  # noqa: N801 (the book's name)
 
     def __init__(self, d_in: int, d_out: int, qkv_bias: bool = False):
         super().__init__()
-        self.d_in = _positive_int("d_in", d_in)
-        self.d_out = _positive_int("d_out", d_out)
+        self.d_in = positive_int("d_in", d_in)
+        self.d_out = positive_int("d_out", d_out)
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
@@ -181,10 +154,10 @@ class CausalAttention(nn.Module):
 
     def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, qkv_bias: bool = False):
         super().__init__()
-        self.d_in = _positive_int("d_in", d_in)
-        self.d_out = _positive_int("d_out", d_out)
-        self.context_length = _positive_int("context_length", context_length)
-        dropout = _probability("dropout", dropout)
+        self.d_in = positive_int("d_in", d_in)
+        self.d_out = positive_int("d_out", d_out)
+        self.context_length = positive_int("context_length", context_length)
+        dropout = dropout_probability(dropout)
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
@@ -233,7 +206,7 @@ class MultiHeadAttentionWrapper(nn.Module):
         self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, qkv_bias: bool = False
     ):
         super().__init__()
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_heads = positive_int("num_heads", num_heads)
         self.heads = nn.ModuleList(
             [CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)]
         )
@@ -274,12 +247,12 @@ class MultiHeadAttention(nn.Module):
         self, d_in: int, d_out: int, context_length: int, dropout: float, num_heads: int, qkv_bias: bool = False
     ):
         super().__init__()
-        self.d_in = _positive_int("d_in", d_in)
-        self.d_out = _positive_int("d_out", d_out)
-        self.num_heads = _positive_int("num_heads", num_heads)
-        self.context_length = _positive_int("context_length", context_length)
-        dropout = _probability("dropout", dropout)
-        _divisible(d_out, num_heads)
+        self.d_in = positive_int("d_in", d_in)
+        self.d_out = positive_int("d_out", d_out)
+        self.num_heads = positive_int("num_heads", num_heads)
+        self.context_length = positive_int("context_length", context_length)
+        dropout = dropout_probability(dropout)
+        divisible(d_out, num_heads, "d_out", "num_heads")
         self.head_dim = d_out // num_heads
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)

@@ -29,7 +29,7 @@ import math
 import torch
 from torch import nn
 
-from .textbook import _divisible, _positive_int
+from .._checks import divisible, positive_int
 
 __all__ = ["scaled_dot_product", "AttentionHead", "PerHeadMultiHeadAttention", "SplitMultiHeadAttention"]
 
@@ -119,8 +119,8 @@ class AttentionHead(nn.Module):
 
     def __init__(self, embed_dim: int, head_dim: int):
         super().__init__()
-        self.embed_dim = _positive_int("embed_dim", embed_dim)
-        self.head_dim = _positive_int("head_dim", head_dim)
+        self.embed_dim = positive_int("embed_dim", embed_dim)
+        self.head_dim = positive_int("head_dim", head_dim)
         self.q = nn.Linear(embed_dim, head_dim)
         self.k = nn.Linear(embed_dim, head_dim)
         self.v = nn.Linear(embed_dim, head_dim)
@@ -168,9 +168,9 @@ class PerHeadMultiHeadAttention(nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int):
         super().__init__()
-        self.embed_dim = _positive_int("embed_dim", embed_dim)
-        self.num_heads = _positive_int("num_heads", num_heads)
-        _divisible(embed_dim, num_heads, out_name="embed_dim", heads_name="num_heads")
+        self.embed_dim = positive_int("embed_dim", embed_dim)
+        self.num_heads = positive_int("num_heads", num_heads)
+        divisible(embed_dim, num_heads, "embed_dim", "num_heads")
         self.head_dim = embed_dim // num_heads
         self.heads = nn.ModuleList([AttentionHead(embed_dim, self.head_dim) for _ in range(num_heads)])
         self.output = nn.Linear(embed_dim, embed_dim)
@@ -220,9 +220,9 @@ class SplitMultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int):
         super().__init__()
-        self.d_model = _positive_int("d_model", d_model)
-        self.num_heads = _positive_int("num_heads", num_heads)
-        _divisible(d_model, num_heads, out_name="d_model", heads_name="num_heads")
+        self.d_model = positive_int("d_model", d_model)
+        self.num_heads = positive_int("num_heads", num_heads)
+        divisible(d_model, num_heads, "d_model", "num_heads")
         self.dim_head = d_model // num_heads
         self.q_linear = nn.Linear(d_model, d_model)
         self.k_linear = nn.Linear(d_model, d_model)

@@ -71,16 +71,6 @@ class AttentionRequest:
             allowed = causal if allowed is None else allowed & causal
         return allowed
 
-    @property
-    def may_have_empty_rows(self) -> bool:
-        """Whether some query row might see no key at all."""
-        _, _, _, T, S, _ = self.shape
-        if S == 0:
-            return T > 0
-        if self.allowed is not None:
-            return True
-        return self.is_causal and self.causal_alignment == "bottom_right" and T > S
-
 
 def _shapes(**tensors: torch.Tensor) -> str:
     return ", ".join(f"{n}={tuple(t.shape)}" for n, t in tensors.items())

@@ -1,16 +1,12 @@
 """``multihead.functional.attention`` against the NumPy float64 reference,
 plus the backend registry, GQA head order and determinism."""
 
-import os
-import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(__file__))
-from attn_helpers import (  # noqa: E402
+from support.attention import (
     BACKENDS,
     F64,
     assert_matches,
@@ -20,7 +16,7 @@ from attn_helpers import (  # noqa: E402
     run_reference,
 )
 
-from multihead.functional import (  # noqa: E402
+from multihead.functional import (
     AUTO_ORDER,
     attention,
     list_backends,

@@ -1,16 +1,12 @@
 """RELIABILITY.md, defined-outputs table, on both backends: empty rows, non-finite
 keys/values, large half-precision activations, empty tensors and dropout."""
 
-import os
-import sys
 
 import pytest
 import torch
+from support.attention import BACKENDS, F64, assert_matches, check_against_reference, make_qkv, run_reference
 
-sys.path.insert(0, os.path.dirname(__file__))
-from attn_helpers import BACKENDS, F64, assert_matches, check_against_reference, make_qkv, run_reference  # noqa: E402
-
-from multihead.functional import attention, padding_mask_from_lengths  # noqa: E402
+from multihead.functional import attention, padding_mask_from_lengths
 
 both = pytest.mark.parametrize("backend", BACKENDS)
 

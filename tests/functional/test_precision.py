@@ -1,17 +1,13 @@
 """Gradients and low precision (RELIABILITY.md, "How to test numerics"):
 gradcheck in float64, and the fp16/bf16 error budget against float64."""
 
-import os
-import sys
 
 import pytest
 import torch
+from support.attention import BACKENDS, F64, make_qkv, run_reference
 from torch.autograd import gradcheck
 
-sys.path.insert(0, os.path.dirname(__file__))
-from attn_helpers import BACKENDS, F64, make_qkv, run_reference  # noqa: E402
-
-from multihead.functional import attention, padding_mask_from_lengths  # noqa: E402
+from multihead.functional import attention, padding_mask_from_lengths
 
 
 def _noncontig(x):

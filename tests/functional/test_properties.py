@@ -2,19 +2,15 @@
 backends): permutation equivariance, causality, masked-value invariance,
 GQA = MHA for expanded heads, and typed errors for every invalid input."""
 
-import os
-import sys
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.attention import BACKENDS, F64, assert_matches, check_against_reference, make_qkv
 
-sys.path.insert(0, os.path.dirname(__file__))
-from attn_helpers import BACKENDS, F64, assert_matches, check_against_reference, make_qkv  # noqa: E402
-
-from multihead.functional import attention, padding_mask_from_lengths  # noqa: E402
+from multihead.functional import attention, padding_mask_from_lengths
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOL = 1e-12

@@ -2,17 +2,13 @@
 message names the offending shapes or values, on every backend; odd layouts
 (non-contiguous, stride 0, transposed) give correct results."""
 
-import os
 import re
-import sys
 
 import pytest
 import torch
+from support.attention import BACKENDS, F64, assert_matches, check_against_reference, make_qkv, run_reference
 
-sys.path.insert(0, os.path.dirname(__file__))
-from attn_helpers import BACKENDS, F64, assert_matches, check_against_reference, make_qkv, run_reference  # noqa: E402
-
-from multihead.functional import (  # noqa: E402
+from multihead.functional import (
     attention,
     causal_mask,
     merge_masks,

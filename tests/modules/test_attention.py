@@ -14,6 +14,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from support.modules import random_module as _module
 
 from multihead import MultiHeadAttention
 from multihead.reference import attention as ref_attention
@@ -23,13 +24,6 @@ F64 = torch.float64
 TOL = 1e-10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny float64 ops: intra-op threads only add contention on a busy 2-core box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _assert_ref(actual: torch.Tensor, expected: np.ndarray, tol: float = TOL) -> None:
@@ -42,13 +36,6 @@ def _assert_ref(actual: torch.Tensor, expected: np.ndarray, tol: float = TOL) ->
     assert err <= tol * scale, f"max abs error {err:.3e} > {tol * scale:.3e}"
 
 
-def _module(seed: int = 0, **kwargs) -> MultiHeadAttention:
-    torch.manual_seed(seed)
-    m = MultiHeadAttention(dtype=F64, **kwargs)
-    with torch.no_grad():
-        for p in m.parameters():  # non-trivial biases too
-            p.normal_(0.0, 0.5)
-    return m.eval()
 
 
 def _np_linear(x: np.ndarray, weight: torch.Tensor, bias: torch.Tensor | None) -> np.ndarray:

@@ -8,29 +8,14 @@ import re
 
 import pytest
 import torch
-
-from multihead import MultiHeadAttention
+from support.modules import random_module as _module
 
 F64 = torch.float64
 BACKENDS = ["math", "sdpa"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny float64 ops: intra-op threads only add contention on a busy 2-core box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
-def _module(seed: int = 0, **kwargs) -> MultiHeadAttention:
-    torch.manual_seed(seed)
-    m = MultiHeadAttention(dtype=kwargs.pop("dtype", F64), **kwargs)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0.0, 0.5)
-    return m.eval()
 
 
 def _shape(t) -> str:

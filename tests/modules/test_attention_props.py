@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.modules import random_module as _module
 
 from multihead import MultiHeadAttention
 
@@ -16,22 +17,8 @@ BACKENDS = ["math", "sdpa"]
 PROPS = settings(max_examples=25, deadline=None, derandomize=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny float64 ops: intra-op threads only add contention on a busy 2-core box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
-def _module(seed: int = 0, **kwargs) -> MultiHeadAttention:
-    torch.manual_seed(seed)
-    m = MultiHeadAttention(dtype=F64, **kwargs)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0.0, 0.5)
-    return m.eval()
 
 
 # ---------------------------------------------------------------- gradients

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.modules import random_module as _module
 from torch import nn
 
 from multihead import MultiHeadAttention
@@ -12,13 +13,6 @@ from multihead import MultiHeadAttention
 F64 = torch.float64
 
 
-def _module(seed: int = 0, **kwargs) -> MultiHeadAttention:
-    torch.manual_seed(seed)
-    m = MultiHeadAttention(dtype=F64, **kwargs)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0.0, 0.5)
-    return m.eval()
 
 
 def _as_split_keys(sd: dict, m: MultiHeadAttention, prefix: str = "") -> dict:

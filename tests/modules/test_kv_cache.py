@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.modules import random_module
 
 from multihead import KVCache, MultiHeadAttention
 
@@ -17,23 +18,8 @@ BACKENDS = ["math", "sdpa"]
 HEADS = {"mha": None, "gqa": 2, "mqa": 1}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny float64 ops: intra-op threads only add contention on a busy 2-core box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _module(seed: int = 0, num_kv_heads: int | None = None, **kwargs) -> MultiHeadAttention:
-    torch.manual_seed(seed)
-    kwargs = {"embed_dim": 12, "num_heads": 4, **kwargs}
-    m = MultiHeadAttention(num_kv_heads=num_kv_heads, dtype=F64, **kwargs)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0.0, 0.5)
-    return m.eval()
+    return random_module(seed, **{"embed_dim": 12, "num_heads": 4, "num_kv_heads": num_kv_heads, **kwargs})
 
 
 def _decode(m, x, chunks, cache, backend="auto", keep=None):

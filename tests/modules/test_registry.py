@@ -1,0 +1,34 @@
+"""Attention kinds by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from multihead import MultiHeadAttention, build_attention, list_attention_kinds
+
+
+def test_known_kinds():
+    assert {"mha", "gqa", "mqa"} <= set(list_attention_kinds())
+
+
+def test_build_each_kind():
+    mha = build_attention("mha", embed_dim=16, num_heads=4)
+    gqa = build_attention("gqa", embed_dim=16, num_heads=4, num_kv_heads=2)
+    mqa = build_attention("mqa", embed_dim=16, num_heads=4, qkv_bias=False)
+    assert isinstance(mha, MultiHeadAttention) and mha.num_kv_heads == 4
+    assert gqa.num_kv_heads == 2 and mqa.num_kv_heads == 1
+    assert mqa.qkv_proj.bias is None
+
+
+def test_unknown_kind_lists_known_ones():
+    with pytest.raises(ValueError, match=r"unknown attention kind 'flash'; known: \[.*'gqa'.*\]"):
+        build_attention("flash", embed_dim=8, num_heads=2)
+
+
+@pytest.mark.parametrize(
+    "name,kv,match",
+    [("mha", 2, "use 'gqa'"), ("gqa", None, "needs num_kv_heads"), ("mqa", 2, "one key/value head")],
+)
+def test_inconsistent_head_counts(name, kv, match):
+    with pytest.raises(ValueError, match=match):
+        build_attention(name, embed_dim=16, num_heads=4, num_kv_heads=kv)

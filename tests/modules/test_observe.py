@@ -68,3 +68,18 @@ def test_observing_with_the_fused_backend_named_explicitly_says_why():
 def test_observer_must_be_callable():
     with pytest.raises(TypeError, match="observer must be callable"):
         random_module(embed_dim=8, num_heads=2).register_attention_observer("not a function")
+
+
+def test_the_torch_drop_in_notifies_observers_of_its_inner_module():
+    from torch import nn
+
+    from multihead import MultiHeadAttention
+
+    torch.manual_seed(0)
+    ours = MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, batch_first=True)).eval()
+    events, _ = _collect(ours.attention)
+    x = torch.randn(1, 3, 8)
+    out, weights = ours(x, x, x, need_weights=False)
+    assert weights is None and len(events) == 1
+    _, per_head = ours(x, x, x, need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(events[0][1].weights, per_head)

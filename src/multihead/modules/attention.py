@@ -300,20 +300,33 @@ class MultiHeadAttention(Observable, nn.Module):
         if return_weights or observed:
             out, weights = out
         if observed:
-            self._notify(
-                AttentionEvent(
-                    weights=weights.detach(),
-                    q=q.detach(),
-                    k=k.detach(),
-                    scale=self.head_dim**-0.5,
-                    attn_mask=mask,
-                    is_causal=is_causal,
-                    causal_alignment=causal_alignment,
-                    kind=self.kind,
-                )
-            )
+            self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment)
         out = self.merge_heads(out)
         return (out, weights) if return_weights else out
+
+    def notify_observers(
+        self,
+        weights: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        mask: torch.Tensor | None,
+        *,
+        is_causal: bool,
+        causal_alignment: str,
+    ) -> None:
+        """Hand one call's weights [B, H, T, S] and projected q/k to the observers."""
+        self._notify(
+            AttentionEvent(
+                weights=weights.detach(),
+                q=q.detach(),
+                k=k.detach(),
+                scale=self.head_dim**-0.5,
+                attn_mask=mask,
+                is_causal=is_causal,
+                causal_alignment=causal_alignment,
+                kind=self.kind,
+            )
+        )
 
     @property
     def kind(self) -> str:

@@ -168,20 +168,25 @@ class TorchMultiheadAttention(nn.Module):
         k, v, mask, pad = self._extra_keys(k, v, mask, pad)
         if pad is not None:
             pad = pad[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+        mask = merge_masks(mask, pad)
+        observed = inner.observed
         out = attention(
             q,
             k,
             v,
-            attn_mask=merge_masks(mask, pad),
+            attn_mask=mask,
             dropout_p=inner.dropout,
             training=self.training,
-            return_weights=need_weights,
+            return_weights=need_weights or observed,
         )
         weights = None
-        if need_weights:
-            out, weights = out
-            if average_attn_weights:
-                weights = weights.mean(dim=1)  # (B, H, T, S) -> (B, T, S)
+        if need_weights or observed:
+            out, all_weights = out
+            if observed:  # observers of the inner module see this call too
+                inner.notify_observers(all_weights, q, k, mask, is_causal=False, causal_alignment="top_left")
+            if need_weights:
+                # (B, H, T, S) -> (B, T, S) when averaged
+                weights = all_weights.mean(dim=1) if average_attn_weights else all_weights
         out = inner.merge_heads(out)
         if not self.batch_first or unbatched:
             out = out.transpose(0, 1)  # (B, T, C) -> (T, B, C)

@@ -1,0 +1,470 @@
+"""What each head does: positional, special-token, broad and rare-token heads.
+
+    with capture(model) as record:
+        model(input_ids)
+    record.query_tokens = tokens
+    print(format_roles(classify_heads(record)))
+
+Each head of each recorded call gets scores (the ``_score_*`` functions cite
+the paper behind each) and the role labels whose score reaches
+``ROLE_THRESHOLDS`` or your overrides.
+
+Rows used: a row counts when its weights are not all zero and its query sees
+at least two keys (query 0 of a causal model made no choice). Rows are
+divided by their sum (a no-op after softmax). A key is *visible* where
+``mask`` allows it or, without a mask, where any head of the same call gives
+it non-zero weight (masks hide the same keys from every head). Scores about
+a set of keys average over the rows that can see one of them::
+
+    causal, T = S = 4     previous-token score uses rows 1..3
+    q0  x . . .           (skipped: one visible key)
+    q1  x x . .           neighbour key 0 visible
+    q2  x x x .           neighbour key 1 visible
+
+Positional scores and distances need T == S (self-attention) and are left
+out otherwise. Token scores need ``record.query_tokens``/``key_tokens``
+(which describe batch item 0). A score that cannot be measured (no tokens,
+no [SEP] in the input, T != S) is absent from ``scores`` and never a label.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+import string
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from .._checks import non_negative_int, positive_int
+from .capture import AttentionRecord
+
+__all__ = [
+    "ROLE_THRESHOLDS", "CLS_TOKENS", "SEP_TOKENS", "HeadRoles", "Link", "classify_heads", "strongest_links",
+    "rare_tokens", "is_special", "is_punctuation", "role_table", "format_roles",
+]  # fmt: skip
+
+#: Default thresholds; a head gets a role when its score is >= the number.
+#: previous/next 0.9: Voita et al. 2019, "Positional heads" (largest weight on one relative
+#: position for at least 90% of tokens); self 0.9: that rule at offset 0 (ours).
+#: cls/sep/punct 0.5: the majority of the attention; Clark et al. 2019 ("Attending to
+#: separator tokens") find over half of BERT's layer 6-10 attention on [SEP].
+#: broad 0.8 of the largest possible entropy: our choice (Clark et al. describe
+#: broad heads without a number). rare 0.5: majority rule, our choice (Voita et
+#: al., "Rare words", describe the rare-token head without a number).
+ROLE_THRESHOLDS: dict[str, float] = {
+    "previous": 0.9, "next": 0.9, "self": 0.9, "cls": 0.5, "sep": 0.5, "punct": 0.5, "broad": 0.8, "rare": 0.5,
+}  # fmt: skip
+
+#: Tokens that open a sequence (BERT, RoBERTa/T5-style, Llama-style).
+CLS_TOKENS = frozenset({"[CLS]", "<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>"})
+#: Tokens that separate or end a sequence. GPT-2's ``<|endoftext|>`` is here by
+#: its name, also when a prompt starts with it.
+SEP_TOKENS = frozenset({"[SEP]", "</s>", "<eos>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>"})
+_SPECIAL = CLS_TOKENS | SEP_TOKENS | {"[PAD]", "[UNK]", "[MASK]", "<pad>", "<unk>", "<mask>"}
+_SPECIAL_PATTERN = re.compile(r"<\|[^|]*\|>|\[unused\d+\]")
+_MARKER = re.compile(r"^(##|Ġ|▁)")  # WordPiece continuation, GPT-2 byte-level space, SentencePiece space
+
+
+class Link(NamedTuple):
+    """One query -> key weight of a head."""
+
+    query: str
+    key: str
+    weight: float
+    query_index: int
+    key_index: int
+
+
+@dataclass
+class HeadRoles:
+    """The scores and role labels of one head in one recorded call.
+
+    Attributes:
+        layer: ``LayerAttention.layer`` of the call.
+        head: head index.
+        scores: score name -> value; see ``classify_heads`` for the names.
+        labels: the roles whose score reached its threshold, in
+            ``ROLE_THRESHOLDS`` order.
+        mean_distance: average attention distance in positions (None when
+            T != S or no row was usable).
+        entropy: mean row entropy in nats (None when no row was usable).
+        links: the strongest links (``strongest_links``).
+        name: the attention module's path inside the model.
+    """
+
+    layer: int
+    head: int
+    scores: dict[str, float]
+    labels: list[str]
+    mean_distance: float | None
+    entropy: float | None
+    links: list[Link] = field(default_factory=list)
+    name: str = ""
+
+
+def is_special(token: str) -> bool:
+    """True for special tokens recognised by their string ([CLS], </s>, <|...|>, ...)."""
+    return token in _SPECIAL or bool(_SPECIAL_PATTERN.fullmatch(token))
+
+
+def _strip_marker(token: str) -> str:
+    return _MARKER.sub("", token, count=1)
+
+
+def is_punctuation(token: str) -> bool:
+    """True when every character (after a leading "##", "Ġ" or "▁") is in
+    ``string.punctuation`` or a unicode P* category (Clark et al. 2019 track
+    attention to periods and commas beside [CLS] and [SEP])."""
+    text = _strip_marker(token)
+    return (
+        bool(text)
+        and not is_special(token)
+        and all(ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text)
+    )
+
+
+def rare_tokens(
+    tokens: Sequence[str],
+    *,
+    k: int = 1,
+    token_frequencies: Mapping[str, float] | None = None,
+    token_ids: Sequence[int] | None = None,
+) -> list[str]:
+    """The ``k`` least frequent distinct tokens of ``tokens``, rarest first.
+
+    Special tokens and punctuation are never candidates. Frequencies come from
+    ``token_frequencies`` (e.g. corpus counts; a token missing from it counts
+    as 0, the rarest) or else from the counts inside ``tokens``. Ties are
+    broken, in order, by: the larger vocabulary id (``token_ids``, aligned
+    with ``tokens``) -- a heuristic that holds only for roughly
+    frequency-ordered vocabularies such as BERT's WordPiece or GPT-2's BPE
+    merges; the longer string without its "##"/"Ġ" marker -- Zipf's law of
+    abbreviation, again a heuristic; and finally the earlier first position.
+
+    Raises:
+        TypeError: ``k`` not an int, a frequency that is not a number.
+        ValueError: ``k`` < 1, ``token_ids`` of another length than ``tokens``.
+    """
+    k = positive_int("k", k)
+    tokens = list(tokens)
+    if token_ids is not None and len(token_ids) != len(tokens):
+        raise ValueError(f"token_ids has {len(token_ids)} entries but there are {len(tokens)} tokens")
+    first: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    ids: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        if is_special(tok) or is_punctuation(tok):
+            continue
+        first.setdefault(tok, i)
+        counts[tok] = counts.get(tok, 0) + 1
+        if token_ids is not None:
+            ids[tok] = max(ids.get(tok, int(token_ids[i])), int(token_ids[i]))
+
+    def frequency(tok: str) -> float:
+        if token_frequencies is None:
+            return float(counts[tok])
+        value = token_frequencies.get(tok, 0.0)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"token_frequencies[{tok!r}] must be a number, got {value!r}")
+        return float(value)
+
+    order = sorted(first, key=lambda t: (frequency(t), -ids.get(t, 0), -len(_strip_marker(t)), first[t]))
+    return order[:k]
+
+
+def strongest_links(
+    weights: torch.Tensor,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    k: int = 3,
+    *,
+    skip_special: bool = True,
+) -> list[Link]:
+    """The ``k`` largest non-zero weights of one head as query -> key links.
+
+    Args:
+        weights: [T, S] weights of one head.
+        query_tokens: T token strings.
+        key_tokens: S token strings.
+        k: how many links at most.
+        skip_special: leave out links to special keys ([CLS], [SEP], ...),
+            which Clark et al. 2019 read as "no-op" attention and which would
+            otherwise crowd out every other link.
+
+    Returns:
+        links sorted by weight (largest first), ties by query then key index.
+
+    Raises:
+        TypeError: weights not a tensor, k not an int.
+        ValueError: weights not 2-D, token lists of the wrong length, k < 1.
+    """
+    if not isinstance(weights, torch.Tensor):
+        raise TypeError(f"weights must be a torch.Tensor, got {type(weights).__name__}")
+    if weights.dim() != 2:
+        raise ValueError(f"weights must be [T, S], got shape {tuple(weights.shape)}")
+    k = positive_int("k", k)
+    T, S = weights.shape
+    if len(query_tokens) != T or len(key_tokens) != S:
+        raise ValueError(
+            f"weights [T, S] = [{T}, {S}] need {T} query and {S} key tokens, "
+            f"got len(query_tokens)={len(query_tokens)}, len(key_tokens)={len(key_tokens)}"
+        )
+    w = weights.detach().double().cpu()
+    if skip_special:
+        keep = torch.tensor([not is_special(t) for t in key_tokens], dtype=torch.bool)
+        w = torch.where(keep, w, torch.zeros_like(w))
+    flat = w.reshape(-1)
+    # stable sort on the negated weights keeps row-major order among ties
+    order = torch.sort(-flat, stable=True).indices[:k]
+    return [
+        Link(query_tokens[i // S], key_tokens[i % S], float(flat[i]), i // S, i % S)
+        for i in order.tolist()
+        if flat[i] > 0
+    ]
+
+
+def _score_positional(
+    P: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, offset: int
+) -> tuple[float, float] | None:
+    """Previous-token (offset -1), self (0) and next-token (+1) heads.
+
+    Voita et al. 2019, "Analyzing Multi-Head Self-Attention: Specialized Heads
+    Do the Heavy Lifting, the Rest Can Be Pruned" (ACL), "Positional heads": a head is
+    positional when for at least 90% of tokens its largest weight goes to the
+    token at a fixed relative position. Returns (fraction of rows whose
+    neighbour i + offset holds the row's strictly largest weight -- a tie is
+    not a win, so a uniform row scores 0 --, mean weight on the neighbour),
+    over the rows whose neighbour exists and is visible; None if there is none.
+    """
+    S = P.shape[1]
+    j = rows + offset
+    ok = (j >= 0) & (j < S)
+    ok[ok.clone()] = vis[ok, j[ok]]
+    if not bool(ok.any()):
+        return None
+    r = ok.nonzero().squeeze(1)
+    p = P[r]
+    w = p[torch.arange(len(r)), j[r]]
+    others = p.clone()
+    others[torch.arange(len(r)), j[r]] = -1.0
+    wins = w > others.max(dim=-1).values
+    return float(wins.double().mean()), float(w.mean())
+
+
+def _score_mass(P: torch.Tensor, vis: torch.Tensor, keys: torch.Tensor) -> float | None:
+    """Attention mass on a kind of key ([CLS], [SEP], punctuation, rare).
+
+    Clark et al. 2019, "What Does BERT Look At? An Analysis of BERT's
+    Attention" (BlackboxNLP), "Attending to separator tokens": the weight each query puts on the keys
+    of that kind, summed, averaged over the queries. We average over the rows
+    that can see at least one such key, so causal rows before it do not
+    count; None if no row can.
+    """
+    ok = (vis & keys).any(dim=-1)
+    if not bool(ok.any()):
+        return None
+    return float(P[ok][:, keys].sum(dim=-1).mean())
+
+
+def _score_entropy(P: torch.Tensor, vis: torch.Tensor) -> tuple[float, float]:
+    """Broad heads: (mean row entropy in nats, mean normalised entropy).
+
+    Clark et al. 2019 ("Focused vs broad attention") measure each head by the
+    average entropy of its attention rows. The normalised entropy divides
+    each row's entropy by log(number of visible keys), its largest possible
+    value, so a causal row that sees 3 keys is as broad as one that sees 300
+    when both are uniform (1.0).
+    """
+    logs = torch.where(P > 0, P.log(), torch.zeros_like(P))
+    ent = -(P * logs).sum(dim=-1)
+    n = vis.sum(dim=-1).double()
+    return float(ent.mean()), float((ent / n.log()).mean())
+
+
+def _score_distance(P: torch.Tensor, rows: torch.Tensor) -> float:
+    """Average attention distance: sum_j A[i, j] |i - j|, averaged over rows.
+
+    Vig & Belinkov 2019, "Analyzing the Structure of Attention in a
+    Transformer Language Model" (BlackboxNLP): their attention-distance
+    analysis, where the mean grows with depth in GPT-2.
+    """
+    keys = torch.arange(P.shape[1], dtype=torch.float64)
+    return float((P * (rows.double()[:, None] - keys[None, :]).abs()).sum(dim=-1).mean())
+
+
+def _head_scores(
+    A: torch.Tensor, visible: torch.Tensor, key_kinds: Mapping[str, torch.Tensor]
+) -> tuple[dict[str, float], float | None, float | None]:
+    """Scores, entropy and distance of one head ``A`` [T, S] (float64)."""
+    T, S = A.shape
+    total = A.sum(dim=-1)
+    use = (total > 0) & (visible.sum(dim=-1) >= 2)
+    if not bool(use.any()):
+        return {}, None, None
+    rows = use.nonzero().squeeze(1)
+    P, vis = A[rows] / total[rows, None], visible[rows]
+    scores: dict[str, float] = {}
+    distance = None
+    if T == S:
+        for name, offset in (("previous", -1), ("self", 0), ("next", 1)):
+            found = _score_positional(P, vis, rows, offset)
+            if found is not None:
+                scores[name], scores[f"{name}_mass"] = found
+        distance = _score_distance(P, rows)
+    for name, keys in key_kinds.items():
+        mass = _score_mass(P, vis, keys)
+        if mass is not None:
+            scores[name] = mass
+    entropy, scores["broad"] = _score_entropy(P, vis)
+    return scores, entropy, distance
+
+
+def _thresholds(overrides: Mapping[str, float] | None) -> dict[str, float]:
+    merged = dict(ROLE_THRESHOLDS)
+    for name, value in (overrides or {}).items():
+        if name not in ROLE_THRESHOLDS:
+            raise ValueError(f"unknown role {name!r} in thresholds; valid roles: {sorted(ROLE_THRESHOLDS)}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+            raise TypeError(f"thresholds[{name!r}] must be a number, got {value!r}")
+        merged[name] = float(value)
+    return merged
+
+
+def classify_heads(
+    record: AttentionRecord,
+    *,
+    thresholds: Mapping[str, float] | None = None,
+    token_frequencies: Mapping[str, float] | None = None,
+    token_ids: Sequence[int] | None = None,
+    rare_k: int = 1,
+    mask: torch.Tensor | None = None,
+    links: int = 3,
+    batch: int = 0,
+) -> list[HeadRoles]:
+    """Scores and role labels for every head of every recorded call.
+
+    Score names (absent when not measurable, see the module docstring):
+    ``previous``/``next``/``self`` (fraction of rows whose strict argmax is
+    key i-1 / i+1 / i, Voita et al. 2019) with ``*_mass`` (mean weight there);
+    ``cls``/``sep``/``punct`` (mean mass on those keys, Clark et al. 2019);
+    ``broad`` (mean normalised entropy, Clark et al. 2019); ``rare`` (mean
+    mass on the ``rare_k`` rarest tokens, Voita et al. 2019). ``entropy`` and
+    ``mean_distance`` (Vig & Belinkov 2019) are fields of ``HeadRoles``.
+
+    Args:
+        record: from ``capture``; weights [B, H, T, S] per call.
+        thresholds: role -> threshold, merged over ``ROLE_THRESHOLDS``; a
+            head gets a label when its score is >= the threshold
+            (``math.inf`` switches a role off).
+        token_frequencies: token -> frequency for the rare-token score (see
+            ``rare_tokens``); default: counts within the key tokens.
+        token_ids: S vocabulary ids of the key tokens, to break frequency ties.
+        rare_k: how many distinct rare tokens the rare score covers.
+        mask: [T, S] bool, True = may attend; default: inferred per call
+            from the weights (any head non-zero).
+        links: how many ``strongest_links`` per head (keys that are special
+            tokens skipped; positions as strings when there are no tokens).
+        batch: which batch item to read.
+
+    Returns:
+        one ``HeadRoles`` per recorded call and head, in record order.
+
+    Raises:
+        TypeError: record not an ``AttentionRecord``, a bad threshold type.
+        ValueError: weights not [B, H, T, S], not finite or negative;
+            batch out of range; token lists or mask not matching [T, S];
+            an unknown role in thresholds; weight on a key the mask hides.
+    """
+    if not isinstance(record, AttentionRecord):
+        raise TypeError(f"record must be an AttentionRecord, got {type(record).__name__}")
+    limits = _thresholds(thresholds)
+    batch = non_negative_int("batch", batch)
+    links = positive_int("links", links)
+    q_tokens = record.query_tokens
+    k_tokens = record.key_tokens if record.key_tokens is not None else q_tokens
+    rare = None
+    if k_tokens is not None:
+        rare = set(rare_tokens(k_tokens, k=rare_k, token_frequencies=token_frequencies, token_ids=token_ids))
+    out: list[HeadRoles] = []
+    for entry in record.layers:
+        w = entry.weights
+        if w.dim() != 4:
+            raise ValueError(f"layer {entry.layer} ({entry.name}): weights must be [B, H, T, S], got {tuple(w.shape)}")
+        B, H, T, S = w.shape
+        if batch >= B:
+            raise ValueError(f"batch={batch} out of range for layer {entry.layer} with B={B}")
+        W = w[batch].detach().double().cpu()  # (H, T, S)
+        bad = W[~torch.isfinite(W) | (W < 0)]
+        if bad.numel():
+            raise ValueError(
+                f"layer {entry.layer} ({entry.name}): roles need finite, non-negative weights, "
+                f"found {bad.numel()} that are not, e.g. {float(bad[0]):.3g}"
+            )
+        qt = q_tokens if q_tokens is not None else [str(i) for i in range(T)]
+        kt = k_tokens if k_tokens is not None else [str(j) for j in range(S)]
+        if len(qt) != T or len(kt) != S:
+            raise ValueError(
+                f"layer {entry.layer} ({entry.name}) has T={T}, S={S} but the record has "
+                f"{len(qt)} query tokens and {len(kt)} key tokens"
+            )
+        visible = _visible(mask, W, entry.layer)
+        kinds: dict[str, torch.Tensor] = {}
+        if k_tokens is not None:  # which keys are [CLS]-like, [SEP]-like, punctuation, rare
+            tests = {"cls": CLS_TOKENS.__contains__, "sep": SEP_TOKENS.__contains__, "punct": is_punctuation}
+            tests["rare"] = rare.__contains__
+            kinds = {name: torch.tensor([test(t) for t in kt], dtype=torch.bool) for name, test in tests.items()}
+        for h in range(H):
+            scores, entropy, distance = _head_scores(W[h], visible, kinds)
+            labels = [role for role, limit in limits.items() if role in scores and scores[role] >= limit]
+            top = strongest_links(W[h], qt, kt, links, skip_special=k_tokens is not None)
+            out.append(HeadRoles(entry.layer, h, scores, labels, distance, entropy, top, entry.name))
+    return out
+
+
+def _visible(mask: torch.Tensor | None, W: torch.Tensor, layer: int) -> torch.Tensor:
+    """[T, S] bool: the keys each query may see (see the module docstring)."""
+    if mask is None:
+        return (W > 0).any(dim=0)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool torch.Tensor (True = may attend), got {mask!r:.80}")
+    if tuple(mask.shape) != tuple(W.shape[1:]):
+        raise ValueError(f"mask must be [T, S] = {list(W.shape[1:])} for layer {layer}, got {list(mask.shape)}")
+    mask = mask.cpu()
+    hidden = W.masked_fill(mask, 0.0)
+    if bool((hidden > 0).any()):
+        raise ValueError(
+            f"layer {layer}: the mask hides keys that get weight (up to {float(hidden.max()):.3g}); "
+            "is it the mask the model used?"
+        )
+    return mask
+
+
+_COLUMNS = ("previous", "next", "self", "cls", "sep", "punct", "broad", "rare")
+
+
+def role_table(roles: Sequence[HeadRoles], digits: int = 2) -> list[list[str]]:
+    """Rows of strings: a header, then layer, head, labels, main scores,
+    entropy and distance of each head ("-" where a score was not measured)."""
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.{digits}f}"
+
+    rows = [["layer", "head", "roles", *_COLUMNS, "entropy", "distance"]]
+    for r in roles:
+        scores = [fmt(r.scores.get(c)) for c in _COLUMNS]
+        rows.append(
+            [str(r.layer), str(r.head), ",".join(r.labels) or "-", *scores, fmt(r.entropy), fmt(r.mean_distance)]
+        )
+    return rows
+
+
+def format_roles(roles: Sequence[HeadRoles], digits: int = 2) -> str:
+    """``role_table`` as plain text with aligned columns."""
+    rows = role_table(roles, digits)
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(wd) for cell, wd in zip(row, widths)).rstrip() for row in rows)

@@ -12,7 +12,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="multihead",
         description="Multi-head attention: reference, modules, variants and head tools.",
-        epilog="examples:\n  multihead textbook\n  multihead textbook --tolerance 1e-6",
+        epilog=(
+            "examples:\n  multihead textbook\n  multihead textbook --tolerance 1e-6\n"
+            "  multihead generate --preset tiny --max-new-tokens 20 --seed 0"
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -27,10 +30,58 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  multihead textbook\n  multihead textbook --tolerance 1e-7",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    tb.add_argument(
-        "--tolerance", type=float, default=1e-6, help="largest accepted |difference| (default 1e-6)"
-    )
+    tb.add_argument("--tolerance", type=float, default=1e-6, help="largest accepted |difference| (default 1e-6)")
+    _add_generate(sub)
     return parser
+
+
+_GENERATE_EXAMPLES = """examples:
+  multihead generate --preset tiny --max-new-tokens 5 --seed 0
+  multihead generate --preset mini --prompt "To be, or not" --temperature 0.8 --top-k 40 --seed 1
+  multihead generate --preset tiny --seed 0 --save-init tiny-init
+  multihead generate --checkpoint tiny-init --prompt "Hello" --max-new-tokens 20 --top-p 0.9 --seed 0
+"""
+
+
+def _add_generate(sub) -> None:
+    from .commands.generate import DEFAULT_PRESET, DEFAULT_PROMPT
+    from .models.gpt import GPT_PRESETS
+
+    gen = sub.add_parser(
+        "generate",
+        help="sample text from a GPT preset (fresh weights) or a saved checkpoint",
+        description=(
+            "Build a GPT-2 style model from a preset with freshly initialised, seeded weights, or load "
+            "a checkpoint (config.json + model.safetensors, e.g. written by --save-init), then sample a "
+            "continuation of the prompt and print prompt + continuation. Byte-level models (vocab 256: "
+            "the tiny and mini presets) read the prompt as UTF-8 bytes; other vocabularies need "
+            "--tokenizer tokenizer.json. Untrained weights produce noise: this shows the decoding "
+            "machinery (KV cache, temperature, top-k, top-p), not a language model."
+        ),
+        epilog=_GENERATE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gen.add_argument(
+        "--preset",
+        help=f"model preset: {', '.join(GPT_PRESETS)} (default {DEFAULT_PRESET} unless --checkpoint is given)",
+    )
+    gen.add_argument("--checkpoint", metavar="PATH", help="checkpoint directory or .safetensors file to load")
+    gen.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"text to continue (default {DEFAULT_PROMPT!r})")
+    gen.add_argument("--max-new-tokens", type=int, default=50, metavar="N", help="tokens to add (default 50)")
+    gen.add_argument(
+        "--temperature", type=float, default=1.0, metavar="T", help="0 = greedy; higher = more random (default 1.0)"
+    )
+    gen.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
+    gen.add_argument(
+        "--top-p", type=float, default=None, metavar="P", help="sample among the smallest set with mass >= P"
+    )
+    gen.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed of the weights and the sampling (default 0)"
+    )
+    gen.add_argument(
+        "--tokenizer", metavar="FILE", help="Hugging Face tokenizer.json (required when vocab_size is not 256)"
+    )
+    gen.add_argument("--save-init", metavar="PATH", help="save the freshly initialised preset model to PATH and exit")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +91,25 @@ def main(argv: list[str] | None = None) -> int:
         from .commands.textbook import run
 
         return run(tolerance=args.tolerance)
+    if args.command == "generate":
+        from .commands.generate import run as generate
+
+        try:
+            return generate(
+                preset=args.preset,
+                checkpoint=args.checkpoint,
+                prompt=args.prompt,
+                max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                seed=args.seed,
+                tokenizer=args.tokenizer,
+                save_init=args.save_init,
+            )
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            print(f"multihead generate: error: {e}", file=sys.stderr)
+            return 2
     parser.print_help()
     return 2
 

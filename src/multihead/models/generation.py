@@ -1,0 +1,235 @@
+"""Autoregressive decoding: logit filters, one sampling step, the generate loop.
+
+    prompt idx [B, T0] --prefill (one forward, fills the KV caches)--> logits
+      --(temperature, top-k, top-p, sample or argmax)--> token t0
+      --forward(t0 [B, 1], caches)--> logits --> t1 --> ... (max_new_tokens)
+
+The loop works with any model that has ``config.context_length``,
+``config.vocab_size``, ``forward(idx, *, attention_mask=None, kv_caches=None)
+-> logits [B, T, V]`` and ``make_kv_caches(batch_size, max_len)`` (``GPT``).
+Call ``model.eval()`` first: the loop does not change the model's mode.
+
+Left-padded prompts (``attention_mask`` [B, T0], 1 = real token, pads on the
+left) keep their pads in the cache; the mask over the cached length is passed
+on every step so pads are never attended::
+
+    mask   0 0 1 1 1 | 1 1 ...    <- prompt (two pads) | generated tokens
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+
+from .._checks import non_negative_int, positive_int
+
+__all__ = ["filter_top_k", "filter_top_p", "sample_next_token", "generate"]
+
+
+def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the ``k`` largest logits of each row (and ties with the k-th), -inf elsewhere.
+
+    Args:
+        logits: [..., V].
+        k: positive int; k >= V keeps everything.
+
+    Returns:
+        a new tensor shaped like ``logits``.
+    """
+    k = positive_int("top_k", k)
+    if k >= logits.shape[-1]:
+        return logits.clone()
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filter: keep, per row, the smallest set of most likely tokens
+    whose probability mass is >= ``p``; -inf elsewhere.
+
+    Tokens are taken in order of decreasing probability; a token is kept when
+    the mass of the tokens before it is still below ``p``, so the most likely
+    token is always kept::
+
+        probs   0.5  0.3  0.15  0.05      p = 0.8
+        before  0.0  0.5  0.8   0.95      keep 0.5, 0.3 (mass 0.8 >= p)
+
+    Args:
+        logits: [..., V].
+        p: in (0, 1]; 1 keeps everything.
+
+    Returns:
+        a new tensor shaped like ``logits``.
+    """
+    p = _probability("top_p", p)
+    if p >= 1.0:
+        return logits.clone()
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of the more likely tokens
+    drop_sorted = before >= p
+    drop_sorted[..., 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row from next-token logits.
+
+    temperature == 0 takes the argmax (greedy; top_k/top_p do not change it);
+    otherwise logits / temperature, then top-k, then top-p, then a draw from
+    the softmax with ``generator``.
+
+    Args:
+        logits: [B, V].
+
+    Returns:
+        token ids [B] (long).
+    """
+    temperature = _temperature(temperature)
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    scores = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    if top_k is not None:
+        scores = filter_top_k(scores, top_k)
+    if top_p is not None:
+        scores = filter_top_p(scores, top_p)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B, 1) -> (B,)
+
+
+def generate(
+    model: Any,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos: int | None = None,
+    pad: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    return_logits: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Extend ``idx`` by up to ``max_new_tokens`` tokens.
+
+    Args:
+        model: a ``GPT`` (or anything with the same interface, see the module).
+        idx: [B, T0] prompt ids, left-padded when rows differ in length.
+        max_new_tokens: number of tokens to add (0 returns ``idx``).
+        temperature: 0 = greedy argmax; > 0 divides the logits before sampling.
+        top_k: keep the k most likely tokens before sampling.
+        top_p: keep the smallest set of tokens with mass >= top_p.
+        eos: a row that emits ``eos`` is done: afterwards it emits ``pad``,
+            and the loop stops early once every row is done.
+        pad: emitted by finished rows (default ``eos``).
+        attention_mask: [B, T0], 1 = real token, 0 = left padding.
+        generator: ``torch.Generator`` for the draws (reproducible sampling).
+        use_cache: True: one static KV cache per block, prefill once, then
+            one token per forward. False: recompute the whole sequence every
+            step (the reference the cached path is tested against).
+        return_logits: also return the raw next-token logits of every step
+            (before temperature and filtering).
+
+    Returns:
+        tokens [B, T0 + n] with n <= max_new_tokens (n < max_new_tokens only
+        when every row hit ``eos``), or (tokens, logits [B, n, V]).
+
+    Raises:
+        TypeError / ValueError: bad arguments, including
+            T0 + max_new_tokens > context_length, a mask that is not
+            left padding, or a row with no real token (all checked before
+            any forward pass).
+    """
+    cfg = model.config
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"idx must be a torch.Tensor, got {type(idx).__name__}")
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+    if idx.dim() != 2 or idx.shape[0] == 0 or idx.shape[1] == 0:
+        raise ValueError(f"idx must be (B, T0) with B, T0 >= 1, got {tuple(idx.shape)}")
+    B, T0 = idx.shape
+    max_new_tokens = non_negative_int("max_new_tokens", max_new_tokens)
+    if T0 + max_new_tokens > cfg.context_length:
+        raise ValueError(
+            f"prompt length {T0} + max_new_tokens {max_new_tokens} = {T0 + max_new_tokens} "
+            f"exceeds context_length={cfg.context_length}"
+        )
+    _temperature(temperature)
+    if top_k is not None:
+        positive_int("top_k", top_k)
+    if top_p is not None:
+        _probability("top_p", top_p)
+    eos = _token("eos", eos, cfg.vocab_size)
+    pad = eos if pad is None else _token("pad", pad, cfg.vocab_size)
+    mask = None
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+        if tuple(attention_mask.shape) != (B, T0):
+            raise ValueError(f"attention_mask must be (B, T0) = ({B}, {T0}), got {tuple(attention_mask.shape)}")
+        mask = attention_mask.to(idx.device) != 0
+        if not bool(mask[:, -1].all()):
+            raise ValueError(
+                "attention_mask must be left padding (the last prompt position real in every row); "
+                f"rows {mask[:, -1].logical_not().nonzero().flatten().tolist()} end in padding"
+            )
+        if bool(mask.all()):
+            mask = None  # no padding: take the mask-free path
+    idx = idx.long()
+    if max_new_tokens == 0:
+        empty = torch.zeros(B, 0, cfg.vocab_size, device=idx.device)
+        return (idx, empty) if return_logits else idx
+
+    caches = model.make_kv_caches(B, T0 + max_new_tokens) if use_cache else None
+    tokens, done, steps = idx, torch.zeros(B, dtype=torch.bool, device=idx.device), []
+    with torch.no_grad():
+        for step in range(max_new_tokens):
+            feed = tokens if (caches is None or step == 0) else tokens[:, -1:]
+            logits = model(feed, attention_mask=mask, kv_caches=caches)[:, -1]  # (B, T, V) -> (B, V)
+            steps.append(logits)
+            nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+            if eos is not None:
+                nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+                done = done | (nxt == eos)
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, T) -> (B, T + 1)
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
+            if eos is not None and bool(done.all()):
+                break
+    if return_logits:
+        return tokens, torch.stack(steps, dim=1)  # n x (B, V) -> (B, n, V)
+    return tokens
+
+
+# ---------------------------------------------------------------------- checks
+def _temperature(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 <= float(value) < math.inf):
+        raise ValueError(f"temperature must be a finite float >= 0 (0 = greedy), got temperature={value!r}")
+    return float(value)
+
+
+def _probability(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < float(value) <= 1):
+        raise ValueError(f"{name} must be a float in (0, 1], got {name}={value!r}")
+    return float(value)
+
+
+def _token(name: str, value: object, vocab_size: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < vocab_size:
+        raise ValueError(f"{name} must be a token id in [0, {vocab_size}), got {name}={value!r}")
+    return int(value)

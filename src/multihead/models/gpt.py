@@ -1,0 +1,496 @@
+"""GPT-2 on multihead's attention: ``GPTConfig``, presets and ``GPT``.
+
+    idx [B, T] --token_embedding + position_embedding--> x [B, T, C] --dropout-->
+      num_layers x Block:  x = x + attn(ln_1(x))   (causal, pre-LayerNorm)
+                           x = x + mlp(ln_2(x))    (C -> 4C -> C, GELU tanh)
+      --ln_f--> --lm_head (tied to token_embedding)--> logits [B, T, vocab]
+
+The attention of every block is built by name with ``build_attention`` so the
+same model compares attention kinds (``GPTConfig(attention="gqa",
+num_kv_heads=2)``). With ``attention="mha"`` the weights map one to one onto
+Hugging Face's ``GPT2LMHeadModel`` (``GPT.from_hf_state_dict`` /
+``GPT.to_hf_state_dict``).
+
+Left-padded batches (``attention_mask`` [B, S], 1 = real token, Hugging
+Face's polarity) count positions over real tokens only, as Hugging Face does
+for batched generation, so a padded prompt gets the logits of the unpadded one::
+
+    attention_mask  0 0 1 1 1        (two pads, then the prompt)
+    position_ids    0 0 0 1 2        cumsum(mask) - 1, pads set to 0
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import dropout_probability, positive_int
+from ..modules.registry import build_attention, list_attention_kinds
+
+__all__ = ["GPTConfig", "GPT_PRESETS", "GPT", "Block", "MLP", "positions_from_mask"]
+
+
+# ---------------------------------------------------------------------- config
+@dataclass
+class GPTConfig:
+    """Sizes and options of a GPT-2 style decoder.
+
+    Args:
+        vocab_size: number of token ids.
+        context_length: the longest sequence (Hugging Face's ``n_positions``).
+        embed_dim: C, the model width.
+        num_layers: number of blocks.
+        num_heads: H query heads per block; divides ``embed_dim``.
+        num_kv_heads: G key/value heads (None: the attention kind's default).
+        attention: attention kind for ``build_attention`` ("mha", "gqa", "mqa", ...).
+        dropout: on embeddings, attention weights and both residual branches
+            (training mode only).
+        layer_norm_eps: epsilon of every LayerNorm.
+        qkv_bias: bias on the query/key/value projection.
+        tie_embeddings: the LM head shares the token embedding matrix.
+
+    Raises:
+        TypeError / ValueError: a field of the wrong type or value (the
+            message names the field and the value).
+    """
+
+    vocab_size: int
+    context_length: int
+    embed_dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int | None = None
+    attention: str = "mha"
+    dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    qkv_bias: bool = True
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context_length", "embed_dim", "num_layers", "num_heads"):
+            positive_int(name, getattr(self, name))
+        if self.embed_dim % self.num_heads != 0:
+            raise ValueError(
+                f"embed_dim must be divisible by num_heads, got embed_dim={self.embed_dim} and "
+                f"num_heads={self.num_heads} (embed_dim % num_heads = {self.embed_dim % self.num_heads})"
+            )
+        if self.num_kv_heads is not None:
+            positive_int("num_kv_heads", self.num_kv_heads)
+            if self.num_heads % self.num_kv_heads != 0:
+                raise ValueError(
+                    f"num_kv_heads must divide num_heads, got num_kv_heads={self.num_kv_heads} "
+                    f"and num_heads={self.num_heads}"
+                )
+        if not isinstance(self.attention, str):
+            raise TypeError(f"attention must be a str, got attention={self.attention!r}")
+        if self.attention not in list_attention_kinds():
+            raise ValueError(f"unknown attention kind attention={self.attention!r}; known: {list_attention_kinds()}")
+        self.dropout = dropout_probability(self.dropout)
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0 < eps < math.inf):
+            raise ValueError(f"layer_norm_eps must be a positive finite float, got layer_norm_eps={eps!r}")
+        self.layer_norm_eps = float(eps)
+        for name in ("qkv_bias", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {name}={getattr(self, name)!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """D = embed_dim // num_heads."""
+        return self.embed_dim // self.num_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> GPTConfig:
+        """The preset ``name`` (exact match) with some fields replaced.
+
+        Raises:
+            ValueError: an unknown preset (the message lists the valid names)
+                or an unknown field in ``overrides``.
+        """
+        if name not in GPT_PRESETS:
+            raise ValueError(f"unknown GPT preset {name!r}; valid presets: {sorted(GPT_PRESETS)}")
+        return cls.from_dict({**GPT_PRESETS[name], **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
+        """Build from a plain dict (e.g. parsed JSON); unknown keys are an error.
+
+        Raises:
+            TypeError: ``values`` is not a dict.
+            ValueError: unknown or missing fields, or invalid values.
+        """
+        if not isinstance(values, dict):
+            raise TypeError(f"a GPTConfig is built from a dict, got {type(values).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown GPTConfig field(s) {unknown}; valid fields: {sorted(known)}")
+        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        missing = sorted(required - set(values))
+        if missing:
+            raise ValueError(f"missing GPTConfig field(s) {missing}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (``from_dict`` inverts it)."""
+        return asdict(self)
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any) -> GPTConfig:
+        """Translate a Hugging Face ``GPT2Config`` (object or its dict).
+
+        Raises:
+            ValueError: options this model does not implement (another
+                activation, an inner MLP width other than 4C, different
+                dropout rates per site, cross-attention, scaled or upcast
+                attention variants).
+        """
+        d = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
+        get = d.get
+        act = get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"only the GELU tanh approximation is implemented, got activation_function={act!r}")
+        C = get("n_embd", 768)
+        if get("n_inner") not in (None, 4 * C):
+            raise ValueError(f"the MLP width is 4 * n_embd = {4 * C}, got n_inner={get('n_inner')}")
+        rates = {k: get(k, 0.1) for k in ("embd_pdrop", "attn_pdrop", "resid_pdrop")}
+        if len(set(rates.values())) > 1:
+            raise ValueError(f"one dropout rate is used everywhere; got different rates {rates}")
+        for flag, want in (
+            ("add_cross_attention", False),
+            ("scale_attn_weights", True),
+            ("scale_attn_by_inverse_layer_idx", False),
+            ("reorder_and_upcast_attn", False),
+        ):
+            if bool(get(flag, want)) != want:
+                raise ValueError(f"{flag}={get(flag)!r} is not supported (only {flag}={want})")
+        return cls(
+            vocab_size=get("vocab_size", 50257),
+            context_length=get("n_positions", 1024),
+            embed_dim=C,
+            num_layers=get("n_layer", 12),
+            num_heads=get("n_head", 12),
+            dropout=float(next(iter(rates.values()))),
+            layer_norm_eps=get("layer_norm_epsilon", 1e-5),
+            tie_embeddings=bool(get("tie_word_embeddings", True)),
+        )
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.GPT2Config`` (attention="mha" only).
+
+        Raises:
+            ValueError: a configuration GPT-2 cannot express.
+        """
+        _require_gpt2_layout(self)
+        return {
+            "vocab_size": self.vocab_size,
+            "n_positions": self.context_length,
+            "n_embd": self.embed_dim,
+            "n_layer": self.num_layers,
+            "n_head": self.num_heads,
+            "activation_function": "gelu_new",
+            "resid_pdrop": self.dropout,
+            "embd_pdrop": self.dropout,
+            "attn_pdrop": self.dropout,
+            "layer_norm_epsilon": self.layer_norm_eps,
+            "tie_word_embeddings": self.tie_embeddings,
+        }
+
+
+# Sizes of the released GPT-2 checkpoints (all use head_dim 64), and two small
+# byte-level models (vocab 256) that train and sample on a CPU.
+GPT_PRESETS: dict[str, dict[str, Any]] = {
+    "gpt2-small": dict(vocab_size=50257, context_length=1024, embed_dim=768, num_layers=12, num_heads=12),
+    "gpt2-medium": dict(vocab_size=50257, context_length=1024, embed_dim=1024, num_layers=24, num_heads=16),
+    "gpt2-large": dict(vocab_size=50257, context_length=1024, embed_dim=1280, num_layers=36, num_heads=20),
+    "gpt2-xl": dict(vocab_size=50257, context_length=1024, embed_dim=1600, num_layers=48, num_heads=25),
+    "tiny": dict(vocab_size=256, context_length=128, embed_dim=64, num_layers=2, num_heads=4),
+    "mini": dict(vocab_size=256, context_length=256, embed_dim=128, num_layers=4, num_heads=4),
+}
+
+
+def _require_gpt2_layout(config: GPTConfig) -> None:
+    if config.attention != "mha" or config.num_kv_heads not in (None, config.num_heads):
+        raise ValueError(
+            "Hugging Face GPT-2 weights exist only for attention='mha' with num_kv_heads == num_heads; "
+            f"got attention={config.attention!r}, num_kv_heads={config.num_kv_heads}, num_heads={config.num_heads}"
+        )
+    if not config.qkv_bias:
+        raise ValueError("Hugging Face GPT-2 always has a c_attn bias; got qkv_bias=False")
+
+
+# ---------------------------------------------------------------------- model
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids [B, S] counting real tokens only (Hugging Face's rule).
+
+    Args:
+        attention_mask: [B, S] bool, 1/True = real token.
+
+    Returns:
+        cumsum(mask) - 1 with pad positions set to 0, long [B, S].
+    """
+    mask = attention_mask.long()
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+class MLP(nn.Module):
+    """fc (C -> 4C), GELU with the tanh approximation, proj (4C -> C), dropout."""
+
+    def __init__(self, embed_dim: int, dropout: float = 0.0, **factory: Any) -> None:
+        super().__init__()
+        self.fc = nn.Linear(embed_dim, 4 * embed_dim, **factory)
+        self.proj = nn.Linear(4 * embed_dim, embed_dim, **factory)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, C] -> [B, T, C]."""
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, config: GPTConfig, **factory: Any) -> None:
+        super().__init__()
+        C = config.embed_dim
+        options: dict[str, Any] = {"qkv_bias": config.qkv_bias, "dropout": config.dropout, **factory}
+        if config.num_kv_heads is not None:
+            options["num_kv_heads"] = config.num_kv_heads
+        self.ln_1 = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
+        self.attn = build_attention(config.attention, embed_dim=C, num_heads=config.num_heads, **options)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.ln_2 = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
+        self.mlp = MLP(C, config.dropout, **factory)
+
+    def forward(
+        self, x: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None, kv_cache: Any = None
+    ) -> torch.Tensor:
+        """x [B, T, C] -> [B, T, C]; key_padding_mask [B, S] (True = real key)."""
+        a = self.attn(self.ln_1(x), is_causal=True, key_padding_mask=key_padding_mask, kv_cache=kv_cache)
+        x = x + self.resid_dropout(a)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2 language model with attention built by name.
+
+    Args:
+        config: a :class:`GPTConfig`.
+        device, dtype: of the parameters.
+
+    Weights start as GPT-2 does: normal(0, 0.02) for linear and embedding
+    weights, zero biases, and normal(0, 0.02 / sqrt(2 * num_layers)) for the
+    two projections that write into the residual stream, using torch's
+    global generator (seed it for reproducible models).
+    """
+
+    def __init__(self, config: GPTConfig, *, device: torch.device | str | None = None, dtype=None) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        factory = {"device": device, "dtype": dtype}
+        C = config.embed_dim
+        self.token_embedding = nn.Embedding(config.vocab_size, C, **factory)
+        self.position_embedding = nn.Embedding(config.context_length, C, **factory)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, **factory) for _ in range(config.num_layers))
+        self.ln_f = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False, **factory)
+        self._init_weights()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.token_embedding.weight
+
+    def _init_weights(self) -> None:
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(m.weight, mean=0.0, std=0.02)
+                    if getattr(m, "bias", None) is not None:
+                        nn.init.zeros_(m.bias)
+                elif isinstance(m, nn.LayerNorm):
+                    nn.init.ones_(m.weight)
+                    nn.init.zeros_(m.bias)
+            std = 0.02 / math.sqrt(2 * self.config.num_layers)
+            for block in self.blocks:
+                nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=std)
+                out_proj = getattr(block.attn, "out_proj", None)
+                if isinstance(out_proj, nn.Linear):
+                    nn.init.normal_(out_proj.weight, mean=0.0, std=std)
+
+    def num_parameters(self) -> int:
+        """Parameters counted once (the tied LM head is not counted twice)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def make_kv_caches(self, batch_size: int, max_len: int) -> list[Any]:
+        """One cache per block, each holding up to ``max_len`` positions.
+
+        Raises:
+            ValueError: ``max_len`` larger than ``config.context_length``.
+        """
+        positive_int("max_len", max_len)
+        if max_len > self.config.context_length:
+            raise ValueError(f"max_len={max_len} exceeds context_length={self.config.context_length}")
+        return [block.attn.make_kv_cache(batch_size, max_len) for block in self.blocks]
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        idx: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        kv_caches: list[Any] | None = None,
+    ) -> torch.Tensor:
+        """Next-token logits for every position.
+
+        Args:
+            idx: [B, T] token ids (integer dtype).
+            attention_mask: [B, S] with 1/True = real token, 0 = padding
+                (Hugging Face's polarity), S = cached length + T. Pads are
+                never attended; positions count real tokens only.
+            position_ids: [B, T] or [1, T]; default from ``attention_mask``
+                (see the module docstring) or cached length + arange(T).
+            kv_caches: one cache per block from :meth:`make_kv_caches`; this
+                call appends its T positions and attends over everything
+                cached (caches expose the cached length as ``.length``).
+
+        Returns:
+            logits [B, T, vocab_size].
+
+        Raises:
+            TypeError / ValueError: wrong dtypes, shapes or token ids, a
+                sequence longer than ``context_length``, or a wrong number
+                of caches (before any cache is written).
+        """
+        cfg = self.config
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"idx must be a torch.Tensor, got {type(idx).__name__}")
+        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+            raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+        if idx.dim() != 2 or idx.shape[1] == 0:
+            raise ValueError(f"idx must be (B, T) with T >= 1, got {tuple(idx.shape)}")
+        B, T = idx.shape
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
+            raise ValueError(
+                f"token ids must be in [0, {cfg.vocab_size}), got min {int(idx.min())}, max {int(idx.max())}"
+            )
+        past = 0
+        if kv_caches is not None:
+            if len(kv_caches) != len(self.blocks):
+                raise ValueError(f"need one KV cache per block: {len(self.blocks)}, got {len(kv_caches)}")
+            past = int(kv_caches[0].length)
+        S = past + T
+        if S > cfg.context_length:
+            raise ValueError(
+                f"sequence of {S} tokens ({past} cached + {T} new) exceeds context_length={cfg.context_length}"
+            )
+        key_padding = None
+        if attention_mask is not None:
+            if not isinstance(attention_mask, torch.Tensor):
+                raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+            if tuple(attention_mask.shape) != (B, S):
+                raise ValueError(
+                    f"attention_mask must be (B, cached + T) = ({B}, {S}), got {tuple(attention_mask.shape)}"
+                )
+            key_padding = attention_mask.to(device=idx.device) != 0  # bool, True = real token
+        if position_ids is None:
+            if key_padding is not None:
+                position_ids = positions_from_mask(key_padding)[:, past:]  # (B, S) -> (B, T)
+            else:
+                position_ids = torch.arange(past, S, device=idx.device)[None, :]  # (1, T)
+        else:
+            if position_ids.dim() != 2 or position_ids.shape[0] not in (1, B) or position_ids.shape[1] != T:
+                raise ValueError(f"position_ids must be (B, T) or (1, T) = ({B}, {T}), got {tuple(position_ids.shape)}")
+            if int(position_ids.min()) < 0 or int(position_ids.max()) >= cfg.context_length:
+                raise ValueError(f"position_ids must be in [0, {cfg.context_length})")
+        x = self.token_embedding(idx) + self.position_embedding(position_ids)  # (B, T, C)
+        x = self.dropout(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, key_padding_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
+        return self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, vocab)
+
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos: int | None = None,
+        pad: int | None = None,
+        attention_mask: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+        return_logits: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Extend idx [B, T0] by up to ``max_new_tokens`` tokens -> [B, T0 + n]
+        (and logits [B, n, V] with ``return_logits``); temperature 0 is greedy.
+        See :func:`multihead.models.generation.generate` for every option."""
+        from .generation import generate
+
+        return generate(
+            self,
+            idx,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos=eos,
+            pad=pad,
+            attention_mask=attention_mask,
+            generator=generator,
+            use_cache=use_cache,
+            return_logits=return_logits,
+        )
+
+    # ------------------------------------------------------------- HF weights
+    @classmethod
+    def from_hf_config(cls, hf_config: Any) -> GPT:
+        """A freshly initialised model sized by a Hugging Face GPT2Config
+        (object or dict); see :meth:`GPTConfig.from_hf_config`."""
+        return cls(GPTConfig.from_hf_config(hf_config))
+
+    @classmethod
+    def from_hf_state_dict(cls, state_dict: dict[str, torch.Tensor], config: GPTConfig | None = None) -> GPT:
+        """Load Hugging Face GPT-2 weights (``GPT2LMHeadModel`` or ``GPT2Model`` names).
+
+        Conv1D weights are stored (in, out), the transpose of ``nn.Linear``;
+        ``c_attn`` columns are [q | k | v], the row order of ``qkv_proj``.
+        The model gets the dtype of ``transformer.wte.weight`` and its own
+        copies of the tensors.
+
+        Args:
+            state_dict: ``transformer.wte.weight``, ``transformer.wpe.weight``,
+                ``transformer.h.{i}.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}.*``,
+                ``transformer.ln_f.*`` and optionally ``lm_head.weight``
+                (the ``transformer.`` prefix may be absent).
+            config: sizes and options; None infers them from the shapes with
+                head_dim 64, as in every released GPT-2.
+
+        Raises:
+            ValueError: attention other than "mha", missing, unexpected or
+                mis-shaped tensors, or an untied ``lm_head.weight`` with
+                ``tie_embeddings=True``.
+        """
+        from .checkpoint import gpt_from_hf_state_dict
+
+        return gpt_from_hf_state_dict(state_dict, config, cls=cls)
+
+    def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """This model's weights under ``GPT2LMHeadModel`` names (detached copies,
+        Conv1D weights transposed to (in, out)).
+
+        Raises:
+            ValueError: attention other than "mha" or qkv_bias=False.
+        """
+        from .checkpoint import gpt_to_hf_state_dict
+
+        return gpt_to_hf_state_dict(self)

@@ -1,0 +1,330 @@
+"""GPT: config and presets, forward, and parity with Hugging Face GPT-2.
+
+Tolerances (docs policy): float32 logits use torch.testing defaults
+(rtol 1.3e-6, atol 1e-5); float64 logits match to 1e-10. Nothing is
+downloaded: the Hugging Face model is randomly initialised from a small
+GPT2Config and copied into ours with ``from_hf_state_dict``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402
+
+from multihead.models.gpt import GPT, GPT_PRESETS, GPTConfig, positions_from_mask  # noqa: E402
+
+SMALL_HF = dict(
+    n_layer=2,
+    n_head=4,
+    n_embd=64,
+    vocab_size=97,
+    n_positions=64,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+)
+
+
+def hf_model(seed: int = 0, **overrides) -> GPT2LMHeadModel:
+    """A random small HF GPT-2 in eval mode, biases and LayerNorms perturbed
+    so every parameter matters for parity."""
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(**{**SMALL_HF, **overrides}, attn_implementation="eager")).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def ours_from(hf: GPT2LMHeadModel) -> GPT:
+    return GPT.from_hf_state_dict(hf.state_dict(), GPTConfig.from_hf_config(hf.config)).eval()
+
+
+def tiny_config(**overrides) -> GPTConfig:
+    return GPTConfig.from_preset("tiny", **{"context_length": 32, "vocab_size": 61, **overrides})
+
+
+@pytest.fixture(scope="module")
+def pair():
+    hf = hf_model()
+    return hf, ours_from(hf)
+
+
+# ------------------------------------------------------------------ parity
+def test_logits_match_hf_float32(pair):
+    hf, ours = pair
+    idx = torch.randint(0, 97, (3, 23), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits)
+
+
+def test_logits_match_hf_float64():
+    hf = hf_model(seed=3).double()
+    ours = ours_from(hf)
+    assert ours.token_embedding.weight.dtype == torch.float64
+    idx = torch.randint(0, 97, (2, 31), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        err = (ours(idx) - hf(idx).logits).abs().max().item()
+    assert err < 1e-10, err
+
+
+def test_left_padded_logits_match_hf_and_unpadded(pair):
+    hf, ours = pair
+    g = torch.Generator().manual_seed(4)
+    full, short = torch.randint(1, 97, (1, 9), generator=g), torch.randint(1, 97, (1, 5), generator=g)
+    idx = torch.cat([full, torch.cat([torch.zeros(1, 4, dtype=torch.long), short], 1)])  # (2, 9)
+    mask = torch.tensor([[1] * 9, [0] * 4 + [1] * 5])
+    positions = positions_from_mask(mask)
+    with torch.no_grad():
+        got = ours(idx, attention_mask=mask)
+        want = hf(idx, attention_mask=mask, position_ids=positions).logits
+        alone = ours(short)
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()])
+    torch.testing.assert_close(got[1, 4:], alone[0])
+    torch.testing.assert_close(got[0], ours(full)[0].detach())
+
+
+def test_to_hf_state_dict_round_trips_into_a_fresh_hf_model(pair):
+    hf, ours = pair
+    fresh = GPT2LMHeadModel(GPT2Config(**SMALL_HF, attn_implementation="eager")).eval()
+    sd = ours.to_hf_state_dict()
+    assert set(sd) == set(hf.state_dict())
+    fresh.load_state_dict(sd)
+    idx = torch.randint(0, 97, (2, 17), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(fresh(idx).logits, hf(idx).logits)
+    # and the copy is ours: writing to it does not touch the model
+    sd["transformer.wte.weight"].zero_()
+    assert ours.token_embedding.weight.abs().sum() > 0
+
+
+def test_from_hf_state_dict_copies_weights(pair):
+    hf, ours = pair
+    with torch.no_grad():
+        before = ours.blocks[0].attn.qkv_proj.weight.clone()
+        hf.transformer.h[0].attn.c_attn.weight.add_(1.0)
+        try:
+            assert torch.equal(ours.blocks[0].attn.qkv_proj.weight, before)
+        finally:
+            hf.transformer.h[0].attn.c_attn.weight.sub_(1.0)
+    assert ours.lm_head.weight is ours.token_embedding.weight
+    assert all(p.requires_grad for p in ours.parameters())
+
+
+def test_gpt2model_names_and_inferred_config():
+    # GPT2Model has no "transformer." prefix and no lm_head; head_dim 64 is inferred.
+    torch.manual_seed(0)
+    cfg = GPT2Config(**{**SMALL_HF, "n_embd": 128, "n_head": 2})
+    base = GPT2Model(cfg).eval()
+    ours = GPT.from_hf_state_dict(base.state_dict()).eval()
+    assert (ours.config.num_heads, ours.config.num_layers, ours.config.vocab_size) == (2, 2, 97)
+    assert ours.config.context_length == 64 and ours.config.tie_embeddings
+    idx = torch.randint(0, 97, (1, 11))
+    with torch.no_grad():
+        hidden = base(idx).last_hidden_state
+        torch.testing.assert_close(ours(idx), hidden @ base.wte.weight.T)
+
+
+def test_untied_checkpoint():
+    hf = hf_model(tie_word_embeddings=False)
+    assert not torch.equal(hf.lm_head.weight, hf.transformer.wte.weight)
+    ours = ours_from(hf)
+    assert not ours.config.tie_embeddings and ours.lm_head.weight is not ours.token_embedding.weight
+    idx = torch.randint(0, 97, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits)
+    tied = GPTConfig(**{**ours.config.to_dict(), "tie_embeddings": True})
+    with pytest.raises(ValueError, match="untied.*tie_embeddings=False"):
+        GPT.from_hf_state_dict(hf.state_dict(), tied)
+
+
+@pytest.mark.parametrize("kind,kv", [("gqa", 2), ("mqa", None)])
+def test_hf_conversion_refuses_other_attention_kinds(pair, kind, kv):
+    hf, _ = pair
+    cfg = GPTConfig(
+        vocab_size=97, context_length=64, embed_dim=64, num_layers=2, num_heads=4, num_kv_heads=kv, attention=kind
+    )
+    with pytest.raises(ValueError, match=f"only for attention='mha'.*attention='{kind}'"):
+        GPT.from_hf_state_dict(hf.state_dict(), cfg)
+    with pytest.raises(ValueError, match="only for attention='mha'"):
+        GPT(cfg).to_hf_state_dict()
+
+
+def test_hf_state_dict_errors(pair):
+    hf, ours = pair
+    cfg = ours.config
+    sd = dict(hf.state_dict())
+    sd.pop("transformer.h.1.mlp.c_fc.bias")
+    with pytest.raises(ValueError, match=r"missing \['blocks.1.mlp.fc.bias'\]"):
+        GPT.from_hf_state_dict(sd, cfg)
+    sd = {**hf.state_dict(), "transformer.h.0.attn.extra.weight": torch.zeros(1)}
+    with pytest.raises(ValueError, match="unexpected .*transformer.h.0.attn.extra.weight"):
+        GPT.from_hf_state_dict(sd, cfg)
+    with pytest.raises(ValueError, match=r"wrong shape.*position_embedding.weight: \(64, 64\) vs model \(32, 64\)"):
+        GPT.from_hf_state_dict(hf.state_dict(), GPTConfig(**{**cfg.to_dict(), "context_length": 32}))
+    with pytest.raises(ValueError, match="'transformer.wte.weight' is missing"):
+        GPT.from_hf_state_dict({"foo": torch.zeros(1)}, cfg)
+
+
+def test_hf_config_translation():
+    cfg = GPTConfig.from_hf_config(GPT2Config(**SMALL_HF))
+    assert cfg == GPTConfig(vocab_size=97, context_length=64, embed_dim=64, num_layers=2, num_heads=4)
+    assert GPTConfig.from_hf_config(GPT2Config(**cfg.to_hf_config())) == cfg
+    assert isinstance(GPT.from_hf_config(SMALL_HF), GPT)
+    with pytest.raises(ValueError, match="activation_function='relu'"):
+        GPTConfig.from_hf_config({**SMALL_HF, "activation_function": "relu"})
+    with pytest.raises(ValueError, match="one dropout rate"):
+        GPTConfig.from_hf_config({**SMALL_HF, "attn_pdrop": 0.2})
+    with pytest.raises(ValueError, match="n_inner=100"):
+        GPTConfig.from_hf_config({**SMALL_HF, "n_inner": 100})
+
+
+# ------------------------------------------------------------------ presets
+def test_preset_sizes():
+    assert set(GPT_PRESETS) == {"gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny", "mini"}
+    sizes = {n: (c.embed_dim, c.num_layers, c.num_heads) for n in GPT_PRESETS for c in [GPTConfig.from_preset(n)]}
+    assert sizes == {
+        "gpt2-small": (768, 12, 12),
+        "gpt2-medium": (1024, 24, 16),
+        "gpt2-large": (1280, 36, 20),
+        "gpt2-xl": (1600, 48, 25),
+        "tiny": (64, 2, 4),
+        "mini": (128, 4, 4),
+    }
+    assert GPTConfig.from_preset("tiny").vocab_size == 256 and GPTConfig.from_preset("mini").context_length == 256
+    assert GPTConfig.from_preset("gpt2-small").vocab_size == 50257
+    assert GPTConfig.from_preset("tiny", num_layers=3).num_layers == 3
+
+
+@pytest.mark.parametrize("name", ["GPT2-small", "gpt2", "tiny ", "small"])
+def test_unknown_preset_lists_valid_names(name):
+    with pytest.raises(ValueError, match=r"unknown GPT preset .*valid presets: \[.*'gpt2-small'.*'tiny'\]"):
+        GPTConfig.from_preset(name)
+
+
+def test_unknown_override_is_an_error():
+    with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) \['n_layer'\]"):
+        GPTConfig.from_preset("tiny", n_layer=3)
+
+
+@pytest.mark.parametrize(
+    "name,hf_kwargs",
+    [
+        ("gpt2-small", {}),
+        ("gpt2-medium", dict(n_embd=1024, n_layer=24, n_head=16)),
+        ("gpt2-xl", dict(n_embd=1600, n_layer=48, n_head=25)),
+    ],
+)
+def test_preset_parameter_count_equals_hf(name, hf_kwargs):
+    with torch.device("meta"):  # shapes only, no memory
+        hf = GPT2LMHeadModel(GPT2Config(**hf_kwargs))
+        ours = GPT(GPTConfig.from_preset(name))
+    want = sum(p.numel() for p in hf.parameters())
+    assert ours.num_parameters() == sum(p.numel() for p in ours.parameters()) == want
+    if name == "gpt2-small":
+        assert want == 124_439_808
+
+
+# ------------------------------------------------------------------ config validation
+@pytest.mark.parametrize(
+    "overrides,exc,match",
+    [
+        ({"vocab_size": 0}, ValueError, "vocab_size=0"),
+        ({"context_length": -3}, ValueError, "context_length=-3"),
+        ({"num_layers": 2.0}, TypeError, "num_layers=2.0"),
+        ({"embed_dim": 66}, ValueError, "embed_dim=66 and num_heads=4"),
+        ({"num_kv_heads": 3}, ValueError, "num_kv_heads=3 and num_heads=4"),
+        ({"num_kv_heads": 0}, ValueError, "num_kv_heads=0"),
+        ({"attention": "flash"}, ValueError, r"attention='flash'; known: \[.*'mha'"),
+        ({"dropout": 1.0}, ValueError, "dropout=1.0"),
+        ({"layer_norm_eps": 0.0}, ValueError, "layer_norm_eps=0.0"),
+        ({"qkv_bias": 1}, TypeError, "qkv_bias=1"),
+        ({"tie_embeddings": "yes"}, TypeError, "tie_embeddings='yes'"),
+    ],
+)
+def test_config_validation_names_the_values(overrides, exc, match):
+    with pytest.raises(exc, match=match):
+        GPTConfig.from_preset("tiny", **overrides)
+
+
+def test_config_dict_round_trip():
+    cfg = GPTConfig.from_preset("mini", attention="gqa", num_kv_heads=2, dropout=0.1)
+    assert GPTConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.head_dim == 32
+    with pytest.raises(ValueError, match=r"missing GPTConfig field\(s\) \['num_heads'\]"):
+        GPTConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "num_heads"})
+
+
+# ------------------------------------------------------------------ forward
+def test_positions_from_mask():
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1]])
+    assert positions_from_mask(mask).tolist() == [[0, 1, 2, 3], [0, 0, 0, 1], [0, 0, 1, 2]]
+
+
+@pytest.mark.parametrize("kind,kv", [("mha", None), ("gqa", 2), ("mqa", None)])
+def test_attention_kinds_forward_and_backward(kind, kv):
+    torch.manual_seed(0)
+    model = GPT(tiny_config(attention=kind, num_kv_heads=kv))
+    assert model.blocks[0].attn.num_kv_heads == {"mha": 4, "gqa": 2, "mqa": 1}[kind]
+    idx = torch.randint(0, 61, (2, 13))
+    logits = model(idx)
+    assert logits.shape == (2, 13, 61)
+    logits.logsumexp(-1).mean().backward()
+    assert model.token_embedding.weight.grad is not None and torch.isfinite(model.token_embedding.weight.grad).all()
+
+
+def test_forward_is_causal():
+    torch.manual_seed(0)
+    model = GPT(tiny_config()).eval()
+    idx = torch.randint(0, 61, (1, 10))
+    changed = idx.clone()
+    changed[0, 6] = (idx[0, 6] + 1) % 61
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    assert torch.equal(a[:, :6], b[:, :6]) and not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(0)
+    model = GPT(tiny_config(dropout=0.5))
+    idx = torch.randint(0, 61, (1, 8))
+    assert not torch.equal(model(idx), model(idx))
+    model.eval()
+    assert torch.equal(model(idx), model(idx))
+
+
+def test_init_statistics_and_tying():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("mini"))
+    assert model.lm_head.weight is model.token_embedding.weight
+    assert abs(model.token_embedding.weight.std().item() - 0.02) < 2e-3
+    assert abs(model.blocks[0].mlp.proj.weight.std().item() - 0.02 / 8**0.5) < 1e-3
+    assert model.blocks[0].attn.qkv_proj.bias.abs().sum() == 0
+    untied = GPT(GPTConfig.from_preset("tiny", tie_embeddings=False))
+    assert untied.lm_head.weight is not untied.token_embedding.weight
+    assert untied.num_parameters() == GPT(GPTConfig.from_preset("tiny")).num_parameters() + 256 * 64
+
+
+def test_forward_errors():
+    model = GPT(tiny_config())
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 61\), got min 0, max 61"):
+        model(torch.tensor([[0, 61]]))
+    with pytest.raises(ValueError, match="33 tokens .* exceeds context_length=32"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer token ids, got dtype torch.float32"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match=r"attention_mask must be \(B, cached \+ T\) = \(1, 3\), got \(1, 4\)"):
+        model(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 4))
+    with pytest.raises(ValueError, match="one KV cache per block: 2, got 1"):
+        model(torch.zeros(1, 3, dtype=torch.long), kv_caches=model.make_kv_caches(1, 8)[:1])
+    with pytest.raises(ValueError, match="max_len=40 exceeds context_length=32"):
+        model.make_kv_caches(1, 40)
+    with pytest.raises(TypeError, match="config must be a GPTConfig"):
+        GPT({"vocab_size": 3})

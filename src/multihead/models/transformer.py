@@ -1,0 +1,567 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+    src [B, S] --embed*sqrt(C) + sin/cos positions--> encoder layers --> memory [B, S, C]
+    tgt [B, T] --embed*sqrt(C) + sin/cos positions--> decoder layers --> out_proj --> logits [B, T, V]
+
+One attention kind (``build_attention(config.attention, ...)``) plays three roles:
+
+    encoder self-attention   query = key = value = x,   key padding: src_padding_mask
+    decoder self-attention   query = key = value = y,   causal (+ tgt_padding_mask)
+    decoder cross-attention  query = y, key = value = memory, key padding: src_padding_mask
+
+Each sublayer is wrapped in a residual connection, pre-norm ``x + drop(f(norm(x)))``
+(the Annotated Transformer's SublayerConnection, ``norm_first=True``, with a final
+LayerNorm after each stack) or post-norm ``norm(x + drop(f(x)))`` (the paper).
+
+Decoding with ``kv_caches`` (``make_kv_caches``): decoder self-attention appends to a
+static ``KVCache`` per layer; cross-attention keys/values are projected from the
+memory once per layer on the first call and reused on every later step (for the
+plain ``MultiHeadAttention``; other kinds, or a module with an observer registered,
+are called with key = value = memory on every step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import dropout_probability, non_negative_int, positive_int
+from ..functional import attention as attention_core
+from ..modules.attention import MultiHeadAttention
+from ..modules.kv_cache import KVCache
+from ..modules.registry import build_attention, list_attention_kinds
+
+__all__ = ["TransformerConfig", "PRESETS", "Transformer", "DecoderCache", "CopyBatch", "copy_task_batches"]
+
+
+@dataclass
+class TransformerConfig:
+    """Sizes and options of an encoder-decoder Transformer.
+
+    Attributes:
+        src_vocab_size, tgt_vocab_size: V of the source and target vocabularies.
+        embed_dim: C (d_model). num_encoder_layers, num_decoder_layers: N of each stack.
+        num_heads: H. num_kv_heads: G for "gqa"/"mqa" (None: the kind's default).
+        ffn_dim: hidden width of the ReLU feed-forward sublayer.
+        dropout: on embeddings + positions and on every sublayer output.
+        attention_dropout: on the attention weights (training only).
+        attention: registry name of the attention kind ("mha", "gqa", "mqa", ...).
+        norm_first: pre-norm (True, the Annotated Transformer) or post-norm (the paper).
+        layer_norm_eps: eps of every LayerNorm.
+        max_len: number of sinusoidal positions (longest source or target).
+        pad_id, bos_id, eos_id: special target tokens (pad_id also in the source).
+        tie_embeddings: share the target embedding with the output projection.
+        share_embeddings: share one embedding between source and target (needs
+            src_vocab_size == tgt_vocab_size); with ``tie_embeddings`` this is the
+            paper's single matrix for both embeddings and the pre-softmax projection.
+
+    Raises:
+        TypeError / ValueError: naming the offending field and value.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    embed_dim: int = 512
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    num_heads: int = 8
+    num_kv_heads: int | None = None
+    ffn_dim: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    attention: str = "mha"
+    norm_first: bool = True
+    layer_norm_eps: float = 1e-5
+    max_len: int = 5000
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    tie_embeddings: bool = False
+    share_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "embed_dim", "num_encoder_layers",
+                     "num_decoder_layers", "num_heads", "ffn_dim", "max_len"):
+            positive_int(name, getattr(self, name))
+        if self.num_kv_heads is not None:
+            positive_int("num_kv_heads", self.num_kv_heads)
+        self.dropout = dropout_probability(self.dropout, "dropout")
+        self.attention_dropout = dropout_probability(self.attention_dropout, "attention_dropout")
+        for name in ("norm_first", "tie_embeddings", "share_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {name}={getattr(self, name)!r}")
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0 or math.isinf(eps):
+            raise ValueError(f"layer_norm_eps must be a positive float, got layer_norm_eps={eps!r}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = non_negative_int(name, getattr(self, name))
+            if value >= self.tgt_vocab_size:
+                raise ValueError(f"{name}={value} is outside the target vocabulary (tgt_vocab_size={self.tgt_vocab_size})")
+        if self.pad_id >= self.src_vocab_size:
+            raise ValueError(f"pad_id={self.pad_id} is outside the source vocabulary (src_vocab_size={self.src_vocab_size})")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(f"share_embeddings needs src_vocab_size == tgt_vocab_size, got "
+                             f"{self.src_vocab_size} and {self.tgt_vocab_size}")
+        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
+            raise ValueError(f"pad_id, bos_id, eos_id must differ, got {self.pad_id}, {self.bos_id}, {self.eos_id}")
+        if not isinstance(self.attention, str) or self.attention not in list_attention_kinds():
+            raise ValueError(f"unknown attention kind {self.attention!r}; known: {list_attention_kinds()}")
+        with torch.device("meta"):  # the kind's own checks (head sizes, num_kv_heads), no memory used
+            build_attention(self.attention, embed_dim=self.embed_dim, num_heads=self.num_heads,
+                            **self.attention_options())
+
+    def attention_options(self) -> dict:
+        """Keyword options passed to ``build_attention`` for every attention layer."""
+        options = {"dropout": self.attention_dropout}
+        if self.num_kv_heads is not None:
+            options["num_kv_heads"] = self.num_kv_heads
+        return options
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> TransformerConfig:
+        """The preset ``name`` (exact match in ``PRESETS``) with fields replaced by ``overrides``.
+
+        Raises:
+            ValueError: unknown name (the message lists the valid ones).
+        """
+        if name not in PRESETS:
+            raise ValueError(f"unknown Transformer preset {name!r}; valid presets: {sorted(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+
+PRESETS: dict[str, TransformerConfig] = {
+    # The paper's base model (Table 3): post-norm, a shared 37000-token BPE vocabulary and
+    # one matrix for both embeddings and the pre-softmax projection (section 3.4).
+    "base": TransformerConfig(
+        src_vocab_size=37000, tgt_vocab_size=37000, embed_dim=512, num_encoder_layers=6,
+        num_decoder_layers=6, num_heads=8, ffn_dim=2048, dropout=0.1, norm_first=False,
+        tie_embeddings=True, share_embeddings=True,
+    ),
+    # The Annotated Transformer's copy task (V = 11, N = 2), small enough to train on a CPU.
+    "copy-task": TransformerConfig(
+        src_vocab_size=11, tgt_vocab_size=11, embed_dim=64, num_encoder_layers=2,
+        num_decoder_layers=2, num_heads=4, ffn_dim=128, dropout=0.0, max_len=128,
+    ),
+}
+
+
+def sinusoidal_positions(max_len: int, embed_dim: int) -> torch.Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/C)), PE[pos, 2i+1] = cos(same); returns [max_len, C]."""
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    freq = torch.exp(torch.arange(0, embed_dim, 2, dtype=torch.float64) * (-math.log(10000.0) / embed_dim))
+    pe = torch.zeros(max_len, embed_dim, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq[: embed_dim // 2])
+    return pe.float()
+
+
+class FeedForward(nn.Module):
+    """linear2(dropout(relu(linear1(x)))): [B, T, C] -> [B, T, C]."""
+
+    def __init__(self, embed_dim: int, ffn_dim: int, *, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(embed_dim, ffn_dim)
+        self.linear2 = nn.Linear(ffn_dim, embed_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(self.dropout(F.relu(self.linear1(x))))
+
+
+class _Residual(nn.Module):
+    """Pre-norm ``x + drop(f(norm(x)))`` or post-norm ``norm(x + drop(f(x)))``."""
+
+    def __init__(self, embed_dim: int, *, dropout: float, norm_first: bool, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(embed_dim, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, f) -> torch.Tensor:
+        if self.norm_first:
+            return x + self.dropout(f(self.norm(x)))
+        return self.norm(x + self.dropout(f(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention (source padding masked) then feed-forward, each residual: [B, S, C] -> [B, S, C]."""
+
+    def __init__(self, self_attn: nn.Module, embed_dim: int, ffn_dim: int, *, dropout: float,
+                 norm_first: bool, eps: float) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.ffn = FeedForward(embed_dim, ffn_dim, dropout=dropout)
+        self.sublayers = nn.ModuleList(_Residual(embed_dim, dropout=dropout, norm_first=norm_first, eps=eps)
+                                       for _ in range(2))
+
+    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.sublayers[0](x, lambda h: self.self_attn(h, key_padding_mask=padding_mask))
+        return self.sublayers[1](x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention over memory, feed-forward: [B, T, C] -> [B, T, C]."""
+
+    def __init__(self, self_attn: nn.Module, cross_attn: nn.Module, embed_dim: int, ffn_dim: int, *,
+                 dropout: float, norm_first: bool, eps: float) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.cross_attn = cross_attn
+        self.ffn = FeedForward(embed_dim, ffn_dim, dropout=dropout)
+        self.sublayers = nn.ModuleList(_Residual(embed_dim, dropout=dropout, norm_first=norm_first, eps=eps)
+                                       for _ in range(3))
+
+    def forward(self, x, memory, *, src_padding_mask=None, tgt_padding_mask=None, self_cache=None,
+                cross_kv=None, return_weights=False):
+        """One decoder layer.
+
+        Args:
+            x: [B, T, C] decoder states. memory: [B, S, C] encoder output.
+            src_padding_mask: [B, S] bool, True = real. tgt_padding_mask: [B, S_self] bool.
+            self_cache: the layer's ``KVCache`` (decoding) or None.
+            cross_kv: memory keys/values (k, v [B, G, S, D]) projected once, or None.
+            return_weights: also return the cross-attention weights.
+
+        Returns:
+            (out [B, T, C], cross-attention weights [B, H, T, S] or None).
+        """
+        x = self.sublayers[0](x, lambda h: self.self_attn(
+            h, key_padding_mask=tgt_padding_mask, is_causal=True, kv_cache=self_cache))
+        kept = []
+
+        def cross(h):
+            if cross_kv is not None:
+                out = _cross_attend_cached(self.cross_attn, h, cross_kv, src_padding_mask, return_weights)
+            else:
+                out = self.cross_attn(h, memory, memory, key_padding_mask=src_padding_mask,
+                                      return_weights=return_weights)
+            if return_weights:
+                out, w = out
+                kept.append(w)
+            return out
+
+        x = self.sublayers[1](x, cross)
+        return self.sublayers[2](x, self.ffn), (kept[0] if kept else None)
+
+
+def _can_cache_cross(attn: nn.Module) -> bool:
+    # Only the plain module: a subclass (a variant) may change how it attends, and an
+    # observed module must be called so its observers see every call.
+    return type(attn) is MultiHeadAttention and not attn.observed
+
+
+def _project_memory(attn: MultiHeadAttention, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-attention keys and values of ``memory`` [B, S, C]: k, v [B, G, S, D]."""
+    B, S, _ = memory.shape
+    G, D = attn.num_kv_heads, attn.head_dim
+    w = attn.projection_weights()
+    k = F.linear(memory, *w["k"]).view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
+    v = F.linear(memory, *w["v"]).view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
+    return k, v
+
+
+def _cross_attend_cached(attn: MultiHeadAttention, x, kv, src_padding_mask, return_weights):
+    """What ``attn(x, memory, memory, key_padding_mask=...)`` computes, with k, v projected already."""
+    B, T, _ = x.shape
+    H, D = attn.num_heads, attn.head_dim
+    q = F.linear(x, *attn.projection_weights()["q"]).view(B, T, H, D).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
+    mask = None if src_padding_mask is None else src_padding_mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+    out = attention_core(q, *kv, attn_mask=mask, dropout_p=attn.dropout, training=attn.training,
+                         return_weights=return_weights)
+    if return_weights:
+        return attn.merge_heads(out[0]), out[1]
+    return attn.merge_heads(out)
+
+
+class DecoderCache:
+    """Decoding state for ``Transformer.decode(..., kv_caches=...)``; from ``make_kv_caches``.
+
+    Holds one self-attention ``KVCache`` per decoder layer (``cache[i]``) and, after
+    the first call, the cross-attention keys/values of the memory it was called with
+    (later calls must pass that same memory tensor). ``length`` is the number of
+    target positions decoded so far; ``reset()`` forgets everything.
+    """
+
+    def __init__(self, self_attn: list[KVCache]) -> None:
+        self.self_attn = list(self_attn)
+        self.memory: torch.Tensor | None = None
+        self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+
+    @property
+    def length(self) -> int:
+        return self.self_attn[0].length
+
+    def reset(self) -> None:
+        for cache in self.self_attn:
+            cache.reset()
+        self.memory, self.cross = None, None
+
+    def __len__(self) -> int:
+        return len(self.self_attn)
+
+    def __getitem__(self, i: int) -> KVCache:
+        return self.self_attn[i]
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer; see the module docstring for the picture.
+
+    Parameters with more than one dimension are initialised Xavier-uniform, as the
+    Annotated Transformer's ``make_model`` does. Module names: ``src_embed``,
+    ``tgt_embed``, ``encoder.{i}`` / ``decoder.{i}`` with ``self_attn``,
+    ``cross_attn``, ``ffn``, ``sublayers.{j}.norm``; ``encoder_norm``, ``decoder_norm``
+    (identity for post-norm) and ``out_proj``.
+
+    Args:
+        config: a ``TransformerConfig``.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+        self.config = c = config
+        C = c.embed_dim
+        common = {"dropout": c.dropout, "norm_first": c.norm_first, "eps": c.layer_norm_eps}
+
+        def attn() -> nn.Module:
+            return build_attention(c.attention, embed_dim=C, num_heads=c.num_heads, **c.attention_options())
+
+        self.tgt_embed = nn.Embedding(c.tgt_vocab_size, C)
+        self.src_embed = self.tgt_embed if c.share_embeddings else nn.Embedding(c.src_vocab_size, C)
+        self.register_buffer("positions", sinusoidal_positions(c.max_len, C), persistent=False)
+        self.dropout = nn.Dropout(c.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(attn(), C, c.ffn_dim, **common) for _ in range(c.num_encoder_layers))
+        self.decoder = nn.ModuleList(
+            DecoderLayer(attn(), attn(), C, c.ffn_dim, **common) for _ in range(c.num_decoder_layers))
+        final = (lambda: nn.LayerNorm(C, eps=c.layer_norm_eps)) if c.norm_first else nn.Identity
+        self.encoder_norm, self.decoder_norm = final(), final()
+        self.out_proj = nn.Linear(C, c.tgt_vocab_size)
+        if c.tie_embeddings:
+            self.out_proj.weight = self.tgt_embed.weight
+        for p in self.parameters():  # each shared parameter once
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+
+    # ----------------------------------------------------------------- checks
+    def _tokens(self, name: str, x: object, vocab: int) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.long:
+            raise TypeError(f"{name} must be a torch.long tensor [B, L], got {getattr(x, 'dtype', type(x).__name__)}")
+        if x.dim() != 2:
+            raise ValueError(f"{name} must be [B, L], got shape {tuple(x.shape)}")
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab):
+            raise ValueError(f"{name} ids must be in [0, {vocab}), got min {int(x.min())}, max {int(x.max())}")
+        return x
+
+    @staticmethod
+    def _mask(name: str, mask: object, shape: tuple[int, int]) -> torch.Tensor | None:
+        if mask is None:
+            return None
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"{name} must be a bool tensor (True = real token), got {getattr(mask, 'dtype', type(mask).__name__)}")
+        if tuple(mask.shape) != shape:
+            raise ValueError(f"{name} must be [B, L] = {list(shape)}, got {list(mask.shape)}")
+        return mask
+
+    def _embed(self, embed: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        L = tokens.shape[1]
+        if offset + L > self.config.max_len:
+            raise ValueError(f"positions {offset}..{offset + L - 1} exceed max_len={self.config.max_len}")
+        x = embed(tokens) * math.sqrt(self.config.embed_dim)  # (B, L) -> (B, L, C)
+        return self.dropout(x + self.positions[offset : offset + L].to(x.dtype))
+
+    # ------------------------------------------------------------------- API
+    def encode(self, src: torch.Tensor, src_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Encode source tokens.
+
+        Args:
+            src: [B, S] token ids. src_padding_mask: [B, S] bool, True = real token.
+
+        Returns:
+            memory [B, S, C]. Rows at padded positions are computed but never read.
+        """
+        self._tokens("src", src, self.config.src_vocab_size)
+        mask = self._mask("src_padding_mask", src_padding_mask, tuple(src.shape))
+        x = self._embed(self.src_embed, src)
+        for layer in self.encoder:
+            x = layer(x, mask)
+        return self.encoder_norm(x)
+
+    def make_kv_caches(self, batch_size: int, max_len: int) -> DecoderCache:
+        """A ``DecoderCache`` for ``decode``: room for ``max_len`` target positions per row."""
+        return DecoderCache([layer.self_attn.make_kv_cache(batch_size, max_len) for layer in self.decoder])
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, src_padding_mask: torch.Tensor | None = None,
+               tgt_padding_mask: torch.Tensor | None = None, kv_caches: DecoderCache | None = None,
+               return_cross_weights: bool = False):
+        """Decode target tokens against the encoder memory.
+
+        Args:
+            tgt: [B, T] target ids (starting with bos when decoding from scratch).
+            memory: [B, S, C] from ``encode``.
+            src_padding_mask: [B, S] bool, True = real source token.
+            tgt_padding_mask: bool, True = real target token: [B, T], or with
+                ``kv_caches`` [B, kv_caches.length + T] (every position cached so far).
+            kv_caches: from ``make_kv_caches``: ``tgt`` continues the cached positions
+                (position offset ``kv_caches.length``); cross keys/values of ``memory``
+                are computed on the first call and reused.
+            return_cross_weights: also return the exact cross-attention weights.
+
+        Returns:
+            logits [B, T, V], or (logits, tuple of [B, H, T, S] weights, one per decoder layer).
+
+        Raises:
+            TypeError / ValueError: ids, shapes, masks, a memory other than the cached one.
+        """
+        self._tokens("tgt", tgt, self.config.tgt_vocab_size)
+        B, T = tgt.shape
+        if not isinstance(memory, torch.Tensor):
+            raise TypeError(f"memory must be a torch.Tensor [B, S, C], got {type(memory).__name__}")
+        if memory.dim() != 3 or memory.shape[0] != B or memory.shape[2] != self.config.embed_dim:
+            raise ValueError(f"memory must be [B={B}, S, C={self.config.embed_dim}], got {list(memory.shape)}")
+        src_mask = self._mask("src_padding_mask", src_padding_mask, (B, memory.shape[1]))
+        offset = 0 if kv_caches is None else kv_caches.length
+        tgt_mask = self._mask("tgt_padding_mask", tgt_padding_mask, (B, offset + T))
+        cross: list = [None] * len(self.decoder)
+        if kv_caches is not None:
+            if len(kv_caches) != len(self.decoder):
+                raise ValueError(f"kv_caches has {len(kv_caches)} layers, the decoder {len(self.decoder)}")
+            if kv_caches.memory is None:
+                kv_caches.memory = memory
+                kv_caches.cross = [_project_memory(layer.cross_attn, memory) if _can_cache_cross(layer.cross_attn)
+                                   else None for layer in self.decoder]
+            elif memory is not kv_caches.memory:
+                raise ValueError("kv_caches hold another memory's keys/values; pass that memory or call reset()")
+            cross = [kv if _can_cache_cross(layer.cross_attn) else None
+                     for kv, layer in zip(kv_caches.cross, self.decoder)]
+        x = self._embed(self.tgt_embed, tgt, offset)
+        weights = []
+        for i, layer in enumerate(self.decoder):
+            x, w = layer(x, memory, src_padding_mask=src_mask, tgt_padding_mask=tgt_mask,
+                         self_cache=None if kv_caches is None else kv_caches[i], cross_kv=cross[i],
+                         return_weights=return_cross_weights)
+            weights.append(w)
+        logits = self.out_proj(self.decoder_norm(x))  # (B, T, C) -> (B, T, V)
+        return (logits, tuple(weights)) if return_cross_weights else logits
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_padding_mask: torch.Tensor | None = None,
+                tgt_padding_mask: torch.Tensor | None = None, return_cross_weights: bool = False):
+        """Teacher-forced logits: ``decode(tgt, encode(src))``.
+
+        Args:
+            src: [B, S]; tgt: [B, T] (the decoder input, e.g. the target without its last token).
+            src_padding_mask: [B, S]; tgt_padding_mask: [B, T]; bool, True = real token.
+            return_cross_weights: also return the cross-attention weights, as ``decode``.
+
+        Returns:
+            logits [B, T, V], or (logits, tuple of [B, H, T, S] per decoder layer).
+        """
+        memory = self.encode(src, src_padding_mask)
+        return self.decode(tgt, memory, src_padding_mask=src_padding_mask, tgt_padding_mask=tgt_padding_mask,
+                           return_cross_weights=return_cross_weights)
+
+    def cross_attention_weights(self, src: torch.Tensor, tgt: torch.Tensor, *,
+                                src_padding_mask: torch.Tensor | None = None,
+                                tgt_padding_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Exact decoder cross-attention weights (pre-dropout), without gradients.
+
+        Returns:
+            one [B, H, T, S] tensor per decoder layer; row t of head h is the distribution
+            over source positions of target position t (zero at padded source positions).
+        """
+        with torch.no_grad():
+            _, weights = self(src, tgt, src_padding_mask=src_padding_mask, tgt_padding_mask=tgt_padding_mask,
+                              return_cross_weights=True)
+        return list(weights)
+
+    @torch.no_grad()
+    def greedy_decode(self, src: torch.Tensor, max_len: int, *, src_padding_mask: torch.Tensor | None = None,
+                      use_cache: bool = True, return_logits: bool = False):
+        """Greedy decoding from ``bos_id``; a row stops at ``eos_id`` and is then padded with ``pad_id``.
+
+        Call ``eval()`` first (dropout is otherwise active). With ``use_cache`` each step
+        feeds one token through the KV caches; without, the whole prefix is recomputed.
+        Both give the same tokens and (to float tolerance) the same logits.
+
+        Args:
+            src: [B, S]. max_len: most tokens per row, bos included.
+            src_padding_mask: [B, S] bool, True = real token.
+
+        Returns:
+            tokens [B, L] with L <= max_len (tokens[:, 0] = bos; L < max_len once every
+            row has emitted eos), or (tokens, logits [B, L - 1, V]) with ``return_logits``.
+        """
+        positive_int("max_len", max_len)
+        if max_len - 1 > self.config.max_len:
+            raise ValueError(f"max_len - 1 = {max_len - 1} decoder positions exceed config.max_len={self.config.max_len}")
+        c = self.config
+        memory = self.encode(src, src_padding_mask)
+        B = src.shape[0]
+        tokens = torch.full((B, 1), c.bos_id, dtype=torch.long, device=src.device)
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        caches = self.make_kv_caches(B, max_len - 1) if use_cache and max_len > 1 else None
+        steps = []
+        for _ in range(max_len - 1):
+            inp = tokens[:, -1:] if caches is not None else tokens
+            logits = self.decode(inp, memory, src_padding_mask=src_padding_mask, kv_caches=caches)[:, -1]
+            nxt = logits.argmax(-1).masked_fill(done, c.pad_id)  # (B, V) -> (B,)
+            steps.append(logits)
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+            done |= nxt == c.eos_id
+            if bool(done.all()):
+                break
+        if not return_logits:
+            return tokens
+        empty = memory.new_zeros(B, 0, c.tgt_vocab_size)
+        return tokens, (torch.stack(steps, dim=1) if steps else empty)
+
+
+class CopyBatch(NamedTuple):
+    """One copy-task batch: ``src`` [B, L+1] = tokens, eos, pad...; ``tgt`` [B, L+2] = bos, tokens, eos, pad...;
+    the padding masks are True at real tokens. Train on ``model(src, tgt[:, :-1])`` against ``tgt[:, 1:]``."""
+
+    src: torch.Tensor
+    tgt: torch.Tensor
+    src_padding_mask: torch.Tensor
+    tgt_padding_mask: torch.Tensor
+
+
+def copy_task_batches(num_batches: int, batch_size: int, seq_len: int, vocab_size: int, *,
+                      min_len: int | None = None, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2,
+                      generator: torch.Generator | None = None) -> Iterator[CopyBatch]:
+    """Synthetic copy task (the Annotated Transformer's ``data_gen``, with eos and padding).
+
+    Each row copies ``n`` tokens drawn uniformly from ``max(pad, bos, eos) + 1 .. vocab_size - 1``
+    (3..V-1 by default), ``n`` uniform in ``[min_len, seq_len]`` (``min_len`` defaults to
+    ``seq_len``: every row full length, no padding).
+
+    Yields:
+        ``num_batches`` CopyBatch tuples.
+
+    Raises:
+        ValueError: sizes, or a vocabulary with no room for ordinary tokens.
+    """
+    for name, value in (("num_batches", num_batches), ("batch_size", batch_size), ("seq_len", seq_len)):
+        positive_int(name, value)
+    min_len = seq_len if min_len is None else positive_int("min_len", min_len)
+    if min_len > seq_len:
+        raise ValueError(f"min_len={min_len} must be <= seq_len={seq_len}")
+    first = max(pad_id, bos_id, eos_id) + 1
+    if positive_int("vocab_size", vocab_size) <= first:
+        raise ValueError(f"vocab_size={vocab_size} leaves no ordinary tokens after special ids up to {first - 1}")
+    for _ in range(num_batches):
+        body = torch.randint(first, vocab_size, (batch_size, seq_len), generator=generator)
+        lengths = torch.randint(min_len, seq_len + 1, (batch_size,), generator=generator)
+        pos = torch.arange(seq_len + 1)[None, :]  # (1, L+1)
+        src = torch.cat([body, torch.full((batch_size, 1), pad_id)], dim=1)  # (B, L) -> (B, L+1)
+        src = torch.where(pos < lengths[:, None], src, pad_id)
+        src[torch.arange(batch_size), lengths] = eos_id
+        tgt = torch.cat([torch.full((batch_size, 1), bos_id), src], dim=1)  # (B, L+1) -> (B, L+2)
+        yield CopyBatch(src, tgt, src != pad_id, tgt != pad_id)

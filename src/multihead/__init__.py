@@ -9,9 +9,11 @@ The public API on one screen:
 * ``KVCache``              static cache sized by key/value heads
 * ``TorchMultiheadAttention`` drop-in for ``torch.nn.MultiheadAttention``
 * ``build_attention(name, ...)`` attention kinds by name (mha, gqa, mqa, ...)
+* ``multihead.models``     GPT-2 family, encoder-decoder Transformer, BERT/MiniLM
+* ``multihead.tools``      capture attention, head roles, views
 """
 
-from . import functional, reference, textbook
+from . import functional, models, reference, textbook, tools
 from .functional import attention
 from .modules.attention import MultiHeadAttention
 from .modules.kv_cache import KVCache
@@ -23,6 +25,8 @@ __version__ = "0.1.0"
 __all__ = [
     "attention",
     "functional",
+    "models",
+    "tools",
     "reference",
     "textbook",
     "MultiHeadAttention",

@@ -13,7 +13,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="multihead",
         description="Multi-head attention: reference, modules, variants and head tools.",
         epilog=(
-            "examples:\n  multihead textbook\n  multihead textbook --tolerance 1e-6\n"
+            "examples:\n"
+            '  multihead inspect "The law will never be perfect, but its application should be just."\n'
+            "  multihead textbook\n"
             "  multihead generate --preset tiny --max-new-tokens 20 --seed 0"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -31,8 +33,41 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tb.add_argument("--tolerance", type=float, default=1e-6, help="largest accepted |difference| (default 1e-6)")
+    _add_inspect(sub)
     _add_generate(sub)
     return parser
+
+
+_INSPECT_EXAMPLES = """examples:
+  multihead inspect "The law will never be perfect, but its application should be just."
+  multihead inspect "Its application should be just." --layer 2 --out law-heads
+  multihead generate --preset tiny --seed 0 --save-init tiny-init
+  multihead inspect "To be, or not to be" --checkpoint tiny-init
+"""
+
+
+def _add_inspect(sub) -> None:
+    from .commands.inspect import DEFAULT_TEXT, MODELS
+
+    ins = sub.add_parser(
+        "inspect",
+        help="show what every head of a real model attends to (table, HTML, PNG, JSON)",
+        description=(
+            "Run TEXT through a pretrained model (all-MiniLM-L6-v2 by default, offline) or a GPT "
+            "checkpoint, capture every head's exact attention weights, score each head for documented "
+            "roles (previous/next token, self, [CLS], [SEP], punctuation, broad, rare token), print a "
+            "table of heads with their roles and strongest token links, and write heads.html (head "
+            "view, model view, role table; opens from disk), heads.png and heads.json into --out."
+        ),
+        epilog=_INSPECT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ins.add_argument("text", nargs="?", default=DEFAULT_TEXT, help=f"the input text (default {DEFAULT_TEXT!r})")
+    ins.add_argument("--model", default=MODELS[0], choices=MODELS, help=f"packaged model (default {MODELS[0]})")
+    ins.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint to inspect instead of --model")
+    ins.add_argument("--tokenizer", metavar="FILE", help="tokenizer.json for a checkpoint whose vocabulary is not bytes")
+    ins.add_argument("--layer", type=int, metavar="L", help="only this layer")
+    ins.add_argument("--out", default="out", metavar="DIR", help="folder for heads.html/png/json (default out)")
 
 
 _GENERATE_EXAMPLES = """examples:
@@ -91,6 +126,22 @@ def main(argv: list[str] | None = None) -> int:
         from .commands.textbook import run
 
         return run(tolerance=args.tolerance)
+    if args.command == "inspect":
+        from .commands.inspect import run as inspect
+
+        try:
+            inspect(
+                args.text,
+                model=args.model,
+                checkpoint=args.checkpoint,
+                tokenizer=args.tokenizer,
+                layer=args.layer,
+                out=args.out,
+            )
+        except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as e:
+            print(f"multihead inspect: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "generate":
         from .commands.generate import run as generate
 

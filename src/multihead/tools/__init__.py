@@ -1,6 +1,21 @@
-"""Tools that take models or tensors: capture (and, as they land, roles,
-views, importance, pruning, conversion, FLOP accounting)."""
+"""Tools that take models or tensors: capture attention, score head roles,
+draw the views (and, as they land, importance, pruning, conversion, FLOPs)."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
+from .roles import ROLE_THRESHOLDS, HeadRoles, classify_heads, format_roles, strongest_links
+from .visualize import write_html, write_json, write_png
 
-__all__ = ["capture", "AttentionRecord", "LayerAttention", "attention_modules"]
+__all__ = [
+    "capture",
+    "AttentionRecord",
+    "LayerAttention",
+    "attention_modules",
+    "classify_heads",
+    "HeadRoles",
+    "ROLE_THRESHOLDS",
+    "format_roles",
+    "strongest_links",
+    "write_html",
+    "write_png",
+    "write_json",
+]

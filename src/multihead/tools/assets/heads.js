@@ -1,0 +1,304 @@
+
+/* multihead attention viewer: head view, model view, role table.
+   All data comes from the JSON block above; every string from it is inserted
+   with textContent or as an attribute value, never parsed as HTML. */
+(() => {
+  "use strict";
+  const DATA = JSON.parse(document.getElementById("mh-data").textContent);
+  const $ = (id) => document.getElementById(id);
+  const LAYERS = DATA.layers, QT = DATA.query_tokens, KT = DATA.key_tokens;
+  const ROW = 22, LINK_W = 240;
+  const HEAD_COLORS = ["#2f6fdf", "#d9480f", "#2b8a3e", "#862e9c", "#c2255c", "#0b7285",
+    "#5c940d", "#e67700", "#364fc7", "#a61e4d", "#087f5b", "#5f3dc4"];
+  const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  const svg = $("hv-lines"), SVG_NS = svg.namespaceURI, canvas = $("hv-canvas");
+  const state = { layer: 0, head: 0, threshold: Number($("hv-threshold").value) };
+  let queryEls = [], keyEls = [], linesByQuery = [], linesByKey = [];
+
+  const roleOf = new Map();
+  for (const r of DATA.roles || []) roleOf.set(r.row + ":" + r.head, r);
+  const role = (layer, head) => roleOf.get(layer + ":" + head);
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function shown(token) {
+    const s = String(token).replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5");
+    return s === "" ? "\u2205" : s;
+  }
+
+  function fmt(x) {
+    if (x === null || x === undefined) return "\u2013";
+    return Math.abs(x) >= 100 ? x.toFixed(0) : x.toFixed(Math.abs(x) >= 10 ? 1 : 2);
+  }
+
+  function ramp(w) {
+    const v = Math.sqrt(Math.min(1, Math.max(0, w || 0))) * (RAMP.length - 1);
+    const i = Math.min(RAMP.length - 2, Math.floor(v)), f = v - i;
+    return RAMP[i].map((a, c) => Math.round(a + (RAMP[i + 1][c] - a) * f));
+  }
+
+  function rgba(hex, alpha) {
+    const n = parseInt(hex.slice(1), 16);
+    return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + alpha.toFixed(3) + ")";
+  }
+
+  function chipColor(label) {
+    let h = 7;
+    for (let i = 0; i < label.length; i++) h = (h * 31 + label.charCodeAt(i)) % 360;
+    return "hsl(" + h + ", 70%, 88%)";
+  }
+
+  function chips(labels) {
+    const box = el("span", "role-chips");
+    for (const label of labels || []) {
+      const chip = el("span", "role-chip", label);
+      chip.style.backgroundColor = chipColor(label);
+      box.appendChild(chip);
+    }
+    return box;
+  }
+
+  function layerName(i) {
+    const L = LAYERS[i];
+    return L.layer === i ? "Layer " + i : "Call " + i + " (layer " + L.layer + ")";
+  }
+
+  /* ---- head view ---- */
+  function tokenColumn(column, tokens, side) {
+    column.replaceChildren();
+    return tokens.map((tok, i) => {
+      const node = el("div", "hv-token", shown(tok));
+      node.dataset.side = side;
+      node.dataset.index = String(i);
+      node.title = String(tok);
+      node.tabIndex = 0;
+      node.addEventListener("mouseenter", () => focusToken(side, i));
+      node.addEventListener("focus", () => focusToken(side, i));
+      node.addEventListener("mouseleave", clearFocus);
+      node.addEventListener("blur", clearFocus);
+      column.appendChild(node);
+      return node;
+    });
+  }
+
+  function currentWeights() { return LAYERS[state.layer].weights[state.head]; }
+  function headColor() { return HEAD_COLORS[state.head % HEAD_COLORS.length]; }
+
+  function drawHead() {
+    clearFocus();
+    const W = currentWeights(), color = headColor(), n = Math.max(QT.length, KT.length);
+    linesByQuery = QT.map(() => []);
+    linesByKey = KT.map(() => []);
+    svg.setAttribute("width", String(LINK_W));
+    svg.setAttribute("height", String(n * ROW));
+    svg.setAttribute("viewBox", "0 0 " + LINK_W + " " + n * ROW);
+    const frag = document.createDocumentFragment();
+    let count = 0;
+    for (let i = 0; i < QT.length; i++) {
+      for (let j = 0; j < KT.length; j++) {
+        const w = W[i][j] || 0;
+        if (w <= 0 || w < state.threshold) continue;
+        const line = document.createElementNS(SVG_NS, "line");
+        line.setAttribute("x1", "2");
+        line.setAttribute("y1", String((i + 0.5) * ROW));
+        line.setAttribute("x2", String(LINK_W - 2));
+        line.setAttribute("y2", String((j + 0.5) * ROW));
+        line.setAttribute("stroke", color);
+        line.setAttribute("stroke-opacity", Math.min(1, 0.05 + 0.95 * Math.sqrt(w)).toFixed(3));
+        line.setAttribute("stroke-width", (0.5 + 3.5 * w).toFixed(2));
+        line.setAttribute("class", "hv-line");
+        line.dataset.q = String(i);
+        line.dataset.k = String(j);
+        line.dataset.weight = String(w);
+        linesByQuery[i].push(line);
+        linesByKey[j].push(line);
+        frag.appendChild(line);
+        count++;
+      }
+    }
+    svg.replaceChildren(frag);
+    svg.dataset.lines = String(count);
+    $("hv-count").textContent = count + " links";
+
+    const L = LAYERS[state.layer], r = role(state.layer, state.head);
+    const view = $("head-view");
+    view.dataset.layer = String(state.layer);
+    view.dataset.head = String(state.head);
+    $("hv-title").textContent = layerName(state.layer) + " \u00b7 Head " + state.head;
+    $("hv-subtitle").textContent = [L.name, L.kind].filter(Boolean).join(" \u00b7 ");
+    const rolesBox = $("hv-roles");
+    rolesBox.replaceChildren();
+    if (r) {
+      rolesBox.appendChild(r.labels.length ? chips(r.labels) : el("span", "role-chips", "no role \u00b7"));
+      const scores = Object.entries(r.scores).filter(([, v]) => v !== null);
+      rolesBox.appendChild(el("span", "", scores.map(([k, v]) => k + " " + fmt(v)).join(" \u00b7 ")));
+    }
+    $("hv-layer").value = String(state.layer);
+    fillHeads();
+    for (const node of document.querySelectorAll(".mv-cell.selected, #role-table tr.selected")) {
+      node.classList.remove("selected");
+      if (node.tagName === "BUTTON") node.setAttribute("aria-pressed", "false");
+    }
+    const sel = '[data-layer="' + state.layer + '"][data-head="' + state.head + '"]';
+    for (const node of document.querySelectorAll(".mv-cell" + sel + ", #role-table tr" + sel)) {
+      node.classList.add("selected");
+      if (node.tagName === "BUTTON") node.setAttribute("aria-pressed", "true");
+    }
+  }
+
+  function focusToken(side, index) {
+    clearFocus();
+    const W = currentWeights(), color = headColor();
+    canvas.classList.add("hv-focus");
+    canvas.dataset.focus = side + ":" + index;
+    (side === "query" ? queryEls : keyEls)[index].classList.add("hv-hot");
+    for (const line of (side === "query" ? linesByQuery : linesByKey)[index]) line.classList.add("hv-active");
+    const others = side === "query" ? keyEls : queryEls;
+    others.forEach((node, o) => {
+      const w = side === "query" ? W[index][o] : W[o][index];
+      if (!(w > 0)) return;
+      node.style.backgroundColor = rgba(color, Math.min(0.85, 0.1 + 0.9 * Math.sqrt(w)));
+      if (w > 0.5) node.style.color = "#fff";
+      node.dataset.weight = w.toFixed(2);
+    });
+  }
+
+  function clearFocus() {
+    canvas.classList.remove("hv-focus");
+    delete canvas.dataset.focus;
+    for (const line of svg.querySelectorAll(".hv-active")) line.classList.remove("hv-active");
+    for (const node of queryEls.concat(keyEls)) {
+      node.classList.remove("hv-hot");
+      node.style.backgroundColor = "";
+      node.style.color = "";
+      delete node.dataset.weight;
+    }
+  }
+
+  function select(layer, head, reveal) {
+    state.layer = layer;
+    state.head = Math.min(head, LAYERS[layer].weights.length - 1);
+    drawHead();
+    if (reveal) {
+      const box = $("head-view").getBoundingClientRect();
+      if (box.top < 0 || box.top > window.innerHeight - 80) $("head-view").scrollIntoView({ block: "start" });
+    }
+  }
+
+  function fillHeads() {
+    const box = $("hv-head"), H = LAYERS[state.layer].weights.length;
+    if (box.options.length !== H) {
+      box.replaceChildren();
+      for (let h = 0; h < H; h++) box.appendChild(new Option("Head " + h, String(h)));
+    }
+    box.value = String(state.head);
+  }
+
+  /* ---- model view ---- */
+  function paint(target, W) {
+    const T = W.length, S = W[0].length;
+    target.width = S;
+    target.height = T;
+    const ctx = target.getContext("2d"), img = ctx.createImageData(S, T);
+    for (let i = 0; i < T; i++) {
+      for (let j = 0; j < S; j++) {
+        const [r, g, b] = ramp(W[i][j]), p = 4 * (i * S + j);
+        img.data[p] = r; img.data[p + 1] = g; img.data[p + 2] = b; img.data[p + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+  }
+
+  function buildModelView() {
+    const grid = $("mv-grid"), maxHeads = Math.max(...LAYERS.map((L) => L.weights.length));
+    grid.style.setProperty("--cell", maxHeads > 8 ? "80px" : "96px");
+    grid.style.gridTemplateColumns = "max-content repeat(" + maxHeads + ", var(--cell))";
+    grid.appendChild(el("div", "mv-corner"));
+    for (let h = 0; h < maxHeads; h++) grid.appendChild(el("div", "mv-colhead", "Head " + h));
+    LAYERS.forEach((L, li) => {
+      const head = el("div", "mv-rowhead");
+      head.appendChild(el("strong", "", layerName(li)));
+      head.appendChild(document.createTextNode(L.kind || ""));
+      grid.appendChild(head);
+      for (let h = 0; h < maxHeads; h++) {
+        if (h >= L.weights.length) { grid.appendChild(el("div", "mv-empty")); continue; }
+        const r = role(li, h), cell = el("button", "mv-cell");
+        cell.type = "button";
+        cell.dataset.layer = String(li);
+        cell.dataset.head = String(h);
+        cell.setAttribute("aria-pressed", "false");
+        cell.title = layerName(li) + ", head " + h + (r && r.labels.length ? ": " + r.labels.join(", ") : "");
+        const heat = el("canvas", "mv-heat");
+        paint(heat, L.weights[h]);
+        const label = el("span", "mv-label");
+        label.appendChild(el("b", "", "H" + h));
+        if (r) label.appendChild(chips(r.labels));
+        cell.append(heat, label);
+        cell.addEventListener("click", () => select(li, h, true));
+        grid.appendChild(cell);
+      }
+    });
+  }
+
+  /* ---- role table ---- */
+  const MAIN_SCORES = ["previous", "next", "self", "cls", "sep", "punct", "broad", "rare", "entropy", "distance"];
+
+  function buildRoles() {
+    const list = DATA.roles;
+    if (!list || !list.length) return;
+    $("roles").hidden = false;
+    const keys = [];
+    for (const r of list) for (const k of Object.keys(r.scores)) if (!keys.includes(k)) keys.push(k);
+    let cols = MAIN_SCORES.filter((k) => keys.includes(k));
+    cols = cols.concat(keys.filter((k) => !cols.includes(k) && !k.endsWith("_mass")));
+    const headRow = el("tr");
+    for (const name of ["layer", "head", "roles"].concat(cols)) headRow.appendChild(el("th", "", name));
+    document.querySelector("#role-table thead").appendChild(headRow);
+    const body = document.querySelector("#role-table tbody");
+    const rows = list.slice().sort((a, b) => a.row - b.row || a.head - b.head);
+    for (const r of rows) {
+      const tr = el("tr", "rt-row");
+      tr.dataset.layer = String(r.row);
+      tr.dataset.head = String(r.head);
+      tr.appendChild(el("td", "", r.row === r.layer ? r.layer : r.row + " (" + r.layer + ")"));
+      tr.appendChild(el("td", "", r.head));
+      const labels = el("td");
+      labels.appendChild(r.labels.length ? chips(r.labels) : el("span", "muted", "\u2013"));
+      tr.appendChild(labels);
+      for (const k of cols) {
+        tr.appendChild(el("td", "num" + (r.labels.includes(k) ? " hit" : ""), fmt(r.scores[k])));
+      }
+      tr.addEventListener("click", () => select(r.row, r.head, true));
+      body.appendChild(tr);
+    }
+  }
+
+  /* ---- wiring ---- */
+  function init() {
+    const H = LAYERS.map((L) => L.weights.length), same = H.every((h) => h === H[0]);
+    $("summary").textContent = [DATA.source, LAYERS.length + " layers \u00d7 " + (same ? H[0] : "up to " +
+      Math.max(...H)) + " heads", QT.length + " queries, " + KT.length + " keys", "batch item " + DATA.batch]
+      .filter(Boolean).join(" \u00b7 ");
+    LAYERS.forEach((L, i) => $("hv-layer").appendChild(new Option(layerName(i) + " (" + L.kind + ")", String(i))));
+    queryEls = tokenColumn($("hv-queries"), QT, "query");
+    keyEls = tokenColumn($("hv-keys"), KT, "key");
+    $("hv-layer").addEventListener("change", (e) => select(Number(e.target.value), state.head, false));
+    $("hv-head").addEventListener("change", (e) => select(state.layer, Number(e.target.value), false));
+    $("hv-threshold").addEventListener("input", (e) => {
+      state.threshold = Number(e.target.value);
+      $("hv-threshold-value").textContent = state.threshold.toFixed(2);
+      drawHead();
+    });
+    buildModelView();
+    buildRoles();
+    select(0, 0, false);
+    document.body.dataset.ready = "true";
+  }
+
+  init();
+})();

@@ -1,0 +1,391 @@
+"""Views of captured attention: one self-contained HTML page, a PNG grid, JSON.
+
+    with capture(model) as record:
+        model(x)
+    record.query_tokens = tokens
+    write_html(record, "heads.html", roles=roles)   # open it from disk
+    write_png(record, "heads.png")                  # needs multihead[viz]
+    write_json(record, "heads.json", roles=roles)
+
+The HTML page has three parts, all drawn by the page's own script from the
+JSON embedded in it (no network, no fonts, no CDN; it works from file://)::
+
+    head view (one layer, one head)         model view (layers x heads)
+      queries        keys                      H0    H1    H2
+      <s>   ───────  <s>                   L0 [▦]   [▦]   [▦]
+      the   ──╲────  the                   L1 [▦]   [▦]   [▦]   click: open
+      cat   ───╲───  cat                                        in head view
+            (line opacity and width = weight; hover a token to follow it)
+
+    role table (layer, head, labels, scores), when roles are given
+
+``roles`` is a plain structure so this module does not depend on the roles
+tool: a list of mappings (or objects with these attributes, such as
+``roles.HeadRoles``) ``{"layer": 0, "head": 3, "labels": [...], "scores":
+{...}}``. ``layer`` is ``LayerAttention.layer``; when a module was called
+more than once, the k-th role for (layer, head) belongs to its k-th call.
+
+Colours in the heatmaps are sqrt(weight) on a fixed 0..1 scale, so weak
+links stay visible and heads remain comparable.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import html
+import io
+import json
+import math
+import numbers
+import os
+import re
+import secrets
+import textwrap
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .._checks import non_negative_int, positive_int
+from .capture import AttentionRecord
+
+__all__ = ["write_html", "write_png", "write_json"]
+
+_VIZ_HINT = "pip install 'multihead[viz]'"
+_DIGITS = 4  # weights in the page: 1e-4 is below what a line or a pixel can show
+_PLACEHOLDER = re.compile(r"\{\{(TITLE|CSP|CSS|DATA|JS)\}\}")
+# Characters that could end a <script> element or an HTML comment, or that
+# older JavaScript parsers treat as line ends, written as JSON \u escapes.
+_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def write_html(
+    record: AttentionRecord,
+    path: str | os.PathLike,
+    *,
+    roles: list | None = None,
+    title: str | None = None,
+    batch: int = 0,
+) -> Path:
+    """Write one self-contained HTML page: head view, model view, role table.
+
+    Token strings are embedded as JSON and inserted into the page as text,
+    never as HTML; a Content-Security-Policy allows only the page's own
+    script and style (by hash) and no network access at all.
+
+    Args:
+        record: from ``capture``, all layers with the same T and S.
+        path: the .html file to write (replaced atomically).
+        roles: optional per-head roles, see the module docstring.
+        title: page title; default from ``record.source``.
+        batch: which batch item to show.
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        TypeError: record not an AttentionRecord, tokens not strings, bad roles.
+        ValueError: empty record, tokens not matching T/S, batch out of range,
+            roles naming a layer or head that is not in the record.
+    """
+    tokens = _validate(record, batch)
+    role_rows = _match_roles(roles, record)
+    if title is None:
+        title = f"{record.source} attention" if record.source else "Attention"
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a str, got {type(title).__name__}")
+    data = {
+        "title": title,
+        "source": record.source,
+        "batch": batch,
+        "query_tokens": tokens[0],
+        "key_tokens": tokens[1],
+        "layers": [
+            {"layer": e.layer, "name": e.name, "kind": e.kind, "weights": _finite_rounded(e.weights[batch])}
+            for e in record.layers
+        ],
+        "roles": [dict(r, row=row) for row, r in role_rows] if roles is not None else None,
+    }
+    css, js = _asset("heads.css"), _asset("heads.js")
+    csp = (
+        f"default-src 'none'; script-src '{_sha256(js)}'; style-src '{_sha256(css)}'; "
+        "img-src data:; base-uri 'none'; form-action 'none'"
+    )
+    parts = {"TITLE": html.escape(title), "CSP": csp, "CSS": css, "DATA": _script_json(data), "JS": js}
+    page = _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("heads.html"))
+    return _write_atomic(path, page.encode("utf-8"))
+
+
+def write_png(
+    record: AttentionRecord,
+    path: str | os.PathLike,
+    *,
+    roles: list | None = None,
+    batch: int = 0,
+    max_tokens: int | None = None,
+) -> Path:
+    """Write a grid of heatmaps (rows = layers, columns = heads) as PNG.
+
+    Token labels go on the outer axes when at most 40 tokens are shown;
+    role labels go into each heatmap's title. Drawn with matplotlib's Agg
+    canvas (no display, no global pyplot state).
+
+    Args:
+        record: from ``capture``, all layers with the same T and S.
+        path: the .png file to write (replaced atomically).
+        roles: optional per-head roles, see the module docstring.
+        batch: which batch item to show.
+        max_tokens: show only the first ``max_tokens`` queries and keys.
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'multihead[viz]'``).
+        TypeError, ValueError: as ``write_html``; max_tokens not a positive int.
+    """
+    try:
+        import matplotlib  # noqa: F401  (the optional dependency itself)
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.colors import PowerNorm
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError(f"write_png needs matplotlib, which is not installed: {_VIZ_HINT}") from exc
+    q_tokens, k_tokens = _validate(record, batch)
+    if max_tokens is not None:
+        max_tokens = positive_int("max_tokens", max_tokens)
+        q_tokens, k_tokens = q_tokens[:max_tokens], k_tokens[:max_tokens]
+    labels_of = {(row, r["head"]): r["labels"] for row, r in _match_roles(roles, record)}
+    T, S = len(q_tokens), len(k_tokens)
+    rows, cols = len(record.layers), max(e.num_heads for e in record.layers)
+    # Layout in inches, placed by hand (constrained layout takes seconds on 144 axes).
+    cell = max(1.4, 0.11 * max(T, S))
+    with_tokens = max(T, S) <= 40 and max(rows, cols) * cell <= 24
+    if not with_tokens:
+        cell = 1.4 if cols <= 12 else max(0.8, 17 / cols)
+    titles = {
+        (row, head): "\n".join([f"L{row} H{head}", *textwrap.wrap(", ".join(labels_of.get((row, head), [])), int(cell * 12))])
+        for row, entry in enumerate(record.layers)
+        for head in range(entry.num_heads)
+    }
+    title_h = 0.1 + 0.14 * max(t.count("\n") + 1 for t in titles.values())
+    q_labels, k_labels = [_plain(_short(t)) for t in q_tokens], [_plain(_short(t)) for t in k_tokens]
+    left = 0.3 + (0.055 * max(map(len, q_labels)) if with_tokens else 0)
+    bottom = 0.2 + (0.055 * max(map(len, k_labels)) if with_tokens else 0)
+    top, right, gap = 0.6, 1.2, 0.15
+    width = left + cols * cell + (cols - 1) * gap + right
+    height = top + rows * (title_h + cell) + (rows - 1) * gap + bottom
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    norm, image = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0), None
+    lowest = {h: max(r for r, e in enumerate(record.layers) if h < e.num_heads) for h in range(cols)}
+    for row, entry in enumerate(record.layers):
+        weights = entry.weights[batch, :, :T, :S].detach().double().nan_to_num(0.0, 0.0, 0.0)
+        y = height - top - row * (title_h + cell + gap) - title_h - cell
+        for head in range(entry.num_heads):
+            x = left + head * (cell + gap)
+            ax = fig.add_axes((x / width, y / height, cell / width, cell / height))
+            image = ax.imshow(weights[head].numpy(), cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
+            ax.set_title(_plain(titles[(row, head)]), fontsize=8, pad=3)
+            ax.tick_params(length=2, pad=1)  # ticks (each an object, slow to draw) only on the outer axes
+            if with_tokens and row == lowest[head]:
+                ax.set_xticks(range(S), k_labels, rotation=90, fontsize=6)
+            else:
+                ax.set_xticks([])
+            if with_tokens and head == 0:
+                ax.set_yticks(range(T), q_labels, fontsize=6)
+            else:
+                ax.set_yticks([])
+    bar_h = min(3.0, height - top - bottom)
+    cax = fig.add_axes(((width - right + 0.3) / width, (height - top - bar_h) / height, 0.14 / width, bar_h / height))
+    fig.colorbar(image, cax=cax).set_label("attention weight (sqrt scale)", fontsize=8)
+    cax.tick_params(labelsize=7)
+    name = _plain(record.source or "attention")
+    fig.suptitle(f"{name}: {rows} layers x {cols} heads (rows = queries, columns = keys)", fontsize=10, y=1 - 0.2 / height)
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return _write_atomic(path, buffer.getvalue())
+
+
+def write_json(
+    record: AttentionRecord, path: str | os.PathLike, *, roles: list | None = None, batch: int = 0
+) -> Path:
+    """Write ``record.to_dict(batch)`` plus ``"roles"`` as JSON (atomically).
+
+    ``AttentionRecord.from_dict`` reads the file back (it ignores ``roles``).
+
+    Raises:
+        TypeError, ValueError: as ``write_html``.
+    """
+    _validate(record, batch)
+    payload = record.to_dict(batch)
+    payload["roles"] = [r for _, r in _match_roles(roles, record)] if roles is not None else None
+    return _write_atomic(path, json.dumps(payload, allow_nan=False).encode("utf-8"))
+
+
+# -- checks -------------------------------------------------------------------
+
+
+def _validate(record: AttentionRecord, batch: int) -> tuple[list[str], list[str]]:
+    """Query and key token strings of ``record`` after checking its shapes."""
+    if not isinstance(record, AttentionRecord):
+        raise TypeError(f"record must be an AttentionRecord, got {type(record).__name__}")
+    if not record.layers:
+        raise ValueError("the record is empty (no layers): run the model inside `with capture(model)` first")
+    batch = non_negative_int("batch", batch)
+    first = None
+    for entry in record.layers:
+        shape = tuple(entry.weights.shape)
+        if len(shape) != 4:
+            raise ValueError(f"layer {entry.layer} ({entry.name}): weights must be [B, H, T, S], got {list(shape)}")
+        B, H, T, S = shape
+        if batch >= B:
+            raise ValueError(f"batch={batch} out of range for layer {entry.layer} with B={B}")
+        if min(H, T, S) == 0:
+            raise ValueError(f"layer {entry.layer} ({entry.name}) has an empty dimension: H={H}, T={T}, S={S}")
+        if first is None:
+            first = (entry, T, S)
+        elif (T, S) != first[1:]:
+            raise ValueError(
+                f"layer {entry.layer} ({entry.name}) has T={T}, S={S} but layer {first[0].layer} has "
+                f"T={first[1]}, S={first[2]}; the views need one token sequence (capture one forward pass)"
+            )
+    _, T, S = first
+    queries = record.query_tokens
+    keys = record.key_tokens if record.key_tokens is not None else queries
+    queries = [str(i) for i in range(T)] if queries is None else _strings("query_tokens", queries)
+    keys = [str(j) for j in range(S)] if keys is None else _strings("key_tokens", keys)
+    if len(queries) != T:
+        raise ValueError(f"query_tokens has {len(queries)} tokens but the weights have T={T} queries")
+    if len(keys) != S:
+        source = "key_tokens" if record.key_tokens is not None else "key_tokens (defaulting to query_tokens)"
+        raise ValueError(f"{source} has {len(keys)} tokens but the weights have S={S} keys")
+    return queries, keys
+
+
+def _strings(name: str, tokens) -> list[str]:
+    if isinstance(tokens, str) or not isinstance(tokens, (list, tuple)):
+        raise TypeError(f"{name} must be a list of str, got {type(tokens).__name__}")
+    for i, token in enumerate(tokens):
+        if not isinstance(token, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {token!r} ({type(token).__name__})")
+    return list(tokens)
+
+
+def _match_roles(roles, record: AttentionRecord) -> list[tuple[int, dict]]:
+    """(row in record.layers, clean role dict) for each role, in the given order."""
+    if roles is None:
+        return []
+    if isinstance(roles, (str, bytes, Mapping)) or not hasattr(roles, "__iter__"):
+        raise TypeError(f"roles must be a list of dicts (layer, head, labels, scores), got {type(roles).__name__}")
+    calls: dict[int, list[int]] = {}
+    for row, entry in enumerate(record.layers):
+        calls.setdefault(entry.layer, []).append(row)
+    seen: dict[tuple[int, int], int] = {}
+    out = []
+    for i, item in enumerate(roles):
+        role = _role_dict(i, item)
+        layer, head = role["layer"], role["head"]
+        if layer not in calls:
+            raise ValueError(f"roles[{i}] has layer={layer}, but the record's layers are {sorted(calls)}")
+        k = seen.get((layer, head), 0)
+        if k >= len(calls[layer]):
+            raise ValueError(
+                f"roles[{i}] repeats layer={layer}, head={head}: the record has {len(calls[layer])} call(s) of that layer"
+            )
+        seen[(layer, head)] = k + 1
+        row = calls[layer][k]
+        heads = record.layers[row].num_heads
+        if head >= heads:
+            raise ValueError(f"roles[{i}] has head={head}, but layer {layer} has {heads} heads")
+        out.append((row, role))
+    return out
+
+
+def _role_dict(i: int, item) -> dict:
+    """A JSON-ready {"layer", "head", "labels", "scores"} from a mapping or an object."""
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        item = {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
+    get = item.get if isinstance(item, Mapping) else (lambda key, default=None: getattr(item, key, default))
+    layer, head = get("layer"), get("head")
+    if layer is None or head is None:
+        raise TypeError(f"roles[{i}] needs 'layer' and 'head', got {item!r:.100}")
+    labels = get("labels") or []
+    if isinstance(labels, str):
+        labels = [labels]
+    if not all(isinstance(label, str) for label in labels):
+        raise TypeError(f"roles[{i}]['labels'] must be a list of str, got {labels!r:.100}")
+    scores = get("scores") or {}
+    if not isinstance(scores, Mapping):
+        raise TypeError(f"roles[{i}]['scores'] must be a dict of name -> number, got {type(scores).__name__}")
+    scores = {str(k): _number(f"roles[{i}]['scores'][{k!r}]", v) for k, v in scores.items()}
+    for extra, key in (("entropy", "entropy"), ("mean_distance", "distance")):  # HeadRoles fields
+        if get(extra) is not None and key not in scores:
+            scores[key] = _number(f"roles[{i}][{extra!r}]", get(extra))
+    return {
+        "layer": non_negative_int(f"roles[{i}]['layer']", layer),
+        "head": non_negative_int(f"roles[{i}]['head']", head),
+        "labels": list(labels),
+        "scores": scores,
+    }
+
+
+def _number(name: str, value) -> float | None:
+    """A finite float, or None for None/NaN/inf (JSON has neither)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    return float(value) if math.isfinite(value) else None
+
+
+# -- output helpers -------------------------------------------------------------
+
+
+def _finite_rounded(weights: torch.Tensor) -> list:
+    """[H, T, S] nested lists, non-finite values as 0, rounded to _DIGITS."""
+    return weights.detach().double().nan_to_num(0.0, 0.0, 0.0).round(decimals=_DIGITS).tolist()
+
+
+def _script_json(data) -> str:
+    """JSON that is safe inside <script>: no "</", "<!--", "&" or U+2028/9 can appear raw."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return re.sub("[<>&\u2028\u2029]", lambda m: _SCRIPT_ESCAPES[m.group(0)], text)
+
+
+def _sha256(text: str) -> str:
+    return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _short(token: str, limit: int = 14) -> str:
+    token = token.replace("\n", "\u21b5").replace("\t", "\u21e5") or "\u2205"
+    return token if len(token) <= limit else token[: limit - 1] + "\u2026"
+
+
+def _plain(text: str) -> str:
+    """Text matplotlib shows as is: a "$" would otherwise start math mode."""
+    return text.replace("$", r"\$")
+
+
+def _write_atomic(path: str | os.PathLike, payload: bytes) -> Path:
+    """Write ``payload`` to a new file next to ``path`` and rename it into place
+    (created with mode 0o666 less the umask, like a plain ``open``)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -49,6 +49,8 @@ class GPTConfig:
         num_heads: H query heads per block; divides ``embed_dim``.
         num_kv_heads: G key/value heads (None: the attention kind's default).
         attention: attention kind for ``build_attention`` ("mha", "gqa", "mqa", ...).
+        attention_options: further keyword options of that kind (JSON values,
+            e.g. ``{"shared_heads": 2}`` for "moh"), passed to ``build_attention``.
         dropout: on embeddings, attention weights and both residual branches
             (training mode only).
         layer_norm_eps: epsilon of every LayerNorm.
@@ -71,6 +73,7 @@ class GPTConfig:
     layer_norm_eps: float = 1e-5
     qkv_bias: bool = True
     tie_embeddings: bool = True
+    attention_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "embed_dim", "num_layers", "num_heads"):
@@ -99,6 +102,8 @@ class GPTConfig:
         for name in ("qkv_bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {name}={getattr(self, name)!r}")
+        if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
+            raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
 
     @property
     def head_dim(self) -> int:
@@ -259,7 +264,12 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, **factory: Any) -> None:
         super().__init__()
         C = config.embed_dim
-        options: dict[str, Any] = {"qkv_bias": config.qkv_bias, "dropout": config.dropout, **factory}
+        options: dict[str, Any] = {
+            "qkv_bias": config.qkv_bias,
+            "dropout": config.dropout,
+            **config.attention_options,
+            **factory,
+        }
         if config.num_kv_heads is not None:
             options["num_kv_heads"] = config.num_kv_heads
         self.ln_1 = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)

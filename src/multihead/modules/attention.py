@@ -22,6 +22,7 @@ from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
+from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
 
@@ -327,6 +328,28 @@ class MultiHeadAttention(Observable, nn.Module):
                 kind=self.kind,
             )
         )
+
+    def cost(
+        self,
+        T: int,
+        S: int | None = None,
+        *,
+        batch: int = 1,
+        causal: bool = False,
+        bytes_per_element: int = 2,
+    ) -> AttentionCost:
+        """FLOPs, parameters and cache bytes of one call (``modules.cost`` conventions).
+
+        core = 2·B·H·P·(D + Dv) with P visible (query, key) pairs;
+        projections = 2·B·(T·C·H·D + S·kdim·G·D + S·vdim·G·D + T·H·D·C).
+        """
+        S = T if S is None else S
+        H, G, D, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim
+        pairs = visible_pairs(T, S, causal=causal)
+        core = 2 * batch * H * pairs * (D + D)
+        proj = 2 * batch * (T * C * H * D + S * self.kdim * G * D + S * self.vdim * G * D + T * H * D * C)
+        params = sum(p.numel() for p in self.parameters())
+        return AttentionCost(core, proj, params, 2 * G * D * bytes_per_element)
 
     @property
     def kind(self) -> str:

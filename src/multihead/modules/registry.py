@@ -9,12 +9,16 @@ the same model compares attention kinds. Every kind returns an
             kv_cache=None) -> out [B, T, C] (or (out, weights))
     make_kv_cache(batch_size, max_len) -> cache for ``kv_cache=``
 
-Kinds register themselves with ``@register_attention(name)``; an unknown
-name raises ValueError listing the known ones.
+Kinds register themselves with ``@register_attention(name)`` in their own
+module; ``_MODULES`` names the module that defines each kind, imported the
+first time the kind is built. An unknown name raises ValueError listing the
+known ones.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Callable
 
 from torch import nn
@@ -25,6 +29,15 @@ __all__ = ["build_attention", "register_attention", "list_attention_kinds"]
 
 Builder = Callable[..., nn.Module]
 _KINDS: dict[str, Builder] = {}
+# kind -> module that registers it (imported on first use)
+_MODULES: dict[str, str] = {
+    "moh": "multihead.modules.moh",
+    "dcmha": "multihead.modules.dcmha",
+    "talking_heads": "multihead.modules.dcmha",
+    "overlapping": "multihead.modules.overlapping",
+    "collaborative": "multihead.modules.collaborative",
+    "gated": "multihead.modules.gated",
+}
 
 
 def register_attention(name: str) -> Callable[[Builder], Builder]:
@@ -37,9 +50,13 @@ def register_attention(name: str) -> Callable[[Builder], Builder]:
     return deco
 
 
+def _available_modules() -> dict[str, str]:
+    return {k: m for k, m in _MODULES.items() if importlib.util.find_spec(m) is not None}
+
+
 def list_attention_kinds() -> list[str]:
-    """The registered names, sorted."""
-    return sorted(_KINDS)
+    """The names ``build_attention`` accepts, sorted."""
+    return sorted(set(_KINDS) | set(_available_modules()))
 
 
 def build_attention(name: str, *, embed_dim: int, num_heads: int, **options) -> nn.Module:
@@ -49,6 +66,8 @@ def build_attention(name: str, *, embed_dim: int, num_heads: int, **options) -> 
         ValueError: unknown name (the message lists the known ones) or
             options the kind rejects.
     """
+    if name not in _KINDS and name in _available_modules():
+        importlib.import_module(_MODULES[name])
     if name not in _KINDS:
         raise ValueError(f"unknown attention kind {name!r}; known: {list_attention_kinds()}")
     return _KINDS[name](embed_dim=embed_dim, num_heads=num_heads, **options)

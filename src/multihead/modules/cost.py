@@ -1,0 +1,53 @@
+"""Cost accounting shared by every attention kind.
+
+Conventions (the same for every kind, so kinds compare):
+
+* FLOPs count matrix products only, 2 per multiply-add; softmax, masks,
+  biases, norms and gates' elementwise work are not counted (each kind's
+  ``cost`` docstring says what else it adds, e.g. routers or composition).
+* Attention-core FLOPs count only (query, key) pairs that are actually
+  visible: with ``causal=True`` the hidden pairs are not computed by the
+  fused kernels, so they are not counted.
+* ``parameters`` equals ``sum(p.numel() for p in module.parameters())``.
+* ``kv_cache_bytes_per_token``: bytes one layer caches per token of one
+  sequence at ``bytes_per_element`` (2 for fp16/bf16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AttentionCost", "visible_pairs"]
+
+
+@dataclass(frozen=True)
+class AttentionCost:
+    """Work and memory of one attention layer for one call.
+
+    Attributes:
+        core_flops: scores and value mixing (plus any per-kind core work).
+        projection_flops: input and output projections (plus routers etc.).
+        parameters: trainable parameters of the layer.
+        kv_cache_bytes_per_token: cache bytes per token per sequence.
+    """
+
+    core_flops: int
+    projection_flops: int
+    parameters: int
+    kv_cache_bytes_per_token: int
+
+    @property
+    def total_flops(self) -> int:
+        return self.core_flops + self.projection_flops
+
+
+def visible_pairs(T: int, S: int, *, causal: bool, alignment: str = "top_left") -> int:
+    """Number of (query, key) pairs a query may attend to, T queries x S keys.
+
+    Causal top-left: query i sees keys 0..min(i, S-1); bottom-right: keys
+    0..min(i + S - T, S - 1) (none when that is negative).
+    """
+    if not causal:
+        return T * S
+    offset = 0 if alignment == "top_left" else S - T
+    return sum(max(0, min(i + offset, S - 1) + 1) for i in range(T))

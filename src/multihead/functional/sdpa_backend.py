@@ -10,7 +10,8 @@ promises:
 * GQA never expands keys/values: with a causal triangle the kernel's
   ``enable_gqa`` is used; otherwise the R = H // G query heads of a group are
   folded into the query axis, (B, H, T, D) -> (B, G, R*T, D), which on CPU is
-  an order of magnitude faster than ``enable_gqa`` for decoding.
+  about 5x faster than ``enable_gqa`` for a decoding step (docs/benchmarks.md,
+  ``benchmarks/cases/gqa_decode.py``).
 
 It cannot return attention weights; ask the ``math`` backend for those.
 """

@@ -10,6 +10,16 @@ same matrix in two slices; with ``kdim``/``vdim`` different from
 ``embed_dim`` there are three projections ``q_proj``, ``k_proj``,
 ``v_proj``. State dicts in the split layout (``q_proj``, ``k_proj``,
 ``v_proj``) load into the fused layout and the other way round.
+
+Two optional position/normalisation steps sit between the projections and
+the attention core, in this order (both off by default, and then nothing
+changes):
+
+    project -> qk_norm (per-head RMSNorm of q and k) -> rope (rotate q and k)
+      -> attention
+
+With a KV cache the keys are cached after both steps, so each token is
+normalised and rotated once, at its own position.
 """
 
 from __future__ import annotations
@@ -22,9 +32,11 @@ from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
+from ..functional.rope import apply_rope, rope_options
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
+from .qk_norm import QKNorm
 
 if TYPE_CHECKING:
     from .torch_compat import TorchMultiheadAttention
@@ -32,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["MultiHeadAttention", "check_heads"]
 
 _SPLIT = ("q_proj", "k_proj", "v_proj")
+_NORMS = ("q_norm", "k_norm")
 
 
 def check_heads(
@@ -93,10 +106,22 @@ class MultiHeadAttention(Observable, nn.Module):
         kdim, vdim: widths of key and value inputs (default C).
         qkv_bias, out_bias: biases of the input and output projections.
         dropout: dropout on the attention weights in training mode.
+        rope: rotary position embeddings on q and k (``functional.rope``):
+            False (off), True (base 10000, rotate-half pairing, all D
+            channels) or a dict of ``apply_rope`` options ``base``,
+            ``interleaved``, ``rotary_dim``. Positions are 0 .. T-1, offset
+            by the cache length when decoding with a KV cache, or the
+            ``positions`` argument of ``forward``.
+        qk_norm: RMS-normalise each query and key head over D with learned
+            gains ``qk_norm.q_norm.weight`` and ``qk_norm.k_norm.weight``
+            [D] (``modules.qk_norm.QKNorm``; OLMo-2 / Qwen3 style).
         device, dtype: of the parameters.
 
+    Order inside forward: project -> qk_norm -> rope -> attention.
+
     Raises:
-        ValueError: invalid sizes or dropout (the message names the values).
+        ValueError: invalid sizes, dropout or rope options (the message
+            names the values).
     """
 
     def __init__(
@@ -111,11 +136,16 @@ class MultiHeadAttention(Observable, nn.Module):
         qkv_bias: bool = True,
         out_bias: bool = True,
         dropout: float = 0.0,
+        rope: bool | dict = False,
+        qk_norm: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
+        self.rope = rope_options(rope, D)
+        if not isinstance(qk_norm, bool):
+            raise TypeError(f"qk_norm must be a bool, got qk_norm={qk_norm!r}")
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
         self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
         self.vdim = embed_dim if vdim is None else positive_int("vdim", vdim)
@@ -129,6 +159,7 @@ class MultiHeadAttention(Observable, nn.Module):
             self.k_proj = nn.Linear(self.kdim, G * D, bias=qkv_bias, **factory)
             self.v_proj = nn.Linear(self.vdim, G * D, bias=qkv_bias, **factory)
         self.out_proj = nn.Linear(H * D, embed_dim, bias=out_bias, **factory)
+        self.qk_norm = QKNorm(D, **factory) if qk_norm else None
         self._register_load_state_dict_pre_hook(self._load_split_layout)
 
     # ------------------------------------------------------------------ weights
@@ -138,7 +169,14 @@ class MultiHeadAttention(Observable, nn.Module):
 
     def _load_split_layout(self, state_dict, prefix, *args) -> None:
         """Accept q_proj/k_proj/v_proj keys for a fused module and qkv_proj keys
-        for a split one, converting in place before the normal load."""
+        for a split one, and Hugging Face's flat ``q_norm.weight`` /
+        ``k_norm.weight`` (Qwen3, OLMo-2 per-head norms) for
+        ``qk_norm.q_norm.weight`` / ``qk_norm.k_norm.weight``, converting in
+        place before the normal load."""
+        if self.qk_norm is not None:
+            for n in _NORMS:
+                if f"{prefix}{n}.weight" in state_dict and f"{prefix}qk_norm.{n}.weight" not in state_dict:
+                    state_dict[f"{prefix}qk_norm.{n}.weight"] = state_dict.pop(f"{prefix}{n}.weight")
         for suffix in ("weight", "bias"):
             names = [f"{prefix}{n}.{suffix}" for n in _SPLIT]
             if self.fused and all(n in state_dict for n in names):
@@ -191,6 +229,50 @@ class MultiHeadAttention(Observable, nn.Module):
         v = v.view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
         return q, k, v
 
+    def normalize_and_rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        key_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Apply ``qk_norm`` and then ``rope`` (each only if enabled).
+
+        Args:
+            q: [B, H, T, D] projected queries.
+            k: [B, G, S, D] projected keys.
+            positions: of the queries, [T] or [B, T] (default 0 .. T-1).
+            key_positions: of the keys, [S] or [B, S] (default 0 .. S-1).
+
+        Returns:
+            (q, k), same shapes; the inputs themselves when both are off.
+        """
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
+        if self.rope is not None:
+            q = apply_rope(q, positions, **self.rope)
+            k = apply_rope(k, key_positions, **self.rope)
+        return q, k
+
+    def _positions(
+        self, positions: torch.Tensor | None, B: int, T: int, offset: int, device: torch.device
+    ) -> torch.Tensor | None:
+        """Query positions of this call: ``positions`` or offset .. offset + T - 1."""
+        if positions is None:
+            if self.rope is None or offset == 0:
+                return None
+            return torch.arange(offset, offset + T, device=device)
+        if self.rope is None:
+            raise ValueError("positions are only used with rope; construct the module with rope=True")
+        if not isinstance(positions, torch.Tensor):
+            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+        if positions.dtype == torch.bool or positions.is_complex():
+            raise TypeError(f"positions must be an integer or floating tensor, got dtype {positions.dtype}")
+        if tuple(positions.shape) not in ((T,), (B, T), (1, T)):
+            raise ValueError(f"positions must be [T] = [{T}] or [B, T] = [{B}, {T}], got {tuple(positions.shape)}")
+        return positions.to(device)
+
     def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
         """[B, H, T, D] head outputs -> [B, T, C] through ``out_proj``."""
         B, H, T, D = out.shape
@@ -225,6 +307,7 @@ class MultiHeadAttention(Observable, nn.Module):
         return_weights: bool = False,
         kv_cache: KVCache | None = None,
         backend: str = "auto",
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when None).
 
@@ -249,6 +332,13 @@ class MultiHeadAttention(Observable, nn.Module):
                 over everything cached (self-attention only). S is then the
                 cache length after the write.
             backend: passed to ``functional.attention``.
+            positions: rope positions of the T queries, [T] or [B, T]
+                (integer or floating), e.g. ``cumsum(mask) - 1`` for a
+                left-padded batch; in self-attention (and with a cache)
+                also the positions of the new keys. Default: 0 .. T-1,
+                offset by the cache length before this call's write. In
+                cross-attention the keys are at 0 .. S-1. Only valid with
+                ``rope``.
 
         Returns:
             out [B, T, C], or (out, weights [B, H, T, S]).
@@ -272,6 +362,11 @@ class MultiHeadAttention(Observable, nn.Module):
         if kv_cache is not None and key is not None:
             raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
         q, k, v = self.project(query, key, value)
+        if self.rope is not None or self.qk_norm is not None or positions is not None:
+            offset = 0 if kv_cache is None else kv_cache.length
+            q_pos = self._positions(positions, B, query.shape[1], offset, query.device)
+            k_pos = q_pos if key is None else None
+            q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)
         if causal_alignment is None:
             causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
         cached = None if kv_cache is None else kv_cache.length
@@ -342,6 +437,8 @@ class MultiHeadAttention(Observable, nn.Module):
 
         core = 2·B·H·P·(D + Dv) with P visible (query, key) pairs;
         projections = 2·B·(T·C·H·D + S·kdim·G·D + S·vdim·G·D + T·H·D·C).
+        rope and qk_norm are elementwise and not counted; the qk_norm gains
+        (2·D) are among the parameters.
         """
         S = T if S is None else S
         H, G, D, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim
@@ -393,4 +490,6 @@ class MultiHeadAttention(Observable, nn.Module):
             parts.append(f"kdim={self.kdim}, vdim={self.vdim}")
         if self.dropout:
             parts.append(f"dropout={self.dropout}")
+        if self.rope is not None:
+            parts.append(f"rope={self.rope}")
         return ", ".join(parts)

@@ -1,0 +1,323 @@
+"""Multi-overlapped-head self-attention (MOHSA): heads that share channels.
+
+Zhang, Luo and Wang, "Improving Vision Transformers by Overlapping Heads in
+Multi-Head Self-Attention", arXiv:2410.14874 (2024); official code
+``ZTX-100/MOHSA``. Registry name ``"overlapping"``.
+
+Each projected q, k, v row (width H·D) is zero-padded by ``overlap`` (ov)
+channels at both ends; head i reads padded channels [i·D, (i+1)·D + 2·ov),
+i.e. original channels [i·D - ov, (i+1)·D + ov)::
+
+    H = 3, D = 2, ov = 1           padded row:  0 | c0 c1 | c2 c3 | c4 c5 | 0
+    head 0 = [0  c0 c1 c2]    head 1 = [c1 c2 c3 c4]    head 2 = [c3 c4 c5 0]
+
+The heads are a strided view of the padded row (``unfold`` with size D + 2·ov
+and step D: nothing is copied, no loop over heads), so the fused
+``functional.attention`` runs on heads of width Dw = D + 2·ov with the scale
+kept at D^(-1/2) as in the paper. Head outputs (Dw wide) are concatenated
+head-major and ``out_proj`` maps H·Dw back to C. ``overlap=0`` is
+``MultiHeadAttention`` with the same weights (same parameter names).
+
+    x (B, T, C) --qkv_proj--> (B, T, H*D) each --pad--> (B, T, H*D + 2ov)
+      --unfold--> (B, H, T, Dw) --attention--> (B, H, T, Dw)
+      --merge--> (B, T, H*Dw) --out_proj--> (B, T, C)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import dropout_probability, non_negative_int
+from ..functional import attention, merge_masks
+from .attention import MultiHeadAttention, _check_input, check_heads
+from .cost import AttentionCost, visible_pairs
+from .kv_cache import KVCache
+from .observe import AttentionEvent, Observable
+from .registry import register_attention
+
+__all__ = ["OverlappingHeadAttention", "overlapped_heads"]
+
+
+def overlapped_heads(padded: torch.Tensor, num_heads: int, head_dim: int, overlap: int) -> torch.Tensor:
+    """View zero-padded channels as overlapping heads (no copy).
+
+    Args:
+        padded: [B, N, H·D + 2·ov], the projection padded by ov zeros at each end.
+        num_heads: H. head_dim: D. overlap: ov.
+
+    Returns:
+        [B, H, N, D + 2·ov], a view of ``padded``: head i is padded channels
+        [i·D, (i+1)·D + 2·ov).
+    """
+    heads = padded.unfold(-1, head_dim + 2 * overlap, head_dim)  # (B, N, H*D + 2ov) -> (B, N, H, Dw)
+    assert heads.shape[-2] == num_heads, (heads.shape, num_heads)  # internal invariant
+    return heads.transpose(1, 2)  # (B, N, H, Dw) -> (B, H, N, Dw)
+
+
+class OverlappingHeadAttention(Observable, nn.Module):
+    """Attention whose heads overlap their neighbours by ``overlap`` channels.
+
+    Args:
+        embed_dim: C, the model width of queries, keys, values and outputs.
+        num_heads: H.
+        overlap: ov >= 0 channels each head takes from each neighbour (the
+            paper sets it to the layer index; 0 is plain MHA). ov may exceed D,
+            in which case a head reaches past its immediate neighbours.
+        head_dim: D, the un-widened head width (default C // H).
+        qkv_bias, out_bias: biases of the input and output projections.
+        dropout: dropout on the attention weights in training mode.
+        num_kv_heads: only None or H (grouped key/value heads are not part of
+            this variant).
+        device, dtype: of the parameters.
+
+    Parameters: ``qkv_proj`` (3·H·D, C) with rows [q | k | v], and
+    ``out_proj`` (C, H·(D + 2·ov)).
+
+    Raises:
+        ValueError: invalid sizes, overlap, dropout or num_kv_heads (the
+            message names the values).
+        TypeError: a size or overlap that is not an int.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        overlap: int = 0,
+        head_dim: int | None = None,
+        qkv_bias: bool = True,
+        out_bias: bool = True,
+        dropout: float = 0.0,
+        num_kv_heads: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        H, _, D = check_heads(embed_dim, num_heads, None, head_dim)
+        if num_kv_heads is not None and num_kv_heads != H:
+            raise ValueError(
+                f"'overlapping' has no grouped key/value heads: num_kv_heads={num_kv_heads} "
+                f"must be None or num_heads={H}"
+            )
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, H, D
+        self.num_kv_heads = H
+        self.overlap = non_negative_int("overlap", overlap)
+        self.dropout = dropout_probability(dropout)
+        factory = {"device": device, "dtype": dtype}
+        self.qkv_proj = nn.Linear(embed_dim, 3 * H * D, bias=qkv_bias, **factory)
+        self.out_proj = nn.Linear(H * self.wide_head_dim, embed_dim, bias=out_bias, **factory)
+
+    @property
+    def wide_head_dim(self) -> int:
+        """Dw = D + 2·overlap, the width every head attends with."""
+        return self.head_dim + 2 * self.overlap
+
+    @property
+    def kind(self) -> str:
+        """Registry name: "overlapping"."""
+        return "overlapping"
+
+    # ------------------------------------------------------------------ pieces
+    def project(
+        self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Project and zero-pad: q [B, T, H·D + 2ov], k and v [B, S, H·D + 2ov]."""
+        HD = self.num_heads * self.head_dim
+        W, b = self.qkv_proj.weight, self.qkv_proj.bias
+        if key is None:
+            q, k, v = self.qkv_proj(query).split(HD, dim=-1)  # (B, T, 3*H*D) -> 3 x (B, T, H*D)
+        else:
+            value = key if value is None else value
+
+            def rows(i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                sl = slice(i * HD, (i + 1) * HD)
+                return W[sl], None if b is None else b[sl]
+
+            q = F.linear(query, *rows(0))
+            if value is key:
+                k, v = F.linear(key, W[HD:], None if b is None else b[HD:]).split(HD, dim=-1)
+            else:
+                k, v = F.linear(key, *rows(1)), F.linear(value, *rows(2))
+        ov = self.overlap
+        if ov:
+            q, k, v = (F.pad(t, (ov, ov)) for t in (q, k, v))  # (B, N, H*D) -> (B, N, H*D + 2ov)
+        return q, k, v
+
+    def heads(self, padded: torch.Tensor) -> torch.Tensor:
+        """[B, N, H·D + 2ov] padded projection -> [B, H, N, Dw] overlapping heads (a view)."""
+        return overlapped_heads(padded, self.num_heads, self.head_dim, self.overlap)
+
+    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, Dw] head outputs -> [B, T, C] through ``out_proj``."""
+        B, H, T, Dw = out.shape
+        out = out.transpose(1, 2).reshape(B, T, H * Dw)  # (B, H, T, Dw) -> (B, T, H*Dw), head-major
+        return self.out_proj(out)
+
+    def make_kv_cache(
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
+    ) -> KVCache:
+        """A cache of padded key/value rows: (batch_size, 1, max_len, H·D + 2·ov).
+
+        The cache stores each token's zero-padded projection once; the
+        overlapping heads are strided views into it, so the shared channels
+        are not stored twice.
+        """
+        ref = self.out_proj.weight
+        return KVCache(
+            batch_size,
+            1,
+            max_len,
+            self.num_heads * self.head_dim + 2 * self.overlap,
+            dtype=dtype or ref.dtype,
+            device=device or ref.device,
+        )
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        causal_alignment: str | None = None,
+        return_weights: bool = False,
+        kv_cache: KVCache | None = None,
+        backend: str = "auto",
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to ``key``/``value`` over overlapping heads.
+
+        Args:
+            query: [B, T, C].
+            key: [B, S, C], or None for self-attention.
+            value: [B, S, C], or None to use ``key``.
+            attn_mask: bool (True = may attend) or float (added), (T, S) or
+                4-D broadcastable to (B, H, T, S).
+            key_padding_mask: [B, S], bool True = real key, or float (added);
+                combined with ``attn_mask`` by AND on "may attend".
+            is_causal: hide future keys.
+            causal_alignment: "top_left" or "bottom_right"; defaults to
+                "bottom_right" with a KV cache and "top_left" otherwise.
+            return_weights: also return the weights [B, H, T, S]: per head,
+                the post-softmax probabilities of the widened heads,
+                softmax(q̃_i k̃_iᵀ · D^(-1/2)), which mix the widened values
+                ṽ_i. Observers receive the same weights, with the widened
+                q̃ [B, H, T, Dw] and k̃ [B, H, S, Dw] and scale D^(-1/2).
+            kv_cache: from :meth:`make_kv_cache`; self-attention only.
+            backend: passed to ``functional.attention``.
+
+        Returns:
+            out [B, T, C], or (out, weights [B, H, T, S]).
+
+        Raises:
+            ValueError / TypeError: shapes, widths, masks, cache overflow
+                (before anything is written).
+        """
+        _check_input("query", query, self.embed_dim)
+        B = query.shape[0]
+        if key is not None:
+            _check_input("key", key, self.embed_dim, query)
+        if value is not None:
+            if key is None:
+                raise ValueError("value given without key; pass key too (or neither)")
+            _check_input("value", value, self.embed_dim, query)
+            if value.shape[1] != key.shape[1]:
+                raise ValueError(
+                    f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}"
+                )
+        if kv_cache is not None and key is not None:
+            raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
+        q, k, v = self.project(query, key, value)
+        if causal_alignment is None:
+            causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
+        cached = None if kv_cache is None else kv_cache.length
+        observed = self.observed
+        try:
+            if kv_cache is not None:
+                k, v = kv_cache.update(k.unsqueeze(1), v.unsqueeze(1))  # (B, T, W) -> (B, 1, T, W)
+                k, v = k.squeeze(1), v.squeeze(1)  # (B, 1, S, W) -> (B, S, W)
+            q, k, v = self.heads(q), self.heads(k), self.heads(v)  # (B, N, H*D + 2ov) -> (B, H, N, Dw)
+            S = k.shape[2]
+            mask = merge_masks(attn_mask, MultiHeadAttention._padding(key_padding_mask, B, S))
+            out = attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=is_causal,
+                causal_alignment=causal_alignment,
+                scale=self.head_dim**-0.5,
+                dropout_p=self.dropout,
+                training=self.training,
+                return_weights=return_weights or observed,
+                backend=backend,
+            )
+        except Exception:
+            if kv_cache is not None:
+                kv_cache.length = cached  # a refused call leaves the cache as it was
+            raise
+        weights = None
+        if return_weights or observed:
+            out, weights = out
+        if observed:
+            self._notify(
+                AttentionEvent(
+                    weights=weights.detach(),
+                    q=q.detach(),
+                    k=k.detach(),
+                    scale=self.head_dim**-0.5,
+                    attn_mask=mask,
+                    is_causal=is_causal,
+                    causal_alignment=causal_alignment,
+                    kind=self.kind,
+                )
+            )
+        out = self.merge_heads(out)
+        return (out, weights) if return_weights else out
+
+    def cost(
+        self,
+        T: int,
+        S: int | None = None,
+        *,
+        batch: int = 1,
+        causal: bool = False,
+        bytes_per_element: int = 2,
+    ) -> AttentionCost:
+        """FLOPs, parameters and cache bytes of one call (``modules.cost`` conventions).
+
+        With Dw = D + 2·ov and P visible (query, key) pairs:
+        core = 2·B·H·P·(Dw + Dw) (scores and value mixing over widened heads);
+        projections = 2·B·(T·C·H·D + 2·S·C·H·D + T·H·Dw·C) (the output
+        projection is the wider one; padding is free);
+        kv_cache_bytes_per_token = 2·(H·D + 2·ov)·bytes_per_element (one
+        padded key row and one padded value row).
+        """
+        S = T if S is None else S
+        H, D, C, Dw = self.num_heads, self.head_dim, self.embed_dim, self.wide_head_dim
+        pairs = visible_pairs(T, S, causal=causal)
+        core = 2 * batch * H * pairs * (Dw + Dw)
+        proj = 2 * batch * (T * C * H * D + 2 * S * C * H * D + T * H * Dw * C)
+        params = sum(p.numel() for p in self.parameters())
+        return AttentionCost(core, proj, params, 2 * (H * D + 2 * self.overlap) * bytes_per_element)
+
+    def extra_repr(self) -> str:
+        parts = [
+            f"embed_dim={self.embed_dim}",
+            f"num_heads={self.num_heads}",
+            f"head_dim={self.head_dim}",
+            f"overlap={self.overlap}",
+        ]
+        if self.dropout:
+            parts.append(f"dropout={self.dropout}")
+        return ", ".join(parts)
+
+
+@register_attention("overlapping")
+def _overlapping(*, embed_dim: int, num_heads: int, **options) -> OverlappingHeadAttention:
+    return OverlappingHeadAttention(embed_dim, num_heads, **options)

@@ -1,0 +1,486 @@
+"""DCMHA (dynamically composable multi-head attention) and Talking-Heads.
+
+DCMHA (Xiao et al., ICML 2024; official code Caiyun-AI/DCFormer) keeps the
+per-head q/k/v projections of MHA and composes the H per-head scores of
+every (query t, key s) pair across heads twice: on the scaled logits before
+the softmax and on the probabilities after it::
+
+    x (B, T, C) --qkv_proj--> q, k, v (B, H, T, D)
+    S  = (q / sqrt(D)) kᵀ                      (B, H, T, S)
+    L  = Compose(S; slots 0, 1)  -> mask -> softmax over keys = P
+    P' = Compose(P; slots 2, 3)  -> P' v -> merge heads -> out_proj
+
+    Compose: A'[:, t, s] = A[:, t, s] @ M[t, s],  M[t, s] = N x N =
+        I + W_static + diag(qdd_t + kdd_s) + qw1_tᵀ qw2_t + kw1_sᵀ kw2_s
+
+The query-side weights (qw1, qw2 [R, H], qdd [H]) are generated from the
+query token, the key-side ones from the key token (``_dynamic``), R = 2.
+Talking-Heads attention (Shazeer et al., 2020) is the static special case
+M = P_l before and M = P_w after the softmax (no identity, no dynamics).
+
+**Chunking.** Composition mixes heads only at the same (t, s), and the
+key-side weights depend only on the key token, so blocks of queries are
+independent: the module runs over blocks of ``chunk_size`` queries (auto:
+256 when T > 256) and never holds more than (B, H, chunk, S) scores; with
+``is_causal`` a block also skips the keys no query of it may see. The
+result equals the unchunked computation (tested to 1e-10 in float64).
+Training still keeps each block's activations for backward.
+
+**Masks** (bool True = may attend, or float added): applied after
+pre-Compose, as in the official code; hidden entries of P' are set to 0
+after post-Compose, which changes nothing for masks shared by all heads (P
+is 0 there for every head) and keeps a per-head mask from leaking keys a
+head may not see.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import dropout_probability, positive_int
+from ..functional import merge_masks
+from ..functional.nonfinite import split_nonfinite
+from ..functional.request import make_request
+from .attention import MultiHeadAttention, _check_input, check_heads
+from .cost import AttentionCost, visible_pairs
+from .kv_cache import KVCache
+from .observe import AttentionEvent, Observable
+from .registry import register_attention
+
+__all__ = ["DCMHA", "TalkingHeadsAttention", "DynamicKVCache", "AUTO_CHUNK"]
+
+AUTO_CHUNK = 256  # queries per block when chunk_size is None and T > AUTO_CHUNK
+
+
+class DynamicKVCache(KVCache):
+    """KV cache that also keeps each key token's key-side composition weights.
+
+    Attributes:
+        kw: [B, S_max, 2, 2R + 1, H]: per cached token, for pre (0) and post
+            (1) composition, rows [w1 (R) | w2 (R) | dd (1)] over heads.
+    """
+
+    def __init__(self, batch_size: int, num_heads: int, max_len: int, head_dim: int, rank: int, **kw) -> None:
+        super().__init__(batch_size, num_heads, max_len, head_dim, **kw)
+        B, H, S = self.k.shape[0], self.k.shape[1], self.max_len
+        self.register_buffer(
+            "kw", torch.zeros(B, S, 2, 2 * rank + 1, H, dtype=self.k.dtype, device=self.k.device), persistent=False
+        )
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, kw: torch.Tensor | None = None):
+        """Append keys, values and key-side weights; return all three cached so far.
+
+        Raises:
+            ValueError: shapes that do not match, or a write past capacity
+                (raised before anything is written).
+        """
+        if kw is None:
+            raise ValueError("DynamicKVCache.update needs the key-side weights kw")
+        want = (self.kw.shape[0], k.shape[2], *self.kw.shape[2:])
+        if tuple(kw.shape) != want:
+            raise ValueError(f"kw must be {want}, got {tuple(kw.shape)}")
+        start = self.length
+        k_all, v_all = super().update(k, v)
+        self.kw[:, start : self.length] = kw.detach()
+        return k_all, v_all, self.kw[:, : self.length]
+
+
+class DCMHA(Observable, nn.Module):
+    """Dynamically composable multi-head attention.
+
+    Args:
+        embed_dim: C.
+        num_heads: H.
+        head_dim: D (default C // H).
+        rank: R, rank of each dynamic query-/key-wise projection (2 in DCFormer).
+        dynamic_hidden_dim: K, hidden width of the weight generator (default 4H).
+        dynamic: generate the dynamic terms (False: static composition only).
+        static: learn static H x H matrices ``pre_static``/``post_static``
+            (zero-initialised for DCMHA: composition starts as the identity).
+        residual: add the identity to both compositions.
+        chunk_size: queries per block (None: ``AUTO_CHUNK`` when T exceeds it,
+            else one block); any value >= T runs unchunked.
+        qkv_bias, out_bias: biases of the projections.
+        dropout: on the composed weights P' in training mode.
+        device, dtype: of the parameters.
+
+    Parameters (official DCFormer layout): ``dw1`` [C, 4, K], ``qkw``
+    [4, K, 2R, H], ``dd`` [C, 4, H] with slots 0 = pre/query, 1 = pre/key,
+    2 = post/query, 3 = post/key.
+
+    Raises:
+        ValueError: invalid sizes, dropout or chunk_size (values named).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        head_dim: int | None = None,
+        rank: int = 2,
+        dynamic_hidden_dim: int | None = None,
+        dynamic: bool = True,
+        static: bool = True,
+        residual: bool = True,
+        chunk_size: int | None = None,
+        qkv_bias: bool = True,
+        out_bias: bool = True,
+        dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        H, _, D = check_heads(embed_dim, num_heads, None, head_dim)
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, H, D
+        self.rank = positive_int("rank", rank)
+        self.dynamic_hidden_dim = 4 * H if dynamic_hidden_dim is None else positive_int(
+            "dynamic_hidden_dim", dynamic_hidden_dim
+        )
+        if not dynamic and not static:
+            raise ValueError("dynamic=False and static=False leave nothing to compose; use 'mha'")
+        self.dynamic, self.static, self.residual = bool(dynamic), bool(static), bool(residual)
+        self.chunk_size = None if chunk_size is None else positive_int("chunk_size", chunk_size)
+        self.dropout = dropout_probability(dropout)
+        factory = {"device": device, "dtype": dtype}
+        self.qkv_proj = nn.Linear(embed_dim, 3 * H * D, bias=qkv_bias, **factory)
+        self.out_proj = nn.Linear(H * D, embed_dim, bias=out_bias, **factory)
+        if self.static:
+            init = torch.zeros if residual else (lambda *s, **f: torch.eye(H, **f))
+            self.pre_static = nn.Parameter(init(H, H, **factory))
+            self.post_static = nn.Parameter(init(H, H, **factory))
+        if self.dynamic:
+            K, R, C = self.dynamic_hidden_dim, self.rank, embed_dim
+            # Official initialisation (DCFormer's DynamicWeightProjection).
+            self.dw1 = nn.Parameter(torch.randn(C, 4, K, **factory) * math.sqrt(2 / (C + K)))
+            self.qkw = nn.Parameter(torch.randn(4, K, 2 * R, H, **factory) * (0.02 / (math.sqrt(4 * H) * (H + 2))))
+            self.dd = nn.Parameter(torch.randn(C, 4, H, **factory) * (0.05 * math.sqrt(2 / (H + C))))
+
+    kind = "dcmha"
+
+    # ------------------------------------------------------------------ pieces
+    def project(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None):
+        """q [B, H, T, D], k and v [B, H, S, D] from the inputs (key=None: self)."""
+        H, D = self.num_heads, self.head_dim
+        W, b = self.qkv_proj.weight, self.qkv_proj.bias
+        rows = [slice(i * H * D, (i + 1) * H * D) for i in range(3)]
+        key = query if key is None else key
+        value = key if value is None else value
+        q, k, v = (
+            F.linear(x, W[r], None if b is None else b[r]) for x, r in zip((query, key, value), rows)
+        )
+        B, T, S = query.shape[0], query.shape[1], key.shape[1]
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
+        k = k.view(B, S, H, D).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
+        v = v.view(B, S, H, D).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
+        return q, k, v
+
+    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, D] -> [B, T, C] through ``out_proj``."""
+        B, H, T, D = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, H * D))  # (B, H, T, D) -> (B, T, H*D)
+
+    def dynamic_weights(self, x: torch.Tensor, side: str) -> torch.Tensor | None:
+        """Composition weights of ``side`` ("query": slots 0, 2; "key": 1, 3).
+
+        h = GELU(x·dw1[:, c]); W = h·qkw[c] = [w1 | w2]; w1 RMS-normalised
+        over heads (eps 1e-6, no gain); dd = tanh(x·dd[:, c]).
+
+        Returns:
+            [B, L, 2, 2R + 1, H] (pre, post; rows w1 | w2 | dd), or None
+            when the module is static-only.
+        """
+        if not self.dynamic:
+            return None
+        R = self.rank
+        first = 0 if side == "query" else 1
+        h = F.gelu(torch.einsum("blc,cjk->bljk", x, self.dw1[:, first::2]))  # (B, L, 2, K)
+        w = torch.einsum("bljk,jkrn->bljrn", h, self.qkw[first::2])  # (B, L, 2, 2R, H)
+        w1, w2 = w[:, :, :, :R], w[:, :, :, R:]
+        w1 = w1 * torch.rsqrt(w1.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
+        gate = torch.tanh(torch.einsum("blc,cjn->bljn", x, self.dd[:, first::2]))  # (B, L, 2, H)
+        return torch.cat([w1, w2, gate.unsqueeze(3)], dim=3)
+
+    def _compose(self, A: torch.Tensor, qw, kw, static) -> torch.Tensor:
+        """A [B, H, c, s] -> A'; qw [B, c, 2R+1, H], kw [B, s, 2R+1, H] or None."""
+        R = self.rank
+        out = A if self.residual else None
+        terms = []
+        if static is not None:
+            terms.append(torch.einsum("bnts,nm->bmts", A, static))
+        if qw is not None:
+            gate = qw[:, :, 2 * R].transpose(1, 2).unsqueeze(-1) + kw[:, :, 2 * R].transpose(1, 2).unsqueeze(-2)
+            terms.append(A * gate)  # (B, H, c, 1) + (B, H, 1, s): diag(qdd_t + kdd_s)
+            h = torch.einsum("bnts,btin->bits", A, qw[:, :, :R])  # (B, R, c, s)
+            terms.append(torch.einsum("bits,btim->bmts", h, qw[:, :, R : 2 * R]))
+            h = torch.einsum("bnts,bsin->bits", A, kw[:, :, :R])
+            terms.append(torch.einsum("bits,bsim->bmts", h, kw[:, :, R : 2 * R]))
+        for t in terms:
+            out = t if out is None else out + t
+        return out
+
+    def _chunk(self, T: int) -> int:
+        if self.chunk_size is not None:
+            return self.chunk_size
+        return AUTO_CHUNK if T > AUTO_CHUNK else max(T, 1)
+
+    # ------------------------------------------------------------------ core
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        qw: torch.Tensor | None,
+        kw: torch.Tensor | None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        causal_alignment: str = "top_left",
+        return_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The composed attention core over blocks of queries.
+
+        Args:
+            q: [B, H, T, D]; k: [B, H, S, D]; v: [B, H, S, Dv].
+            qw: [B, T, 2, 2R+1, H] query-side and kw: [B, S, 2, 2R+1, H]
+                key-side weights from :meth:`dynamic_weights` (None: static).
+            attn_mask: bool (True = may attend) or float (added after
+                pre-Compose), (T, S) or 4-D broadcastable to (B, H, T, S).
+
+        Returns:
+            (out [B, H, T, Dv], weights P' [B, H, T, S] or None).
+        """
+        req = make_request(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
+            scale=None, dropout_p=self.dropout, training=self.training, return_weights=return_weights,
+        )  # fmt: skip
+        req, fixup = split_nonfinite(req)
+        B, H, _, T, S, Dv = req.shape
+        offset = 0 if causal_alignment == "top_left" else S - T
+        causal = not req.causal_is_trivial
+        pre_s = getattr(self, "pre_static", None)
+        post_s = getattr(self, "post_static", None)
+        outs, weights = [], []
+        chunk = self._chunk(T)
+        for t0 in range(0, T, chunk):
+            t1 = min(T, t0 + chunk)
+            s1 = min(S, max(0, t1 + offset)) if causal else S  # later keys are hidden from every row
+            qc = req.q[:, :, t0:t1] * req.scale  # the query is scaled before the product
+            L = qc @ req.k[:, :, :s1].transpose(-1, -2)  # (B, H, c, s1)
+            qwc = None if qw is None else qw[:, t0:t1]
+            kwc = None if kw is None else kw[:, :s1]
+            L = self._compose(L, None if qwc is None else qwc[:, :, 0], None if kwc is None else kwc[:, :, 0], pre_s)
+            if req.bias is not None:
+                L = L + _rows(req.bias, T, t0, t1, s1)
+            visible = None if req.allowed is None else _rows(req.allowed, T, t0, t1, s1)
+            if causal:
+                i = torch.arange(t0, t1, device=q.device)[:, None]  # (c, 1)
+                j = torch.arange(s1, device=q.device)[None, :]  # (1, s1)
+                rows = j <= i + offset
+                visible = rows if visible is None else visible & rows
+            if visible is None:
+                P = torch.softmax(L, dim=-1)
+            else:
+                row_ok = visible.any(dim=-1, keepdim=True)
+                L = L.masked_fill(~visible, float("-inf")).masked_fill(~row_ok, 0.0)
+                P = torch.softmax(L, dim=-1).masked_fill(~row_ok, 0.0)
+            P = self._compose(P, None if qwc is None else qwc[:, :, 1], None if kwc is None else kwc[:, :, 1], post_s)
+            if visible is not None:
+                P = P.masked_fill(~visible, 0.0)
+            if req.return_weights:
+                weights.append(F.pad(P, (0, S - s1)))
+            if req.dropout_p > 0.0:
+                P = F.dropout(P, p=req.dropout_p, training=True)
+            outs.append(P @ req.v[:, :, :s1])  # (B, H, c, Dv)
+        if T == 0:
+            out = q.new_zeros(B, H, 0, Dv)
+            w = q.new_zeros(B, H, 0, S) if req.return_weights else None
+        else:
+            out = torch.cat(outs, dim=2)
+            w = torch.cat(weights, dim=2) if req.return_weights else None
+        if fixup is not None:
+            out, w = fixup(out, w)
+        return out, w
+
+    # ------------------------------------------------------------------ forward
+    def make_kv_cache(
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
+    ) -> KVCache:
+        """A cache for keys, values and (DCMHA) the key-side composition weights."""
+        ref = self.out_proj.weight
+        kw = {"dtype": dtype or ref.dtype, "device": device or ref.device}
+        if not self.dynamic:
+            return KVCache(batch_size, self.num_heads, max_len, self.head_dim, **kw)
+        return DynamicKVCache(batch_size, self.num_heads, max_len, self.head_dim, self.rank, **kw)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        causal_alignment: str | None = None,
+        return_weights: bool = False,
+        kv_cache: KVCache | None = None,
+        backend: str = "auto",
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to ``key``/``value`` with composed heads.
+
+        Args:
+            query: [B, T, C]; key: [B, S, C] or None (self-attention); its
+                tokens also generate the key-side weights; value: [B, S, C]
+                or None (= key).
+            attn_mask, key_padding_mask, is_causal, causal_alignment,
+            kv_cache: as ``MultiHeadAttention.forward`` (the cache from
+                :meth:`make_kv_cache` also stores key-side weights).
+            return_weights: also return P' [B, H, T, S], the post-composed
+                probabilities that multiply the values (not renormalised,
+                may be negative; 0 at hidden keys). Observers get the same.
+            backend: "auto" or "math" (the composed core has one path;
+                "sdpa" raises ValueError: scores must be materialised).
+
+        Returns:
+            out [B, T, C], or (out, weights [B, H, T, S]).
+
+        Raises:
+            ValueError / TypeError: shapes, widths, masks, backend, cache
+                overflow (before anything is written).
+        """
+        if backend not in ("auto", "math"):
+            raise ValueError(
+                f"backend={backend!r}: {self.kind} composes scores across heads, so it needs explicit "
+                "scores; use 'auto' or 'math'"
+            )
+        _check_input("query", query, self.embed_dim)
+        if key is not None:
+            _check_input("key", key, self.embed_dim, query)
+        if value is not None:
+            if key is None:
+                raise ValueError("value given without key; pass key too (or neither)")
+            _check_input("value", value, self.embed_dim, query)
+            if value.shape[1] != key.shape[1]:
+                raise ValueError(f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}")
+        if kv_cache is not None and key is not None:
+            raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
+        q, k, v = self.project(query, key, value)
+        qw = self.dynamic_weights(query, "query")
+        kw = self.dynamic_weights(query if key is None else key, "key")
+        if causal_alignment is None:
+            causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
+        cached = None if kv_cache is None else kv_cache.length
+        observed = self.observed
+        try:
+            if kv_cache is not None:
+                if self.dynamic:
+                    k, v, kw = kv_cache.update(k, v, kw)
+                else:
+                    k, v = kv_cache.update(k, v)
+            mask = merge_masks(attn_mask, MultiHeadAttention._padding(key_padding_mask, query.shape[0], k.shape[2]))
+            out, weights = self.attend(
+                q, k, v, qw, kw, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
+                return_weights=return_weights or observed,
+            )  # fmt: skip
+        except Exception:
+            if kv_cache is not None:
+                kv_cache.length = cached  # a refused call leaves the cache as it was
+            raise
+        if observed:
+            self._notify(
+                AttentionEvent(
+                    weights=weights.detach(), q=q.detach(), k=k.detach(), scale=self.head_dim**-0.5,
+                    attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment, kind=self.kind,
+                )
+            )  # fmt: skip
+        out = self.merge_heads(out)
+        return (out, weights) if return_weights else out
+
+    def cost(
+        self, T: int, S: int | None = None, *, batch: int = 1, causal: bool = False, bytes_per_element: int = 2
+    ) -> AttentionCost:
+        """FLOPs, parameters and cache bytes of one call (``modules.cost`` conventions).
+
+        With P visible pairs, B batch, H heads, D head dim, R rank, K hidden:
+
+        * core = 2·B·H·P·2D (scores, values)
+          + 2 compositions x B·P·(8·R·H·[dynamic] + 2·H²·[static]):
+          per pair, the query- and key-wise low-rank terms each project
+          H -> R and back (4 products of R·H multiply-adds), the static
+          matrix is H² multiply-adds; gates and the identity are
+          elementwise and not counted;
+        * projections = 2·B·(T + 2S)·C·H·D + 2·B·T·H·D·C (q, k, v, out)
+          + weight generation per token and side (2 slots):
+          2·B·(T + S)·2·(C·K + K·2R·H + C·H).
+        * cache per token: keys and values 2·H·D, plus (dynamic) 2·(2R + 1)·H
+          key-side weights.
+        """
+        S = T if S is None else S
+        H, D, C, R, K = self.num_heads, self.head_dim, self.embed_dim, self.rank, self.dynamic_hidden_dim
+        pairs = visible_pairs(T, S, causal=causal)
+        per_pair = (8 * R * H if self.dynamic else 0) + (2 * H * H if self.static else 0)
+        core = 2 * batch * H * pairs * 2 * D + 2 * batch * pairs * per_pair
+        proj = 2 * batch * (T + 2 * S) * C * H * D + 2 * batch * T * H * D * C
+        cache = 2 * H * D
+        if self.dynamic:
+            proj += 2 * batch * (T + S) * 2 * (C * K + K * 2 * R * H + C * H)
+            cache += 2 * (2 * R + 1) * H
+        params = sum(p.numel() for p in self.parameters())
+        return AttentionCost(core, proj, params, cache * bytes_per_element)
+
+    def extra_repr(self) -> str:
+        parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}", f"head_dim={self.head_dim}"]
+        if self.dynamic:
+            parts.append(f"rank={self.rank}, dynamic_hidden_dim={self.dynamic_hidden_dim}")
+        parts.append(f"static={self.static}, residual={self.residual}, chunk_size={self.chunk_size}")
+        return ", ".join(parts)
+
+
+def _rows(mask: torch.Tensor, T: int, t0: int, t1: int, s1: int) -> torch.Tensor:
+    """Rows t0:t1 and keys :s1 of a mask broadcastable to (B, H, T, S)."""
+    if mask.shape[-2] == T:
+        mask = mask[..., t0:t1, :]
+    return mask[..., :s1]
+
+
+class TalkingHeadsAttention(DCMHA):
+    """Talking-Heads attention (Shazeer et al., 2020, arXiv:2003.02436).
+
+    L' = L·P_l across heads before the softmax and P' = softmax(L')·P_w
+    after it, with learned H x H matrices ``pre_static`` (P_l) and
+    ``post_static`` (P_w) initialised to the identity (so it starts as MHA).
+    It is ``DCMHA(dynamic=False, static=True, residual=False)``; this
+    implementation uses H heads throughout (the paper allows different
+    numbers of logit and weight heads).
+    """
+
+    kind = "talking_heads"
+
+    def __init__(self, embed_dim: int, num_heads: int, **options) -> None:
+        for name in ("dynamic", "static", "residual", "rank", "dynamic_hidden_dim"):
+            if name in options:
+                raise ValueError(f"talking_heads does not take {name}={options[name]!r} (use 'dcmha')")
+        super().__init__(embed_dim, num_heads, dynamic=False, static=True, residual=False, **options)
+
+
+def _no_kv_heads(name: str, num_heads: int, options: dict) -> None:
+    G = options.pop("num_kv_heads", None)
+    if G not in (None, num_heads):
+        raise ValueError(f"{name!r} needs num_kv_heads == num_heads={num_heads}; got num_kv_heads={G}")
+
+
+@register_attention("dcmha")
+def _dcmha(*, embed_dim: int, num_heads: int, **options) -> DCMHA:
+    _no_kv_heads("dcmha", num_heads, options)
+    return DCMHA(embed_dim, num_heads, **options)
+
+
+@register_attention("talking_heads")
+def _talking_heads(*, embed_dim: int, num_heads: int, **options) -> TalkingHeadsAttention:
+    _no_kv_heads("talking_heads", num_heads, options)
+    return TalkingHeadsAttention(embed_dim, num_heads, **options)

@@ -10,9 +10,13 @@ from .masks import (
     padding_mask_from_lengths,
     sliding_window_mask,
 )
+from .rope import apply_rope, rope_frequencies, rope_options
 
 __all__ = [
     "attention",
+    "apply_rope",
+    "rope_frequencies",
+    "rope_options",
     "causal_mask",
     "merge_masks",
     "sliding_window_mask",

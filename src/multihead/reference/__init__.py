@@ -1,8 +1,12 @@
 """NumPy float64 reference implementations of attention (the specification).
 
 ``basic`` holds the textbook forms (list of heads, vectorised, einsum);
-``attention`` holds the general reference that torch code is tested against.
+``attention`` holds the general reference that torch code is tested against;
+one module per attention variant holds that variant in its paper's notation
+(``collaborative``, ``dcmha``, ``gated``, ``overlapping``, ...).
 """
+
+from multihead.reference import collaborative, dcmha, gated, overlapping
 
 from multihead.reference.attention import attention, causal_mask
 from multihead.reference.basic import (
@@ -13,6 +17,10 @@ from multihead.reference.basic import (
     self_attention,
     softmax,
 )
+from multihead.reference.collaborative import collaborative_attention
+from multihead.reference.dcmha import dcmha_attention, talking_heads_attention
+from multihead.reference.gated import gated_multihead_attention
+from multihead.reference.overlapping import overlapping_attention
 
 __all__ = [
     "attention",
@@ -23,4 +31,13 @@ __all__ = [
     "multihead_cross_attention_list",
     "self_attention",
     "softmax",
+    "collaborative",
+    "collaborative_attention",
+    "dcmha",
+    "dcmha_attention",
+    "talking_heads_attention",
+    "gated",
+    "gated_multihead_attention",
+    "overlapping",
+    "overlapping_attention",
 ]

@@ -33,6 +33,8 @@ from torch import nn
 from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
 from ..functional.rope import apply_rope, rope_options
+from .calls import check_call, default_alignment, rollback_on_error
+from .calls import check_input as _check_input  # noqa: F401  (kept for modules importing it from here)
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
@@ -71,27 +73,6 @@ def check_heads(
     if G > num_heads or num_heads % G != 0:
         raise ValueError(f"num_kv_heads={G} must divide num_heads={num_heads}")
     return num_heads, G, head_dim
-
-
-def _check_input(
-    name: str, x: object, width: int, query: torch.Tensor | None = None
-) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 3 or x.shape[-1] != width:
-        raise ValueError(f"{name} must be (B, T, {width}), got {tuple(x.shape)}")
-    if query is not None:
-        if x.shape[0] != query.shape[0]:
-            raise ValueError(
-                f"{name} batch {x.shape[0]} != query batch {query.shape[0]}: "
-                f"query={tuple(query.shape)}, {name}={tuple(x.shape)}"
-            )
-        if x.dtype != query.dtype or x.device != query.device:
-            raise ValueError(
-                f"query and {name} differ in dtype/device: query {query.dtype} on {query.device}, "
-                f"{name} {x.dtype} on {x.device}"
-            )
-    return x
 
 
 class MultiHeadAttention(Observable, nn.Module):
@@ -347,31 +328,17 @@ class MultiHeadAttention(Observable, nn.Module):
             ValueError / TypeError: shapes, widths, masks, cache overflow
                 (before anything is written).
         """
-        _check_input("query", query, self.embed_dim)
+        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
         B = query.shape[0]
-        if key is not None:
-            _check_input("key", key, self.kdim, query)
-        if value is not None:
-            if key is None:
-                raise ValueError("value given without key; pass key too (or neither)")
-            _check_input("value", value, self.vdim, query)
-            if value.shape[1] != key.shape[1]:
-                raise ValueError(
-                    f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}"
-                )
-        if kv_cache is not None and key is not None:
-            raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
         q, k, v = self.project(query, key, value)
         if self.rope is not None or self.qk_norm is not None or positions is not None:
             offset = 0 if kv_cache is None else kv_cache.length
             q_pos = self._positions(positions, B, query.shape[1], offset, query.device)
             k_pos = q_pos if key is None else None
             q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)
-        if causal_alignment is None:
-            causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
-        cached = None if kv_cache is None else kv_cache.length
+        causal_alignment = default_alignment(causal_alignment, kv_cache)
         observed = self.observed
-        try:
+        with rollback_on_error(kv_cache):
             if kv_cache is not None:
                 k, v = kv_cache.update(k, v)
             S = k.shape[2]
@@ -388,10 +355,6 @@ class MultiHeadAttention(Observable, nn.Module):
                 return_weights=return_weights or observed,
                 backend=backend,
             )
-        except Exception:
-            if kv_cache is not None:
-                kv_cache.length = cached  # a refused call leaves the cache as it was
-            raise
         weights = None
         if return_weights or observed:
             out, weights = out

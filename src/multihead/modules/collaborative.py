@@ -33,7 +33,8 @@ from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
-from .attention import MultiHeadAttention, _check_input, check_heads
+from .attention import MultiHeadAttention, check_heads
+from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
@@ -212,25 +213,13 @@ class CollaborativeAttention(Observable, nn.Module):
             ValueError / TypeError: shapes, widths, masks, cache overflow
                 (before anything is written).
         """
-        _check_input("query", query, self.embed_dim)
+        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
         B = query.shape[0]
-        if key is not None:
-            _check_input("key", key, self.kdim, query)
-        if value is not None:
-            if key is None:
-                raise ValueError("value given without key; pass key too (or neither)")
-            _check_input("value", value, self.vdim, query)
-            if value.shape[1] != key.shape[1]:
-                raise ValueError(f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}")
-        if kv_cache is not None and key is not None:
-            raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
         q, k, v = self.project(query, key, value)
         H, Dv = self.num_heads, self.head_dim
-        if causal_alignment is None:
-            causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
-        cached = None if kv_cache is None else kv_cache.length
+        causal_alignment = default_alignment(causal_alignment, kv_cache)
         observed = self.observed
-        try:
+        with rollback_on_error(kv_cache):
             if kv_cache is not None:
                 T_new = v.shape[2]
                 flat = v.transpose(1, 2).reshape(B, 1, T_new, H * Dv)  # (B, H, T, Dv) -> (B, 1, T, H*Dv)
@@ -251,10 +240,6 @@ class CollaborativeAttention(Observable, nn.Module):
                 return_weights=return_weights or observed,
                 backend=backend,
             )
-        except Exception:
-            if kv_cache is not None:
-                kv_cache.length = cached
-            raise
         weights = None
         if return_weights or observed:
             out, weights = out

@@ -45,7 +45,8 @@ from .._checks import dropout_probability, positive_int
 from ..functional import merge_masks
 from ..functional.nonfinite import split_nonfinite
 from ..functional.request import make_request
-from .attention import MultiHeadAttention, _check_input, check_heads
+from .attention import MultiHeadAttention, check_heads
+from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
@@ -358,25 +359,13 @@ class DCMHA(Observable, nn.Module):
                 f"backend={backend!r}: {self.kind} composes scores across heads, so it needs explicit "
                 "scores; use 'auto' or 'math'"
             )
-        _check_input("query", query, self.embed_dim)
-        if key is not None:
-            _check_input("key", key, self.embed_dim, query)
-        if value is not None:
-            if key is None:
-                raise ValueError("value given without key; pass key too (or neither)")
-            _check_input("value", value, self.embed_dim, query)
-            if value.shape[1] != key.shape[1]:
-                raise ValueError(f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}")
-        if kv_cache is not None and key is not None:
-            raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
+        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.embed_dim, vdim=self.embed_dim)
         q, k, v = self.project(query, key, value)
         qw = self.dynamic_weights(query, "query")
         kw = self.dynamic_weights(query if key is None else key, "key")
-        if causal_alignment is None:
-            causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
-        cached = None if kv_cache is None else kv_cache.length
+        causal_alignment = default_alignment(causal_alignment, kv_cache)
         observed = self.observed
-        try:
+        with rollback_on_error(kv_cache):
             if kv_cache is not None:
                 if self.dynamic:
                     k, v, kw = kv_cache.update(k, v, kw)
@@ -387,10 +376,6 @@ class DCMHA(Observable, nn.Module):
                 q, k, v, qw, kw, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
                 return_weights=return_weights or observed,
             )  # fmt: skip
-        except Exception:
-            if kv_cache is not None:
-                kv_cache.length = cached  # a refused call leaves the cache as it was
-            raise
         if observed:
             self._notify(
                 AttentionEvent(

@@ -39,7 +39,8 @@ import torch
 from torch import nn
 
 from ..functional import attention, merge_masks
-from .attention import MultiHeadAttention, _check_input
+from .attention import MultiHeadAttention
+from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost
 from .kv_cache import KVCache
 from .registry import register_attention
@@ -222,27 +223,13 @@ class GatedHeadAttention(MultiHeadAttention):
             the gated head (each row sums to g_h, or 0 when fully masked).
             Observers receive the same gated weights.
         """
-        _check_input("query", query, self.embed_dim)
+        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
         B = query.shape[0]
-        if key is not None:
-            _check_input("key", key, self.kdim, query)
-        if value is not None:
-            if key is None:
-                raise ValueError("value given without key; pass key too (or neither)")
-            _check_input("value", value, self.vdim, query)
-            if value.shape[1] != key.shape[1]:
-                raise ValueError(
-                    f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}"
-                )
-        if kv_cache is not None and key is not None:
-            raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
         q, k, v = self.project(query, key, value)
         g = self.gates()  # training: one torch.rand(H) draw, before any attention dropout
-        if causal_alignment is None:
-            causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
-        cached = None if kv_cache is None else kv_cache.length
+        causal_alignment = default_alignment(causal_alignment, kv_cache)
         observed = self.observed
-        try:
+        with rollback_on_error(kv_cache):
             if kv_cache is not None:
                 k, v = kv_cache.update(k, v)
             S = k.shape[2]
@@ -252,10 +239,6 @@ class GatedHeadAttention(MultiHeadAttention):
                 dropout_p=self.dropout, training=self.training,
                 return_weights=return_weights or observed, backend=backend,
             )  # fmt: skip
-        except Exception:
-            if kv_cache is not None:
-                kv_cache.length = cached  # a refused call leaves the cache as it was
-            raise
         weights = None
         if return_weights or observed:
             out, weights = out

@@ -31,7 +31,8 @@ from torch import nn
 
 from .._checks import dropout_probability, non_negative_int
 from ..functional import attention, merge_masks
-from .attention import MultiHeadAttention, _check_input, check_heads
+from .attention import MultiHeadAttention, check_heads
+from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
@@ -218,26 +219,12 @@ class OverlappingHeadAttention(Observable, nn.Module):
             ValueError / TypeError: shapes, widths, masks, cache overflow
                 (before anything is written).
         """
-        _check_input("query", query, self.embed_dim)
+        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.embed_dim, vdim=self.embed_dim)
         B = query.shape[0]
-        if key is not None:
-            _check_input("key", key, self.embed_dim, query)
-        if value is not None:
-            if key is None:
-                raise ValueError("value given without key; pass key too (or neither)")
-            _check_input("value", value, self.embed_dim, query)
-            if value.shape[1] != key.shape[1]:
-                raise ValueError(
-                    f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}"
-                )
-        if kv_cache is not None and key is not None:
-            raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
         q, k, v = self.project(query, key, value)
-        if causal_alignment is None:
-            causal_alignment = "bottom_right" if kv_cache is not None else "top_left"
-        cached = None if kv_cache is None else kv_cache.length
+        causal_alignment = default_alignment(causal_alignment, kv_cache)
         observed = self.observed
-        try:
+        with rollback_on_error(kv_cache):
             if kv_cache is not None:
                 k, v = kv_cache.update(k.unsqueeze(1), v.unsqueeze(1))  # (B, T, W) -> (B, 1, T, W)
                 k, v = k.squeeze(1), v.squeeze(1)  # (B, 1, S, W) -> (B, S, W)
@@ -257,10 +244,6 @@ class OverlappingHeadAttention(Observable, nn.Module):
                 return_weights=return_weights or observed,
                 backend=backend,
             )
-        except Exception:
-            if kv_cache is not None:
-                kv_cache.length = cached  # a refused call leaves the cache as it was
-            raise
         weights = None
         if return_weights or observed:
             out, weights = out

@@ -8,14 +8,24 @@ The public API on one screen:
 * ``MultiHeadAttention``   the production module (MHA / GQA / MQA, cross, cache)
 * ``KVCache``              static cache sized by key/value heads
 * ``TorchMultiheadAttention`` drop-in for ``torch.nn.MultiheadAttention``
-* ``build_attention(name, ...)`` attention kinds by name (mha, gqa, mqa, ...)
+* ``build_attention(name, ...)`` attention kinds by name: mha, gqa, mqa, moh,
+  dcmha, talking_heads, overlapping, collaborative, gated (docs/variants.md)
+* ``multihead.convert.from_official`` weights from the variants' official code
 * ``multihead.models``     GPT-2 family, encoder-decoder Transformer, BERT/MiniLM
 * ``multihead.tools``      capture attention, head roles, views
 """
 
-from . import functional, models, reference, textbook, tools
+from . import convert, functional, models, reference, textbook, tools
 from .functional import attention
-from .modules.attention import MultiHeadAttention
+from .modules import (
+    DCMHA,
+    CollaborativeAttention,
+    GatedHeadAttention,
+    MoHAttention,
+    MultiHeadAttention,
+    OverlappingHeadAttention,
+    TalkingHeadsAttention,
+)
 from .modules.kv_cache import KVCache
 from .modules.registry import build_attention, list_attention_kinds, register_attention
 from .modules.torch_compat import TorchMultiheadAttention
@@ -30,6 +40,13 @@ __all__ = [
     "reference",
     "textbook",
     "MultiHeadAttention",
+    "MoHAttention",
+    "DCMHA",
+    "TalkingHeadsAttention",
+    "OverlappingHeadAttention",
+    "CollaborativeAttention",
+    "GatedHeadAttention",
+    "convert",
     "KVCache",
     "TorchMultiheadAttention",
     "build_attention",

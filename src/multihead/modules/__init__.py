@@ -1,7 +1,24 @@
 """nn.Modules, one file per attention kind."""
 
 from .attention import MultiHeadAttention
+from .collaborative import CollaborativeAttention
+from .dcmha import DCMHA, TalkingHeadsAttention
+from .gated import GatedHeadAttention
 from .kv_cache import KVCache
+from .moh import MoHAttention
+from .overlapping import OverlappingHeadAttention
+from .qk_norm import QKNorm
 from .torch_compat import TorchMultiheadAttention
 
-__all__ = ["MultiHeadAttention", "KVCache", "TorchMultiheadAttention"]
+__all__ = [
+    "MultiHeadAttention",
+    "KVCache",
+    "TorchMultiheadAttention",
+    "MoHAttention",
+    "DCMHA",
+    "TalkingHeadsAttention",
+    "OverlappingHeadAttention",
+    "CollaborativeAttention",
+    "GatedHeadAttention",
+    "QKNorm",
+]

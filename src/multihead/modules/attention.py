@@ -34,7 +34,6 @@ from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
 from ..functional.rope import apply_rope, rope_options
 from .calls import check_call, default_alignment, rollback_on_error
-from .calls import check_input as _check_input  # noqa: F401  (kept for modules importing it from here)
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable

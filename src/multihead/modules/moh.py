@@ -1,0 +1,518 @@
+"""Mixture-of-Head attention (MoH; Jin et al. 2024, arXiv:2410.11842).
+
+Each token weights the outputs of its heads before the output projection;
+routed heads it did not choose get weight 0 and, on the sparse path, are
+never computed for it::
+
+    heads:    0 .. hs-1 (shared, always on) | hs .. H-1 (routed: top-hr of E = H - hs)
+    token n:  [ w0·g_s ............ ]       [ 0   w1·g_r   0   w1·g_r   0 ... ]
+    y[n] = out_proj( concat_h gates[n, h] · o_h[n] )
+
+Sparse path (default): keys and values are projected for every token and
+head (a key may be read by any query), but the attention core of the routed
+heads runs only over the (b, t) query rows that chose them::
+
+    routed head e:  rows of the tokens that chose e, in token order
+                    (B, E, M, D)  <- gather q[:, hs + e, t]; M = most rows any
+                                     (batch row, head) got; shorter lists are
+                                     padded with tokens that did not choose e
+    attention(rows, k, v) in ONE call over all routed heads; causal, padding
+    and user masks rebuilt per gathered row from its original position t
+    (row at t sees keys j <= t + offset)
+    scatter gate · out back to (B, E, T, D); unchosen pairs and padding stay 0
+
+so the attention-core FLOPs and time scale with (hs + hr) / H (plus the
+padding to M). The shared heads run as one ordinary call. With
+``is_causal`` the gathered rows carry an explicit per-row mask, so the
+kernel cannot skip the hidden upper triangle as the fused causal kernel does
+for the shared heads and the dense path: the causal saving is smaller. The
+dense path (``path="dense"``: every head computed, then multiplied by its
+gate, as the official code does) is kept for equality tests; both agree to
+1e-10 in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import dropout_probability, non_negative_int
+from ..functional import attention, merge_masks
+from ..functional.masks import check_alignment
+from .attention import check_heads
+from .calls import check_call, default_alignment, rollback_on_error
+from .cost import AttentionCost, visible_pairs
+from .kv_cache import KVCache
+from .observe import AttentionEvent, Observable
+from .registry import register_attention
+
+__all__ = ["MoHAttention", "load_balancing_loss"]
+
+ROUTERS = ("learned", "query_norm")
+PATHS = ("sparse", "dense")
+
+
+class MoHAttention(Observable, nn.Module):
+    """Multi-head attention whose heads are mixed per token by a router.
+
+    Gates (learned router, the MoH-DiT/ViT one), for token x and E = H - hs::
+
+        p = softmax(routed_gate(x))  [E];  S = top-hr of p
+        g_r = hr · p·1[S] / max(sum_S p, eps)          eps = finfo(dtype).eps
+        g_s = hs · softmax(shared_gate(x)) [hs]   ([1] when hs == 1)
+        w = 2 · softmax(mix_gate(x)) [2];  gates = [w0·g_s, w1·g_r]
+        (hs == 0: gates = g_r;  hr == 0: hs == H and gates = g_s)
+
+    ``router="query_norm"`` is the parameter-free MoH-LLaMA3 router: the
+    selected routed heads are the hr with the largest query norm ||q_h||
+    (the official softmax of norms / std is monotone, so selecting by norm
+    is the same choice and has no 0/0 when all norms are equal); gates are
+    1 for shared and selected heads, 0 otherwise; there is no aux loss.
+
+    Differences from the official code: hs == 1 uses a constant shared gate
+    of 1 (the MoH-ViT rule; MoH-DiT fails there); the query_norm router's
+    always-on block has hs ones (the official one has E, right only when
+    hs == E); gates and the load-balance frequencies use the model dtype.
+
+    Load balance (learned router, training mode, hr > 0): each forward sets
+    ``self.aux_loss`` = E · sum_e mean_tokens(p_e) · frac_tokens_choosing(e)
+    (gradient only through p); ``None`` in eval mode. Add
+    ``load_balancing_loss(model)`` (aux_loss_coeff · mean over layers, as
+    the official training loops do) to the training loss.
+
+    Args:
+        embed_dim: C. num_heads: H.
+        shared_heads: hs, always-active heads 0..hs-1 (default H // 2).
+        routed_heads: hr, routed heads chosen per token from heads hs..H-1
+            (default max(1, (H - hs) // 2): 75 % active with the default hs).
+        router: "learned" or "query_norm".
+        aux_loss_coeff: weight of the load-balance loss (0.01, the papers').
+        num_kv_heads: G key/value heads (GQA, default H); head_dim: D.
+        qkv_bias, out_bias, dropout: as ``MultiHeadAttention``.
+        path: "sparse" (compute only active (token, head) pairs) or "dense";
+            ``forward(path=...)`` overrides it per call.
+        device, dtype: of the parameters.
+
+    Raises:
+        ValueError / TypeError: invalid sizes or options (the message names
+            the values), routed_heads > H - shared_heads, routed_heads == 0
+            with shared_heads != H.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        shared_heads: int | None = None,
+        routed_heads: int | None = None,
+        router: str = "learned",
+        aux_loss_coeff: float = 0.01,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool = True,
+        out_bias: bool = True,
+        dropout: float = 0.0,
+        path: str = "sparse",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
+        hs = H // 2 if shared_heads is None else non_negative_int("shared_heads", shared_heads)
+        if hs > H:
+            raise ValueError(f"shared_heads={hs} exceeds num_heads={H}")
+        E = H - hs
+        if routed_heads is None:
+            hr = max(1, E // 2) if E else 0
+        else:
+            hr = non_negative_int("routed_heads", routed_heads)
+        if hr > E:
+            raise ValueError(
+                f"routed_heads={hr} exceeds the {E} routed candidates (num_heads={H} - shared_heads={hs})"
+            )
+        if hr == 0 and E:
+            raise ValueError(
+                f"routed_heads=0 needs shared_heads == num_heads={H} (every head shared), got shared_heads={hs}"
+            )
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got router={router!r}")
+        if isinstance(aux_loss_coeff, bool) or not isinstance(aux_loss_coeff, (int, float)) or not (
+            math.isfinite(aux_loss_coeff) and aux_loss_coeff >= 0
+        ):
+            raise ValueError(f"aux_loss_coeff must be a finite float >= 0, got aux_loss_coeff={aux_loss_coeff!r}")
+        self.path = self._check_path(path)
+        self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
+        self.shared_heads, self.routed_heads, self.num_candidates = hs, hr, E
+        self.router, self.aux_loss_coeff = router, float(aux_loss_coeff)
+        self.dropout = dropout_probability(dropout)
+        factory = {"device": device, "dtype": dtype}
+        self.qkv_proj = nn.Linear(embed_dim, (H + 2 * G) * D, bias=qkv_bias, **factory)
+        self.out_proj = nn.Linear(H * D, embed_dim, bias=out_bias, **factory)
+        learned = router == "learned"
+        self.routed_gate = nn.Linear(embed_dim, E, bias=False, **factory) if learned and hr else None
+        self.mix_gate = nn.Linear(embed_dim, 2, bias=False, **factory) if learned and hr and hs else None
+        self.shared_gate = nn.Linear(embed_dim, hs, bias=False, **factory) if learned and hs > 1 else None
+        self.aux_loss: torch.Tensor | None = None
+
+    @staticmethod
+    def _check_path(path: str) -> str:
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got path={path!r}")
+        return path
+
+    @property
+    def kind(self) -> str:
+        """Registry name: "moh"."""
+        return "moh"
+
+    @property
+    def active_heads(self) -> int:
+        """Heads each token uses: hs + hr (all H when hr == 0)."""
+        return self.shared_heads + self.routed_heads
+
+    # ------------------------------------------------------------------ pieces
+    def project(
+        self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, H, T, D], k and v [B, G, S, D] from query [B, T, C] (and key/value [B, S, C])."""
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
+        B, T, _ = query.shape
+        if key is None:
+            q, k, v = self.qkv_proj(query).split([H * D, G * D, G * D], dim=-1)
+        else:
+            W, b = self.qkv_proj.weight, self.qkv_proj.bias
+            rows = (slice(0, H * D), slice(H * D, (H + G) * D), slice((H + G) * D, (H + 2 * G) * D))
+            q, k, v = (
+                F.linear(x, W[r], None if b is None else b[r])
+                for x, r in zip((query, key, key if value is None else value), rows)
+            )
+        S = k.shape[1]
+        q = q.reshape(B, T, H, D).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
+        k = k.reshape(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
+        v = v.reshape(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
+        return q, k, v
+
+    def route(
+        self, x: torch.Tensor, q: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Gates of every (token, head).
+
+        Args:
+            x: [B, T, C] query tokens; q: [B, H, T, D] their projected queries.
+
+        Returns:
+            gates [B, T, H]; selected [B, T, E] bool (routed heads each token
+            chose) or None when every head is active; p [B, T, E] router
+            probabilities (learned router with hr > 0) or None.
+        """
+        hs, hr, E = self.shared_heads, self.routed_heads, self.num_candidates
+        B, T, _ = x.shape
+        if self.router == "query_norm":
+            gates = x.new_ones(B, T, self.num_heads)
+            if hr == 0 or hr == E:
+                return gates, None, None
+            norms = q[:, hs:].detach().norm(dim=-1).transpose(1, 2)  # (B, E, T) -> (B, T, E)
+            chosen = torch.zeros_like(norms, dtype=torch.bool).scatter(-1, norms.topk(hr, dim=-1).indices, True)
+            gates = torch.cat([gates[..., :hs], chosen.to(gates.dtype)], dim=-1)
+            return gates, chosen, None
+        if hs > 1:
+            g_s = hs * torch.softmax(self.shared_gate(x), dim=-1)  # (B, T, hs)
+        else:
+            g_s = x.new_ones(B, T, hs)
+        if hr == 0:
+            return g_s, None, None
+        p = torch.softmax(self.routed_gate(x), dim=-1)  # (B, T, E)
+        top_p, top_i = p.topk(hr, dim=-1)
+        chosen = torch.zeros_like(p, dtype=torch.bool).scatter(-1, top_i, True)
+        denom = top_p.sum(-1, keepdim=True).clamp(min=torch.finfo(p.dtype).eps)
+        g_r = hr * torch.where(chosen, p, 0.0) / denom
+        if hs:
+            w = 2 * torch.softmax(self.mix_gate(x), dim=-1)  # (B, T, 2)
+            gates = torch.cat([w[..., :1] * g_s, w[..., 1:] * g_r], dim=-1)
+        else:
+            gates = g_r
+        return gates, (None if hr == E else chosen), p
+
+    @staticmethod
+    def balance_loss(p: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """l_aux = E · sum_e mean(p[..., e]) · mean(chosen[..., e]); p, chosen [B, T, E]."""
+        E = p.shape[-1]
+        me = p.reshape(-1, E).mean(0)
+        ce = chosen.reshape(-1, E).to(p.dtype).mean(0)
+        return E * (me * ce).sum()
+
+    def make_kv_cache(
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
+    ) -> KVCache:
+        """A cache sized for this layer: (batch_size, G, max_len, D) for every head
+        (any later query may choose any head, so keys/values of all heads are kept)."""
+        ref = self.out_proj.weight
+        return KVCache(
+            batch_size, self.num_kv_heads, max_len, self.head_dim, dtype=dtype or ref.dtype, device=device or ref.device
+        )
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        causal_alignment: str | None = None,
+        return_weights: bool = False,
+        kv_cache: KVCache | None = None,
+        backend: str = "auto",
+        path: str | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to ``key``/``value`` (self-attention when None).
+
+        Arguments as ``MultiHeadAttention.forward`` (key/value width C;
+        the router reads the query tokens), plus ``path`` ("sparse" or
+        "dense", default ``self.path``).
+
+        Returns:
+            out [B, T, C], or (out, weights [B, H, T, S]) where weights[b, h, t]
+            = gates[b, t, h] · softmax probabilities of head h: the weights
+            that mix the values (rows of routed heads a token did not choose
+            are 0). Observers receive the same weights. Asking for weights
+            (or registering an observer) runs the dense path.
+
+        Raises:
+            ValueError / TypeError: shapes, widths, masks, path, cache overflow
+                (before anything is written).
+        """
+        C = self.embed_dim
+        check_call(query, key, value, kv_cache, embed_dim=C, kdim=C, vdim=C)
+        B, T, _ = query.shape
+        path = self._check_path(self.path if path is None else path)
+        causal_alignment = check_alignment(default_alignment(causal_alignment, kv_cache))
+        q, k, v = self.project(query, key, value)
+        gates, chosen, p = self.route(query, q)
+        self.aux_loss = None
+        if self.training and p is not None and B * T:  # chosen is None when hr == E: every head chosen
+            self.aux_loss = self.balance_loss(p, torch.ones_like(p, dtype=torch.bool) if chosen is None else chosen)
+        observed = self.observed
+        with rollback_on_error(kv_cache):
+            if kv_cache is not None:
+                k, v = kv_cache.update(k, v)
+            S = k.shape[2]
+            _check_mask(attn_mask, B, self.num_heads, T, S)
+            mask = merge_masks(attn_mask, _padding(key_padding_mask, B, S))
+            mixed, weights = self.mix_heads(
+                q, k, v, gates, chosen, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
+                return_weights=return_weights or observed, backend=backend, path=path,
+            )
+        if observed:
+            self._notify(
+                AttentionEvent(
+                    weights=weights.detach(), q=q.detach(), k=k.detach(), scale=self.head_dim**-0.5,
+                    attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment, kind=self.kind,
+                )
+            )
+        out = self.out_proj(mixed.reshape(B, T, self.num_heads * self.head_dim))  # (B, T, H, D) -> (B, T, H*D) -> (B, T, C)
+        return (out, weights) if return_weights else out
+
+    def mix_heads(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        gates: torch.Tensor,
+        chosen: torch.Tensor | None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        causal_alignment: str = "top_left",
+        return_weights: bool = False,
+        backend: str = "auto",
+        path: str = "sparse",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention core: gated head outputs, before the output projection.
+
+        Args:
+            q: [B, H, T, D]; k, v: [B, G, S, D] (from :meth:`project`, cache applied).
+            gates: [B, T, H]; chosen: [B, T, E] bool or None (from :meth:`route`).
+            attn_mask: merged mask (2-D (T, S) or 4-D broadcastable to (B, H, T, S)).
+            path: "sparse" (only chosen (token, head) pairs; not with
+                ``return_weights``) or "dense" (every head, then gated).
+
+        Returns:
+            (mixed [B, T, H, D] = gates[b, t, h] · o_h[b, t], weights
+            [B, H, T, S] gated probabilities or None).
+        """
+        core = dict(
+            is_causal=is_causal, causal_alignment=causal_alignment, dropout_p=self.dropout,
+            training=self.training, backend=backend,
+        )
+        B, _, T, _ = q.shape
+        if path == "sparse" and chosen is not None and not return_weights and B * T * k.shape[2]:
+            return self._sparse_heads(q, k, v, gates, chosen, attn_mask, core), None
+        return self._dense_heads(q, k, v, gates, attn_mask, core, return_weights)
+
+    def _dense_heads(self, q, k, v, gates, mask, core, want_weights):
+        """Every head on every token, then gated: (B, T, H, D) and gated weights."""
+        res = attention(q, k, v, attn_mask=mask, return_weights=want_weights, **core)
+        out, weights = res if want_weights else (res, None)
+        g = gates.transpose(1, 2).unsqueeze(-1)  # (B, T, H) -> (B, H, T, 1)
+        if weights is not None:
+            weights = weights * g
+        return (out * g).transpose(1, 2), weights  # (B, H, T, D) -> (B, T, H, D)
+
+    def _sparse_heads(self, q, k, v, gates, chosen, mask, core):
+        """Shared heads in one call; the routed heads in one call over only the rows that chose them."""
+        B, H, T, D = q.shape
+        S, G, hs, E = k.shape[2], self.num_kv_heads, self.shared_heads, self.num_candidates
+        r = H // G  # query heads per key/value head
+        parts = []
+        if hs:
+            ks, vs = _kv_for(k, v, 0, hs, r)
+            out = attention(q[:, :hs], ks, vs, attn_mask=_head_slice(mask, 0, hs), **core)  # (B, hs, T, D)
+            parts.append(out * gates[..., :hs].transpose(1, 2).unsqueeze(-1))  # (B, T, hs) -> (B, hs, T, 1)
+        counts = chosen.sum(1)  # (B, E): rows that chose each routed head
+        M = int(counts.max())  # rows per routed head, padded to the largest (batch row, head)
+        # per (b, e): the positions that chose e first, in token order, then the others (padding)
+        order = torch.argsort((~chosen).to(torch.uint8), dim=1, stable=True)  # (B, T, E)
+        tok = order[:, :M].transpose(1, 2)  # (B, M, E) -> (B, E, M), distinct within each (b, e)
+        valid = torch.arange(M, device=q.device) < counts.unsqueeze(-1)  # (B, E, M); False = padding row
+        at = tok.unsqueeze(-1).expand(B, E, M, D)
+        rows = q[:, hs:].gather(2, at)  # (B, E, T, D) -> (B, E, M, D)
+        ks, vs = _kv_for(k, v, hs, H, r)
+        offset = 0 if core["causal_alignment"] == "top_left" else S - T
+        row_mask = _row_mask(_head_slice(mask, hs, H), tok, S, offset if core["is_causal"] else None)
+        out = attention(rows, ks, vs, attn_mask=row_mask, **{**core, "is_causal": False})  # (B, E, M, D)
+        gate = gates[..., hs:].transpose(1, 2).gather(2, tok).unsqueeze(-1)  # (B, T, E) -> (B, E, M, 1)
+        # padding rows sit on tokens that did not choose the head: writing 0 there is a no-op
+        vals = torch.where(valid.unsqueeze(-1), out * gate, 0.0)
+        parts.append(q.new_zeros(B, E, T, D).scatter(2, at, vals))  # unchosen (token, head) pairs stay 0
+        return torch.cat(parts, dim=1).transpose(1, 2)  # (B, H, T, D) -> (B, T, H, D)
+
+    # ------------------------------------------------------------------ cost
+    def cost(
+        self,
+        T: int,
+        S: int | None = None,
+        *,
+        batch: int = 1,
+        causal: bool = False,
+        bytes_per_element: int = 2,
+        active_heads: int | None = None,
+    ) -> AttentionCost:
+        """FLOPs, parameters and cache bytes of one call (``modules.cost`` conventions).
+
+        The core is counted for the EXPECTED active heads A = hs + hr of every
+        query row (the sparse path; pass ``active_heads=H`` for the dense
+        path, which computes every head). With P visible (query, key) pairs:
+
+            core = 2·B·A·P·(D + D)              (causal: A/H of each head's
+                                                 visible pairs, in expectation)
+            projections = 2·B·(T·C·H·D + 2·S·C·G·D + T·H·D·C) + 2·B·T·C·R
+
+        with R = E + 2 + hs router logits of the learned router (only the
+        gates that exist: E if hr > 0, 2 if hs > 0 and hr > 0, hs if hs > 1;
+        R = 0 for ``query_norm``). Q/K/V and output projections are dense.
+        The sparse path runs the routed heads as one batch padded to M, the
+        most rows any (batch row, routed head) received, so the work it
+        actually does is 2·B·(hs·T + E·M)·S·(D + D) (non-causal); with
+        balanced routing M is close to its expectation hr·T/E.
+        """
+        S = T if S is None else S
+        H, G, D, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim
+        A = self.active_heads if active_heads is None else active_heads
+        core = 2 * batch * A * visible_pairs(T, S, causal=causal) * (D + D)
+        R = sum(m.out_features for m in (self.routed_gate, self.mix_gate, self.shared_gate) if m is not None)
+        proj = 2 * batch * (T * C * H * D + 2 * S * C * G * D + T * H * D * C) + 2 * batch * T * C * R
+        params = sum(p.numel() for p in self.parameters())
+        return AttentionCost(core, proj, params, 2 * G * D * bytes_per_element)
+
+    def extra_repr(self) -> str:
+        parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}"]
+        if self.num_kv_heads != self.num_heads:
+            parts.append(f"num_kv_heads={self.num_kv_heads}")
+        parts += [f"head_dim={self.head_dim}", f"shared_heads={self.shared_heads}",
+                  f"routed_heads={self.routed_heads}", f"router={self.router!r}", f"path={self.path!r}"]
+        return ", ".join(parts)
+
+
+def _check_mask(mask: object, B: int, H: int, T: int, S: int) -> None:
+    """Validate an attn_mask as ``functional.attention`` does (its rows are gathered here)."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise TypeError(f"attn_mask must be bool (True = may attend) or floating (added), got dtype {mask.dtype}")
+    accepted = f"accepted: (T, S) = ({T}, {S}) or 4-D broadcastable to (B, H, T, S) = ({B}, {H}, {T}, {S})"
+    if mask.dim() == 2 and tuple(mask.shape) == (T, S):
+        return
+    if mask.dim() == 4 and all(g in (1, w) for g, w in zip(mask.shape, (B, H, T, S))):
+        return
+    raise ValueError(f"attn_mask has shape {tuple(mask.shape)}; {accepted}")
+
+
+def _padding(mask: torch.Tensor | None, B: int, S: int) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise TypeError(f"key_padding_mask must be bool or floating, got dtype {mask.dtype}")
+    if tuple(mask.shape) != (B, S):
+        raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {tuple(mask.shape)}")
+    return mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+
+
+def _head_slice(mask: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:
+    """The part of a (T, S) or 4-D mask that applies to heads lo..hi-1."""
+    if mask is None or mask.dim() != 4 or mask.shape[1] == 1:
+        return mask
+    return mask[:, lo:hi]
+
+
+def _kv_for(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys/values [B, G', S, D] serving query heads lo..hi-1 (r query heads per key/value head)."""
+    if lo % r == 0 and hi % r == 0:
+        return k[:, lo // r : hi // r], v[:, lo // r : hi // r]  # whole groups: keep GQA
+    idx = torch.arange(lo, hi, device=k.device) // r  # a group is cut: one key/value head per query head
+    return k[:, idx], v[:, idx]
+
+
+def _row_mask(mask: torch.Tensor | None, tok: torch.Tensor, S: int, offset: int | None):
+    """Mask broadcastable to [B, E, M, S] for the gathered query rows ``tok`` [B, E, M].
+
+    The user/padding mask rows are gathered at the original positions; with
+    ``offset`` (causal) a row at position t may see keys j <= t + offset.
+    """
+    B, E, M = tok.shape
+    out = None
+    if mask is not None:
+        m4 = mask if mask.dim() == 4 else mask[None, None]  # (T, S) -> (1, 1, T, S)
+        if m4.shape[2] > 1:  # rows differ by query position: gather them
+            m4 = m4.expand(B, E, -1, S).gather(2, tok.unsqueeze(-1).expand(B, E, M, S))  # (B, E, M, S)
+        out = m4
+    if offset is not None:
+        keys = torch.arange(S, device=tok.device)
+        out = merge_masks(out, keys <= (tok + offset).unsqueeze(-1))  # (B, E, M, S)
+    return out
+
+
+def load_balancing_loss(model: nn.Module) -> torch.Tensor:
+    """aux_loss_coeff · l_aux averaged over the MoH layers of ``model`` that set
+    one in their last forward (training mode); 0 when none did. Add it to the
+    training loss (the official ``0.01 · sum(losses) / max(len(losses), 1)``)."""
+    terms = [m.aux_loss_coeff * m.aux_loss for m in model.modules() if isinstance(m, MoHAttention)
+             and m.aux_loss is not None]
+    if not terms:
+        return torch.zeros(())
+    return torch.stack(terms).mean()
+
+
+@register_attention("moh")
+def _moh(*, embed_dim: int, num_heads: int, **options) -> MoHAttention:
+    return MoHAttention(embed_dim, num_heads, **options)

@@ -32,12 +32,11 @@ from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
-from ..functional.rope import apply_rope, rope_options
 from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
-from .qk_norm import QKNorm
+from .qk_norm import RotaryQK
 
 if TYPE_CHECKING:
     from .torch_compat import TorchMultiheadAttention
@@ -74,7 +73,7 @@ def check_heads(
     return num_heads, G, head_dim
 
 
-class MultiHeadAttention(Observable, nn.Module):
+class MultiHeadAttention(RotaryQK, Observable, nn.Module):
     """Multi-head attention with grouped key/value heads, masks and a KV cache.
 
     Args:
@@ -123,9 +122,6 @@ class MultiHeadAttention(Observable, nn.Module):
     ) -> None:
         super().__init__()
         H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
-        self.rope = rope_options(rope, D)
-        if not isinstance(qk_norm, bool):
-            raise TypeError(f"qk_norm must be a bool, got qk_norm={qk_norm!r}")
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
         self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
         self.vdim = embed_dim if vdim is None else positive_int("vdim", vdim)
@@ -139,7 +135,7 @@ class MultiHeadAttention(Observable, nn.Module):
             self.k_proj = nn.Linear(self.kdim, G * D, bias=qkv_bias, **factory)
             self.v_proj = nn.Linear(self.vdim, G * D, bias=qkv_bias, **factory)
         self.out_proj = nn.Linear(H * D, embed_dim, bias=out_bias, **factory)
-        self.qk_norm = QKNorm(D, **factory) if qk_norm else None
+        self.init_rotary_qk(rope, qk_norm, D, **factory)
         self._register_load_state_dict_pre_hook(self._load_split_layout)
 
     # ------------------------------------------------------------------ weights
@@ -208,50 +204,6 @@ class MultiHeadAttention(Observable, nn.Module):
         k = k.view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
         v = v.view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
         return q, k, v
-
-    def normalize_and_rotate(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        *,
-        positions: torch.Tensor | None = None,
-        key_positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Apply ``qk_norm`` and then ``rope`` (each only if enabled).
-
-        Args:
-            q: [B, H, T, D] projected queries.
-            k: [B, G, S, D] projected keys.
-            positions: of the queries, [T] or [B, T] (default 0 .. T-1).
-            key_positions: of the keys, [S] or [B, S] (default 0 .. S-1).
-
-        Returns:
-            (q, k), same shapes; the inputs themselves when both are off.
-        """
-        if self.qk_norm is not None:
-            q, k = self.qk_norm(q, k)
-        if self.rope is not None:
-            q = apply_rope(q, positions, **self.rope)
-            k = apply_rope(k, key_positions, **self.rope)
-        return q, k
-
-    def _positions(
-        self, positions: torch.Tensor | None, B: int, T: int, offset: int, device: torch.device
-    ) -> torch.Tensor | None:
-        """Query positions of this call: ``positions`` or offset .. offset + T - 1."""
-        if positions is None:
-            if self.rope is None or offset == 0:
-                return None
-            return torch.arange(offset, offset + T, device=device)
-        if self.rope is None:
-            raise ValueError("positions are only used with rope; construct the module with rope=True")
-        if not isinstance(positions, torch.Tensor):
-            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
-        if positions.dtype == torch.bool or positions.is_complex():
-            raise TypeError(f"positions must be an integer or floating tensor, got dtype {positions.dtype}")
-        if tuple(positions.shape) not in ((T,), (B, T), (1, T)):
-            raise ValueError(f"positions must be [T] = [{T}] or [B, T] = [{B}, {T}], got {tuple(positions.shape)}")
-        return positions.to(device)
 
     def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
         """[B, H, T, D] head outputs -> [B, T, C] through ``out_proj``."""

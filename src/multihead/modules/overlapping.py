@@ -21,6 +21,15 @@ head-major and ``out_proj`` maps H·Dw back to C. ``overlap=0`` is
     x (B, T, C) --qkv_proj--> (B, T, H*D) each --pad--> (B, T, H*D + 2ov)
       --unfold--> (B, H, T, Dw) --attention--> (B, H, T, Dw)
       --merge--> (B, T, H*Dw) --out_proj--> (B, T, C)
+
+Options ``rope`` and ``qk_norm`` act on the widened heads q̃_i, k̃_i of width
+Dw (after ``unfold``, before attention): qk_norm RMS-normalises each widened
+head over its Dw channels (the zero padding of the edge heads included) with
+gains of size Dw, then rope rotates the Dw channels (Dw must be even, or
+pass an even ``rotary_dim``). Values are untouched. The rotated widened keys
+of neighbouring heads no longer share channels, so with either option on
+the KV cache stores the widened keys and values per head, (B, H, S_max, Dw)
+each, instead of the shared padded rows.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
+from .qk_norm import RotaryQK
 from .registry import register_attention
 
 __all__ = ["OverlappingHeadAttention", "overlapped_heads"]
@@ -57,7 +67,7 @@ def overlapped_heads(padded: torch.Tensor, num_heads: int, head_dim: int, overla
     return heads.transpose(1, 2)  # (B, N, H, Dw) -> (B, H, N, Dw)
 
 
-class OverlappingHeadAttention(Observable, nn.Module):
+class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
     """Attention whose heads overlap their neighbours by ``overlap`` channels.
 
     Args:
@@ -71,14 +81,28 @@ class OverlappingHeadAttention(Observable, nn.Module):
         dropout: dropout on the attention weights in training mode.
         num_kv_heads: only None or H (grouped key/value heads are not part of
             this variant).
+        rope: rotary position embeddings on the widened heads q̃, k̃ (all
+            Dw = D + 2·ov channels): False (off), True (base 10000,
+            rotate-half pairing, all Dw channels) or a dict of ``apply_rope``
+            options ``base``, ``interleaved``, ``rotary_dim`` (even, <= Dw;
+            required when Dw is odd, i.e. when D is odd). Positions are
+            0 .. T-1, offset by the cache length when decoding, or the
+            ``positions`` argument of ``forward``.
+        qk_norm: RMS-normalise each widened query and key head over its Dw
+            channels (edge heads' zero padding included) with learned gains
+            ``qk_norm.q_norm.weight`` and ``qk_norm.k_norm.weight`` [Dw].
         device, dtype: of the parameters.
 
     Parameters: ``qkv_proj`` (3·H·D, C) with rows [q | k | v], and
-    ``out_proj`` (C, H·(D + 2·ov)).
+    ``out_proj`` (C, H·(D + 2·ov)); with ``qk_norm`` also the two [Dw] gains.
+
+    Order inside forward: project -> pad -> overlapping heads (Dw wide) ->
+    qk_norm -> rope -> attention.
 
     Raises:
-        ValueError: invalid sizes, overlap, dropout or num_kv_heads (the
-            message names the values).
+        ValueError: invalid sizes, overlap, dropout, num_kv_heads or rope
+            options, e.g. rope=True with an odd Dw (the message names the
+            values).
         TypeError: a size or overlap that is not an int.
     """
 
@@ -93,6 +117,8 @@ class OverlappingHeadAttention(Observable, nn.Module):
         out_bias: bool = True,
         dropout: float = 0.0,
         num_kv_heads: int | None = None,
+        rope: bool | dict = False,
+        qk_norm: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -110,6 +136,18 @@ class OverlappingHeadAttention(Observable, nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.qkv_proj = nn.Linear(embed_dim, 3 * H * D, bias=qkv_bias, **factory)
         self.out_proj = nn.Linear(H * self.wide_head_dim, embed_dim, bias=out_bias, **factory)
+        Dw = self.wide_head_dim
+        if (rope is True or (isinstance(rope, dict) and rope.get("rotary_dim") is None)) and Dw % 2:
+            raise ValueError(
+                f"rope rotates the widened heads of width Dw = D + 2*overlap = {D} + 2*{self.overlap} = {Dw}, "
+                f"which is odd; pass rope={{'rotary_dim': <even int <= {Dw}>}}"
+            )
+        self.init_rotary_qk(rope, qk_norm, Dw, **factory)
+
+    @property
+    def _per_head_cache(self) -> bool:
+        """Whether the KV cache holds widened per-head rows (rope or qk_norm on)."""
+        return self.rope is not None or self.qk_norm is not None
 
     @property
     def wide_head_dim(self) -> int:
@@ -164,9 +202,20 @@ class OverlappingHeadAttention(Observable, nn.Module):
 
         The cache stores each token's zero-padded projection once; the
         overlapping heads are strided views into it, so the shared channels
-        are not stored twice.
+        are not stored twice. With ``rope`` or ``qk_norm`` on, the cache
+        holds the normalised/rotated widened keys and the widened values per
+        head instead: (batch_size, H, max_len, Dw) each.
         """
         ref = self.out_proj.weight
+        if self._per_head_cache:
+            return KVCache(
+                batch_size,
+                self.num_heads,
+                max_len,
+                self.wide_head_dim,
+                dtype=dtype or ref.dtype,
+                device=device or ref.device,
+            )
         return KVCache(
             batch_size,
             1,
@@ -190,6 +239,7 @@ class OverlappingHeadAttention(Observable, nn.Module):
         return_weights: bool = False,
         kv_cache: KVCache | None = None,
         backend: str = "auto",
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` over overlapping heads.
 
@@ -208,9 +258,15 @@ class OverlappingHeadAttention(Observable, nn.Module):
                 the post-softmax probabilities of the widened heads,
                 softmax(q̃_i k̃_iᵀ · D^(-1/2)), which mix the widened values
                 ṽ_i. Observers receive the same weights, with the widened
-                q̃ [B, H, T, Dw] and k̃ [B, H, S, Dw] and scale D^(-1/2).
+                q̃ [B, H, T, Dw] and k̃ [B, H, S, Dw] and scale D^(-1/2)
+                (after qk_norm and rope when those are on).
             kv_cache: from :meth:`make_kv_cache`; self-attention only.
             backend: passed to ``functional.attention``.
+            positions: rope positions of the T queries, [T] or [B, T]; in
+                self-attention (and with a cache) also of the new keys.
+                Default: 0 .. T-1, offset by the cache length before this
+                call's write. In cross-attention the keys are at 0 .. S-1.
+                Only valid with ``rope``.
 
         Returns:
             out [B, T, C], or (out, weights [B, H, T, S]).
@@ -224,11 +280,22 @@ class OverlappingHeadAttention(Observable, nn.Module):
         q, k, v = self.project(query, key, value)
         causal_alignment = default_alignment(causal_alignment, kv_cache)
         observed = self.observed
-        with rollback_on_error(kv_cache):
-            if kv_cache is not None:
-                k, v = kv_cache.update(k.unsqueeze(1), v.unsqueeze(1))  # (B, T, W) -> (B, 1, T, W)
-                k, v = k.squeeze(1), v.squeeze(1)  # (B, 1, S, W) -> (B, S, W)
+        rotary = self._per_head_cache or positions is not None
+        if rotary:
             q, k, v = self.heads(q), self.heads(k), self.heads(v)  # (B, N, H*D + 2ov) -> (B, H, N, Dw)
+            offset = 0 if kv_cache is None else kv_cache.length
+            q_pos = self._positions(positions, B, query.shape[1], offset, query.device)
+            k_pos = q_pos if key is None else None
+            q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)  # on Dw-wide heads
+        with rollback_on_error(kv_cache):
+            if rotary:
+                if kv_cache is not None:
+                    k, v = kv_cache.update(k, v)  # per-head cache: (B, H, T, Dw) -> (B, H, S, Dw)
+            else:
+                if kv_cache is not None:
+                    k, v = kv_cache.update(k.unsqueeze(1), v.unsqueeze(1))  # (B, T, W) -> (B, 1, T, W)
+                    k, v = k.squeeze(1), v.squeeze(1)  # (B, 1, S, W) -> (B, S, W)
+                q, k, v = self.heads(q), self.heads(k), self.heads(v)  # (B, N, H*D + 2ov) -> (B, H, N, Dw)
             S = k.shape[2]
             mask = merge_masks(attn_mask, MultiHeadAttention._padding(key_padding_mask, B, S))
             out = attention(
@@ -279,7 +346,10 @@ class OverlappingHeadAttention(Observable, nn.Module):
         projections = 2·B·(T·C·H·D + 2·S·C·H·D + T·H·Dw·C) (the output
         projection is the wider one; padding is free);
         kv_cache_bytes_per_token = 2·(H·D + 2·ov)·bytes_per_element (one
-        padded key row and one padded value row).
+        padded key row and one padded value row), or 2·H·Dw·bytes_per_element
+        with rope or qk_norm on (per-head widened rows). rope and qk_norm are
+        elementwise and not counted; the qk_norm gains (2·Dw) are among the
+        parameters.
         """
         S = T if S is None else S
         H, D, C, Dw = self.num_heads, self.head_dim, self.embed_dim, self.wide_head_dim
@@ -287,7 +357,8 @@ class OverlappingHeadAttention(Observable, nn.Module):
         core = 2 * batch * H * pairs * (Dw + Dw)
         proj = 2 * batch * (T * C * H * D + 2 * S * C * H * D + T * H * Dw * C)
         params = sum(p.numel() for p in self.parameters())
-        return AttentionCost(core, proj, params, 2 * (H * D + 2 * self.overlap) * bytes_per_element)
+        row = H * Dw if self._per_head_cache else H * D + 2 * self.overlap
+        return AttentionCost(core, proj, params, 2 * row * bytes_per_element)
 
     def extra_repr(self) -> str:
         parts = [
@@ -298,6 +369,8 @@ class OverlappingHeadAttention(Observable, nn.Module):
         ]
         if self.dropout:
             parts.append(f"dropout={self.dropout}")
+        if self.rope is not None:
+            parts.append(f"rope={self.rope}")
         return ", ".join(parts)
 
 

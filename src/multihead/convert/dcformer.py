@@ -12,10 +12,20 @@ the originals, see the spec's "stale merged weights"),
 ``dyn_w_proj.pre_proj.w``/``post_proj.w`` (must be identities: ``use_sw``
 is not supported) and ``q_norm.scale``/``k_norm.scale``.
 
-The returned :class:`DCFormerAttention` applies QK-norm and rotate-half RoPE
-(a local helper; switch to ``multihead.functional.rope`` once it exists)
-between the projection and multihead's :class:`~multihead.modules.dcmha.DCMHA`
-core. Differences from the official training branch, by design: no
+The returned :class:`DCFormerAttention` wraps a
+:class:`~multihead.modules.dcmha.DCMHA` built with the module's own options
+``qk_norm=use_qk_norm`` (gains ``qk_norm.q_norm.weight`` / ``k_norm.weight``
+= the official ``q_norm.scale`` / ``k_norm.scale``, eps 1e-6) and
+``rope={"base": rope_base}`` (rotate-half pairs, ``functional.apply_rope``),
+in the official order project -> QK-norm -> RoPE. The official RoPE writes
+each rotated pair (j, j + d/2) to the interleaved channels (2j, 2j + 1) of
+q and k alike, which leaves q·k, and so the layer, unchanged: no weight
+permutation is needed. Without ``freqs_cis`` the wrapper runs the module's
+forward (positions 0 .. T-1). An explicit ``freqs_cis`` table is applied
+as given by :func:`rope_rotate_half`: the table holds cos/sin of
+t·base^(-2j/d), from which t is recoverable only modulo 2π (and not at all
+from a rounded bfloat16 table), so it is not turned into positions.
+Differences from the official training branch, by design: no
 bfloat16 cast of the probabilities, no key window of ``dim`` on global
 layers (exact for every T), and rows with no visible key give 0 instead of
 a uniform average.
@@ -60,16 +70,23 @@ class DCFormerAttention(nn.Module):
     """One official DCMHAttention layer on multihead's DCMHA core.
 
     Args:
-        attention: the DCMHA holding wqkv/wo/dw1/qkw/dd.
+        attention: the DCMHA holding wqkv/wo/dw1/qkw/dd, built with
+            ``rope`` (rotate-half, the official base) and, for
+            ``use_qk_norm``, ``qk_norm`` (holding the official gains).
         window: W for a local layer (None: global, causal).
-        rope_base: RoPE base; q_norm/k_norm: [d] gains or None.
     """
 
-    def __init__(self, attention: DCMHA, *, window: int | None, rope_base: float, q_norm=None, k_norm=None) -> None:
+    def __init__(self, attention: DCMHA, *, window: int | None) -> None:
         super().__init__()
-        self.attention, self.window, self.rope_base = attention, window, rope_base
-        self.q_norm = None if q_norm is None else nn.Parameter(q_norm)
-        self.k_norm = None if k_norm is None else nn.Parameter(k_norm)
+        if attention.rope is None or attention.rope["interleaved"] or attention.rope["rotary_dim"] not in (
+            None, attention.head_dim,
+        ):
+            raise ValueError("attention must apply full rotate-half rope (DCMHA(..., rope={'base': ...}))")
+        self.attention, self.window = attention, window
+
+    @property
+    def rope_base(self) -> float:
+        return self.attention.rope["base"]
 
     def forward(
         self, x: torch.Tensor, freqs_cis: torch.Tensor | None = None, mask: torch.Tensor | None = None
@@ -84,25 +101,20 @@ class DCFormerAttention(nn.Module):
                 (None: causal, or the training window t − s ≤ W on a local layer).
         """
         a = self.attention
-        B, T, _ = x.shape
-        q, k, v = a.project(x)  # (B, H, T, d) each
-        if self.q_norm is not None:
-            q = _rms(q) * self.q_norm
-            k = _rms(k) * self.k_norm
-        if freqs_cis is None:
-            freqs_cis = precompute_freqs_cis(T, a.head_dim, self.rope_base, dtype=x.dtype)
-        q, k = rope_rotate_half(q, freqs_cis), rope_rotate_half(k, freqs_cis)
+        T = x.shape[1]
         if mask is None:
             if self.window is None:
                 mask = causal_mask(T, device=x.device)
             else:
                 mask = sliding_window_mask(T, window=self.window + 1, device=x.device)
+        if freqs_cis is None:  # the module's own qk_norm and rope at positions 0 .. T-1
+            return a(x, attn_mask=mask)
+        q, k, v = a.project(x)  # (B, H, T, d) each
+        if a.qk_norm is not None:
+            q, k = a.qk_norm(q, k)
+        q, k = rope_rotate_half(q, freqs_cis), rope_rotate_half(k, freqs_cis)
         out, _ = a.attend(q, k, v, a.dynamic_weights(x, "query"), a.dynamic_weights(x, "key"), attn_mask=mask)
         return a.merge_heads(out)
-
-
-def _rms(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
 
 
 def _pick(sd: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -173,20 +185,25 @@ def from_official(
     for name in ("dyn_w_proj.pre_proj.w", "dyn_w_proj.post_proj.w"):
         if name in sd and not torch.equal(sd[name].reshape(N, N), torch.eye(N, dtype=sd[name].dtype)):
             raise ValueError(f"{name} is not the identity: static composition (use_sw) is not supported")
+    norms = {}
+    if use_qk_norm:
+        norms = {"q_norm": _pick(sd, "q_norm.scale"), "k_norm": _pick(sd, "k_norm.scale")}
+        for name, g in norms.items():
+            if tuple(g.shape) != (d,):
+                raise ValueError(f"{name}.scale must be ({d},), got {tuple(g.shape)}")
     dtype = wqkv.dtype
-    core = DCMHA(dim, N, rank=R, dynamic_hidden_dim=K, static=False, qkv_bias=False, out_bias=False, dtype=dtype)
+    core = DCMHA(
+        dim, N, rank=R, dynamic_hidden_dim=K, static=False, qkv_bias=False, out_bias=False,
+        rope={"base": float(rope_base)}, qk_norm=bool(use_qk_norm), dtype=dtype,
+    )  # fmt: skip
     with torch.no_grad():
         core.qkv_proj.weight.copy_(wqkv)
         core.out_proj.weight.copy_(wo)
         core.dw1.copy_(dw1.reshape(dim, 4, K))
         core.qkw.copy_(qkw.reshape(4, K, 2 * R, N))
         core.dd.copy_(dd.reshape(dim, 4, N))
-    norms = {}
-    if use_qk_norm:
-        norms = {"q_norm": _pick(sd, "q_norm.scale").clone(), "k_norm": _pick(sd, "k_norm.scale").clone()}
         for name, g in norms.items():
-            if tuple(g.shape) != (d,):
-                raise ValueError(f"{name}.scale must be ({d},), got {tuple(g.shape)}")
+            getattr(core.qk_norm, name).weight.copy_(g)
     pattern = [window_size, None] if window_type is None else _WINDOW_TYPES[window_type]
     window = pattern[lidx % len(pattern)]
-    return DCFormerAttention(core, window=window, rope_base=rope_base, **norms).eval()
+    return DCFormerAttention(core, window=window).eval()

@@ -26,6 +26,13 @@ independent: the module runs over blocks of ``chunk_size`` queries (auto:
 result equals the unchunked computation (tested to 1e-10 in float64).
 Training still keeps each block's activations for backward.
 
+**Rope and QK-norm** (``rope=``, ``qk_norm=``, off by default): applied
+to the per-head q [B, H, T, D] and k [B, H, S, D] right after
+``qkv_proj``, per head over the head dim D, in DCFormer's order
+project -> qk_norm -> rope -> scores (v untouched), before the KV-cache
+write (the cache holds rotated keys). The dynamic composition weights come
+from the token states x, not from q/k, so the options leave them unchanged.
+
 **Masks** (bool True = may attend, or float added): applied after
 pre-Compose, as in the official code; hidden entries of P' are set to 0
 after post-Compose, which changes nothing for masks shared by all heads (P
@@ -50,6 +57,7 @@ from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
+from .qk_norm import RotaryQK
 from .registry import register_attention
 
 __all__ = ["DCMHA", "TalkingHeadsAttention", "DynamicKVCache", "AUTO_CHUNK"]
@@ -90,7 +98,7 @@ class DynamicKVCache(KVCache):
         return k_all, v_all, self.kw[:, : self.length]
 
 
-class DCMHA(Observable, nn.Module):
+class DCMHA(RotaryQK, Observable, nn.Module):
     """Dynamically composable multi-head attention.
 
     Args:
@@ -107,6 +115,15 @@ class DCMHA(Observable, nn.Module):
             else one block); any value >= T runs unchunked.
         qkv_bias, out_bias: biases of the projections.
         dropout: on the composed weights P' in training mode.
+        rope: rotary position embeddings on q and k after the projection
+            (True: base 10000 on all D channels, rotate-half pairs as
+            DCFormer; or a dict of ``apply_rope`` options ``base``,
+            ``interleaved``, ``rotary_dim``); enables ``positions`` in
+            ``forward``.
+        qk_norm: RMS-normalise each query and key head over D (eps 1e-6)
+            with learned gains ``qk_norm.q_norm.weight`` /
+            ``qk_norm.k_norm.weight`` [D] (DCFormer's ``use_qk_norm``),
+            before rope.
         device, dtype: of the parameters.
 
     Parameters (official DCFormer layout): ``dw1`` [C, 4, K], ``qkw``
@@ -132,6 +149,8 @@ class DCMHA(Observable, nn.Module):
         qkv_bias: bool = True,
         out_bias: bool = True,
         dropout: float = 0.0,
+        rope: bool | dict = False,
+        qk_norm: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -160,6 +179,7 @@ class DCMHA(Observable, nn.Module):
             self.dw1 = nn.Parameter(torch.randn(C, 4, K, **factory) * math.sqrt(2 / (C + K)))
             self.qkw = nn.Parameter(torch.randn(4, K, 2 * R, H, **factory) * (0.02 / (math.sqrt(4 * H) * (H + 2))))
             self.dd = nn.Parameter(torch.randn(C, 4, H, **factory) * (0.05 * math.sqrt(2 / (H + C))))
+        self.init_rotary_qk(rope, qk_norm, D, **factory)
 
     kind = "dcmha"
 
@@ -331,6 +351,7 @@ class DCMHA(Observable, nn.Module):
         return_weights: bool = False,
         kv_cache: KVCache | None = None,
         backend: str = "auto",
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` with composed heads.
 
@@ -346,6 +367,13 @@ class DCMHA(Observable, nn.Module):
                 may be negative; 0 at hidden keys). Observers get the same.
             backend: "auto" or "math" (the composed core has one path;
                 "sdpa" raises ValueError: scores must be materialised).
+            positions: rope positions of the T queries, [T] or [B, T]; in
+                self-attention (and with a cache) also those of the new
+                keys. Default 0 .. T-1, offset by the cache length before
+                this call's write; cross-attention keys are at 0 .. S-1.
+                Only valid with ``rope``. qk_norm and rope act on q and k
+                right after the projection, before the cache write; the
+                observers get the normalised, rotated q and k.
 
         Returns:
             out [B, T, C], or (out, weights [B, H, T, S]).
@@ -361,6 +389,11 @@ class DCMHA(Observable, nn.Module):
             )
         check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.embed_dim, vdim=self.embed_dim)
         q, k, v = self.project(query, key, value)
+        if self.rope is not None or self.qk_norm is not None or positions is not None:
+            offset = 0 if kv_cache is None else kv_cache.length
+            q_pos = self._positions(positions, query.shape[0], query.shape[1], offset, query.device)
+            k_pos = q_pos if key is None else None
+            q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)
         qw = self.dynamic_weights(query, "query")
         kw = self.dynamic_weights(query if key is None else key, "key")
         causal_alignment = default_alignment(causal_alignment, kv_cache)
@@ -404,6 +437,8 @@ class DCMHA(Observable, nn.Module):
           2·B·(T + S)·2·(C·K + K·2R·H + C·H).
         * cache per token: keys and values 2·H·D, plus (dynamic) 2·(2R + 1)·H
           key-side weights.
+        * rope and qk_norm are elementwise and not counted; the qk_norm
+          gains (2·D) are among the parameters.
         """
         S = T if S is None else S
         H, D, C, R, K = self.num_heads, self.head_dim, self.embed_dim, self.rank, self.dynamic_hidden_dim
@@ -423,6 +458,8 @@ class DCMHA(Observable, nn.Module):
         if self.dynamic:
             parts.append(f"rank={self.rank}, dynamic_hidden_dim={self.dynamic_hidden_dim}")
         parts.append(f"static={self.static}, residual={self.residual}, chunk_size={self.chunk_size}")
+        if self.rope is not None:
+            parts.append(f"rope={self.rope}")
         return ", ".join(parts)
 
 

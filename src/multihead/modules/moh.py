@@ -29,6 +29,19 @@ for the shared heads and the dense path: the causal saving is smaller. The
 dense path (``path="dense"``: every head computed, then multiplied by its
 gate, as the official code does) is kept for equality tests; both agree to
 1e-10 in float64.
+
+Rope / QK-norm (``rope=``, ``qk_norm=``; the ``RotaryQK`` mixin), on the
+head dim D of every query head [B, H, T, D] and key head [B, G, S, D]::
+
+    project -> route (on the raw projected q) -> qk_norm -> rope
+            -> KV-cache write (rotated keys) -> dense or sparse core
+
+Both paths receive the same normalised/rotated q and k (the sparse path
+gathers its rows from the rotated q). The ``query_norm`` router reads the
+projected q BEFORE qk_norm and rope, the order of the official MoH-LLaMA3
+(router on ``q_proj`` output, RoPE afterwards; LLaMA3 has no QK-norm);
+rope alone would not change the norms (a rotation), but QK-norm would
+flatten them. The learned router reads the tokens x and is unaffected.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
+from .qk_norm import RotaryQK
 from .registry import register_attention
 
 __all__ = ["MoHAttention", "load_balancing_loss"]
@@ -55,7 +69,7 @@ ROUTERS = ("learned", "query_norm")
 PATHS = ("sparse", "dense")
 
 
-class MoHAttention(Observable, nn.Module):
+class MoHAttention(RotaryQK, Observable, nn.Module):
     """Multi-head attention whose heads are mixed per token by a router.
 
     Gates (learned router, the MoH-DiT/ViT one), for token x and E = H - hs::
@@ -94,6 +108,13 @@ class MoHAttention(Observable, nn.Module):
         qkv_bias, out_bias, dropout: as ``MultiHeadAttention``.
         path: "sparse" (compute only active (token, head) pairs) or "dense";
             ``forward(path=...)`` overrides it per call.
+        rope: rotary position embeddings on q and k, as
+            ``MultiHeadAttention`` (False, True or a dict of ``apply_rope``
+            options ``base``, ``interleaved``, ``rotary_dim``); applied on D
+            after routing, before the cache write and the attention core.
+        qk_norm: per-head RMS norm of q and k over D (gains
+            ``qk_norm.q_norm.weight`` / ``qk_norm.k_norm.weight`` [D]),
+            applied after routing and before rope.
         device, dtype: of the parameters.
 
     Raises:
@@ -117,6 +138,8 @@ class MoHAttention(Observable, nn.Module):
         out_bias: bool = True,
         dropout: float = 0.0,
         path: str = "sparse",
+        rope: bool | dict = False,
+        qk_norm: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -156,6 +179,7 @@ class MoHAttention(Observable, nn.Module):
         self.routed_gate = nn.Linear(embed_dim, E, bias=False, **factory) if learned and hr else None
         self.mix_gate = nn.Linear(embed_dim, 2, bias=False, **factory) if learned and hr and hs else None
         self.shared_gate = nn.Linear(embed_dim, hs, bias=False, **factory) if learned and hs > 1 else None
+        self.init_rotary_qk(rope, qk_norm, D, **factory)
         self.aux_loss: torch.Tensor | None = None
 
     @staticmethod
@@ -270,12 +294,18 @@ class MoHAttention(Observable, nn.Module):
         kv_cache: KVCache | None = None,
         backend: str = "auto",
         path: str | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when None).
 
         Arguments as ``MultiHeadAttention.forward`` (key/value width C;
         the router reads the query tokens), plus ``path`` ("sparse" or
-        "dense", default ``self.path``).
+        "dense", default ``self.path``) and ``positions`` (rope positions
+        of the T queries, [T] or [B, T]; in self-attention also of the new
+        keys; default 0 .. T-1 offset by the cache length; cross-attention
+        keys at 0 .. S-1; only valid with ``rope``). Routing reads the
+        projected q before qk_norm/rope; the core, the cache and observers
+        get the normalised and rotated q and k.
 
         Returns:
             out [B, T, C], or (out, weights [B, H, T, S]) where weights[b, h, t]
@@ -294,7 +324,12 @@ class MoHAttention(Observable, nn.Module):
         path = self._check_path(self.path if path is None else path)
         causal_alignment = check_alignment(default_alignment(causal_alignment, kv_cache))
         q, k, v = self.project(query, key, value)
-        gates, chosen, p = self.route(query, q)
+        gates, chosen, p = self.route(query, q)  # routes on the raw projected q (MoH-LLaMA3: before RoPE)
+        if self.rope is not None or self.qk_norm is not None or positions is not None:
+            offset = 0 if kv_cache is None else kv_cache.length
+            q_pos = self._positions(positions, B, T, offset, query.device)
+            k_pos = q_pos if key is None else None
+            q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)
         self.aux_loss = None
         if self.training and p is not None and B * T:  # chosen is None when hr == E: every head chosen
             self.aux_loss = self.balance_loss(p, torch.ones_like(p, dtype=torch.bool) if chosen is None else chosen)
@@ -417,6 +452,8 @@ class MoHAttention(Observable, nn.Module):
         with R = E + 2 + hs router logits of the learned router (only the
         gates that exist: E if hr > 0, 2 if hs > 0 and hr > 0, hs if hs > 1;
         R = 0 for ``query_norm``). Q/K/V and output projections are dense.
+        rope and qk_norm are elementwise and not counted; the qk_norm gains
+        (2·D) are among the parameters.
         The sparse path runs the routed heads as one batch padded to M, the
         most rows any (batch row, routed head) received, so the work it
         actually does is 2·B·(hs·T + E·M)·S·(D + D) (non-causal); with
@@ -437,6 +474,8 @@ class MoHAttention(Observable, nn.Module):
             parts.append(f"num_kv_heads={self.num_kv_heads}")
         parts += [f"head_dim={self.head_dim}", f"shared_heads={self.shared_heads}",
                   f"routed_heads={self.routed_heads}", f"router={self.router!r}", f"path={self.path!r}"]
+        if self.rope is not None:
+            parts.append(f"rope={self.rope}")
         return ", ".join(parts)
 
 

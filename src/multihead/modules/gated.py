@@ -7,8 +7,14 @@ arXiv:1905.09418; official code ``lena-voita/the-story-of-heads``,
 [0, 1] that scales its output before the output projection::
 
     x --project--> q (B, H, T, D), k/v (B, G, S, D)
+      [--qk_norm (RMS over D) --> rope (rotate q, k over D)]
       --functional.attention--> heads (B, H, T, D)
       --x g_h per head--> (B, H, T, D) --merge heads--> out_proj --> (B, T, C)
+
+The optional ``rope`` / ``qk_norm`` steps (off by default) are those of
+:class:`MultiHeadAttention`: applied to the projected q [B, H, T, D] and
+k [B, G, S, D] on the head dim D, before the KV-cache write and the
+attention; the gates act only on the head outputs afterwards.
 
 The gate is a stretched hard-concrete variable with log-parameter
 ``log_alpha[h]`` (Louizos et al., arXiv:1712.01312)::
@@ -69,6 +75,13 @@ class GatedHeadAttention(MultiHeadAttention):
     Args:
         embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim, qkv_bias,
         out_bias, dropout, device, dtype: as :class:`MultiHeadAttention`.
+        rope, qk_norm: as :class:`MultiHeadAttention` (both off by default):
+            per-head RMS norm (gains ``qk_norm.q_norm.weight`` /
+            ``qk_norm.k_norm.weight``, [D] each) and then rotary embeddings,
+            applied to the projected q [B, H, T, D] and k [B, G, S, D] over
+            the head dim D, after ``project`` and before the KV-cache write
+            (the cache holds normalised, rotated keys) and the attention
+            core. The gates are unaffected: they scale the head outputs.
         temperature: T of the hard-concrete distribution (default 0.33).
         stretch: (low, high) stretch interval, low < 0 and high > 1
             (default (-0.1, 1.1)).
@@ -105,12 +118,15 @@ class GatedHeadAttention(MultiHeadAttention):
         qkv_bias: bool = True,
         out_bias: bool = True,
         dropout: float = 0.0,
+        rope: bool | dict = False,
+        qk_norm: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
             embed_dim, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, kdim=kdim, vdim=vdim,
-            qkv_bias=qkv_bias, out_bias=out_bias, dropout=dropout, device=device, dtype=dtype,
+            qkv_bias=qkv_bias, out_bias=out_bias, dropout=dropout, rope=rope, qk_norm=qk_norm,
+            device=device, dtype=dtype,
         )  # fmt: skip
         self.temperature = _positive_float("temperature", temperature)
         if (
@@ -208,11 +224,17 @@ class GatedHeadAttention(MultiHeadAttention):
         return_weights: bool = False,
         kv_cache: KVCache | None = None,
         backend: str = "auto",
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Gated attention from ``query`` to ``key``/``value`` (self-attention when None).
 
         Arguments, masks, cache and errors are those of
-        :meth:`MultiHeadAttention.forward`. The gate multiplies each head's
+        :meth:`MultiHeadAttention.forward` (``positions`` included: rope
+        positions of the queries, and of the new keys in self-attention;
+        only valid with ``rope``). With ``qk_norm`` / ``rope`` the projected
+        q [B, H, T, D] and k [B, G, S, D] are RMS-normalised and then rotated
+        over D right after ``project``, before the KV-cache write; observers
+        receive these q and k. The gate multiplies each head's
         output after attention dropout and before ``out_proj``. In training
         mode each call samples new gates (so cached decoding equals
         recomputation only in eval mode) and sets ``aux_loss``.
@@ -226,6 +248,11 @@ class GatedHeadAttention(MultiHeadAttention):
         check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
         B = query.shape[0]
         q, k, v = self.project(query, key, value)
+        if self.rope is not None or self.qk_norm is not None or positions is not None:
+            offset = 0 if kv_cache is None else kv_cache.length
+            q_pos = self._positions(positions, B, query.shape[1], offset, query.device)
+            k_pos = q_pos if key is None else None  # cross-attention keys at 0 .. S-1
+            q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)
         g = self.gates()  # training: one torch.rand(H) draw, before any attention dropout
         causal_alignment = default_alignment(causal_alignment, kv_cache)
         observed = self.observed
@@ -267,7 +294,9 @@ class GatedHeadAttention(MultiHeadAttention):
         As :meth:`MultiHeadAttention.cost`: core = 2·B·H·P·(D + D) with P visible
         (query, key) pairs; projections = 2·B·(T·C·H·D + S·kdim·G·D + S·vdim·G·D
         + T·H·D·C). The gate's B·H·T·D multiplications are elementwise and not
-        counted; ``parameters`` includes the H gate log-parameters; the cache
+        counted, nor are rope and qk_norm; ``parameters`` (= sum of
+        ``p.numel()``) includes the H gate log-parameters and, with
+        ``qk_norm``, its 2·D gains; the cache
         holds 2·G·D elements per token.
         """
         return super().cost(T, S, batch=batch, causal=causal, bytes_per_element=bytes_per_element)
@@ -288,18 +317,27 @@ class GatedHeadAttention(MultiHeadAttention):
         """Gates on a trained :class:`MultiHeadAttention` (the paper starts from a
         trained baseline): same sizes, a copy of its weights, fresh ``log_alpha``.
 
-        ``options`` are the gate options (temperature, stretch, eps, l0_coef).
+        ``options`` are the gate options (temperature, stretch, eps, l0_coef);
+        ``rope`` and ``qk_norm`` default to the module's own (its qk_norm
+        gains are copied) and may be overridden here.
         """
         if not isinstance(module, MultiHeadAttention):
             raise TypeError(f"module must be a MultiHeadAttention, got {type(module).__name__}")
         ref = module.out_proj.weight
+        options.setdefault("rope", False if module.rope is None else dict(module.rope))
+        options.setdefault("qk_norm", module.qk_norm is not None)
         m = cls(
             module.embed_dim, module.num_heads, num_kv_heads=module.num_kv_heads, head_dim=module.head_dim,
             kdim=module.kdim, vdim=module.vdim, qkv_bias=module.projection_weights()["q"][1] is not None,
             out_bias=module.out_proj.bias is not None, dropout=module.dropout, device=ref.device, dtype=ref.dtype,
             **options,
         )  # fmt: skip
-        m.load_state_dict({**module.state_dict(), "log_alpha": m.log_alpha.detach().clone()})
+        state = {**module.state_dict(), "log_alpha": m.log_alpha.detach().clone()}
+        if m.qk_norm is None:  # qk_norm=False asked for a module that has one: drop its gains
+            state = {n: t for n, t in state.items() if not n.startswith("qk_norm.")}
+        elif module.qk_norm is None:  # qk_norm=True on a module without one: fresh gains (ones)
+            state.update({f"qk_norm.{n}": t.detach().clone() for n, t in m.qk_norm.state_dict().items()})
+        m.load_state_dict(state)
         return m.train(module.training)
 
     # ------------------------------------------------------------------ official layout
@@ -357,7 +395,8 @@ def concrete_penalty(model: nn.Module, concrete_coef: float = 1.0) -> torch.Tens
 
 
 _OPTIONS = frozenset(
-    "temperature stretch eps l0_coef num_kv_heads head_dim kdim vdim qkv_bias out_bias dropout device dtype".split()
+    "temperature stretch eps l0_coef num_kv_heads head_dim kdim vdim qkv_bias out_bias dropout rope qk_norm "
+    "device dtype".split()
 )
 
 

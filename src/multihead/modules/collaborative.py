@@ -21,6 +21,25 @@ values keep H heads). The KV cache stores that one augmented key head plus
 the H value heads. ``from_mha`` re-parametrises a trained MHA exactly;
 ``compress`` shrinks D̃ by keeping the top singular directions of the
 per-head bilinear forms (see ``multihead.modules.collaborative_compress``).
+
+Rope and QK-norm (options ``rope=`` / ``qk_norm=``, both off by default)::
+
+    Q, K --qk_norm over D̃ (gains [D̃])--> Q, K      on the SHARED query/key
+    q_h = Q ⊙ m_h                                    per-head mixing
+    q_h, K --rope over D̃ (rotary_dim <= D̃, even)--> rotated at their positions
+    q_h = [rope(q_h) | e_h],  k = [rope(K) | cb]     bias channels never touched
+
+QK-norm normalises the shared Q and K before the mixing (one RMS over the D̃
+channels, learned gains ``qk_norm.{q,k}_norm.weight`` [D̃]). Rope rotates
+AFTER the mixing, i.e. the per-head query Q ⊙ m_h and the shared key K:
+then score_h[i, j] = (Q_i ⊙ m_h)ᵀ R(p_j − p_i) K_j depends on the positions
+only through their difference. Rotating Q before the mixing would not:
+diag(m_h) does not commute with the 2×2 rotations unless m_h is equal on
+both channels of every rotated pair. The H content-bias channels carry no
+position and are never normalised or rotated. The cache stores the rotated
+key head. ``from_mha`` and ``compress`` re-parametrise the content scores
+exactly only without rope/qk_norm (both change the function), so they refuse
+modules that use them and always return modules without rope/qk_norm.
 """
 
 from __future__ import annotations
@@ -33,11 +52,13 @@ from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
+from ..functional.rope import apply_rope
 from .attention import MultiHeadAttention, check_heads
 from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
+from .qk_norm import RotaryQK
 from .registry import register_attention
 
 __all__ = ["CollaborativeAttention", "Compression", "concatenate_mixing"]
@@ -55,7 +76,7 @@ def concatenate_mixing(num_heads: int, shared_dim: int, **factory) -> torch.Tens
     return m
 
 
-class CollaborativeAttention(Observable, nn.Module):
+class CollaborativeAttention(RotaryQK, Observable, nn.Module):
     """Multi-head attention whose heads share their query/key projections.
 
     Args:
@@ -72,14 +93,28 @@ class CollaborativeAttention(Observable, nn.Module):
         scale: score multiplier (default 1 / sqrt(D̃ / H), the official choice).
         mixing_init: "normal" (N(0, 0.2²), the official "UNIFORM") or
             "concatenate" (block one-hot rows).
+        rope: rotary position embeddings over the D̃ shared channels of the
+            mixed queries Q ⊙ m_h and of the shared keys K (never the
+            content-bias channels): False, True (base 10000, rotate-half,
+            all D̃ channels; needs an even D̃) or a dict of ``apply_rope``
+            options ``base``, ``interleaved``, ``rotary_dim`` (even, <= D̃).
+            Positions are 0 .. T-1, offset by the cache length when decoding,
+            or the ``positions`` argument of ``forward``.
+        qk_norm: RMS-normalise the shared Q and K over D̃ before the mixing,
+            with learned gains ``qk_norm.q_norm.weight`` / ``qk_norm.k_norm.weight`` [D̃].
         device, dtype: of the parameters.
+
+    Order inside forward: Q, K projections -> qk_norm -> mixing Q ⊙ m_h ->
+    rope -> append the content-bias channels -> attention.
 
     Parameters: ``q_proj`` [D̃, C], ``k_proj`` [D̃, kdim], ``mixing`` [H, D̃],
     ``content_bias`` [H, kdim] (all bias-free), ``v_proj`` [H·Dv, vdim],
-    ``out_proj`` [out_dim, H·Dv].
+    ``out_proj`` [out_dim, H·Dv]; with ``qk_norm`` also
+    ``qk_norm.q_norm.weight`` and ``qk_norm.k_norm.weight`` [D̃].
 
     Raises:
-        ValueError: invalid sizes, dropout, scale or mixing_init.
+        ValueError: invalid sizes, dropout, scale, mixing_init or rope options
+            (e.g. an odd D̃ without an even ``rotary_dim``).
     """
 
     kind = "collaborative"
@@ -99,6 +134,8 @@ class CollaborativeAttention(Observable, nn.Module):
         dropout: float = 0.0,
         scale: float | None = None,
         mixing_init: str = "normal",
+        rope: bool | dict = False,
+        qk_norm: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -130,16 +167,33 @@ class CollaborativeAttention(Observable, nn.Module):
                 self.mixing.normal_(0.0, 0.2)
             else:
                 self.mixing.copy_(concatenate_mixing(H, Dt))
+        try:
+            self.init_rotary_qk(rope, qk_norm, Dt, **factory)
+        except ValueError as err:
+            raise ValueError(f"{err} [collaborative rope rotates the shared_dim={Dt} query/key channels]") from None
 
     # ------------------------------------------------------------------ projections
     def project(
-        self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project to the augmented per-head queries, the one key head and values.
+
+        With ``qk_norm`` the shared Q and K are RMS-normalised over D̃ before
+        the mixing; with ``rope`` the mixed queries Q ⊙ m_h and the keys K
+        are rotated at ``positions`` / ``key_positions`` ([T] / [S] or
+        [B, T] / [B, S]; default 0 .. T-1 / 0 .. S-1). The content-bias
+        channels are never normalised or rotated.
 
         Args:
             query: [B, T, C]; key: [B, S, kdim] or None (self-attention);
             value: [B, S, vdim] or None (the key tensor).
+            positions, key_positions: rope positions (only used with rope).
 
         Returns:
             q [B, H, T, D̃+H] = [Q ⊙ m_h | e_h], k [B, 1, S, D̃+H] = [K | cb],
@@ -150,12 +204,18 @@ class CollaborativeAttention(Observable, nn.Module):
         value = key if value is None else value
         B, T, _ = query.shape
         S = key.shape[1]
-        Q = self.q_proj(query)  # (B, T, D̃)
-        q = Q.unsqueeze(1) * self.mixing[None, :, None, :]  # (B, T, D̃) -> (B, H, T, D̃)
+        Q = self.q_proj(query).unsqueeze(1)  # (B, T, D̃) -> (B, 1, T, D̃)
+        K = self.k_proj(key).unsqueeze(1)  # (B, S, D̃) -> (B, 1, S, D̃)
+        if self.qk_norm is not None:
+            Q, K = self.qk_norm(Q, K)  # RMS over D̃ of the shared query / key
+        q = Q * self.mixing[None, :, None, :]  # (B, 1, T, D̃) -> (B, H, T, D̃)
+        if self.rope is not None:
+            q = apply_rope(q, positions, **self.rope)  # rotate Q ⊙ m_h, after the mixing
+            K = apply_rope(K, key_positions, **self.rope)
         onehot = torch.eye(H, dtype=q.dtype, device=q.device)[None, :, None, :]  # (1, H, 1, H)
         q = torch.cat([q, onehot.expand(B, H, T, H)], dim=-1)  # (B, H, T, D̃ + H)
-        k = torch.cat([self.k_proj(key), self.content_bias(key)], dim=-1)  # (B, S, D̃ + H)
-        k = k.unsqueeze(1)  # (B, S, D̃ + H) -> (B, 1, S, D̃ + H)
+        cb = self.content_bias(key).unsqueeze(1)  # (B, S, H) -> (B, 1, S, H)
+        k = torch.cat([K, cb], dim=-1)  # (B, 1, S, D̃ + H)
         v = self.v_proj(value).view(B, S, H, Dv).transpose(1, 2)  # (B, S, H*Dv) -> (B, H, S, Dv)
         return q, k, v
 
@@ -193,6 +253,7 @@ class CollaborativeAttention(Observable, nn.Module):
         return_weights: bool = False,
         kv_cache: KVCache | None = None,
         backend: str = "auto",
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when None).
 
@@ -200,14 +261,19 @@ class CollaborativeAttention(Observable, nn.Module):
         may attend) or float (added to the scaled scores), (T, S) or 4-D;
         key_padding_mask [B, S] (True = real key, or float added);
         causal_alignment defaults to "bottom_right" with a cache;
-        kv_cache from :meth:`make_kv_cache` (self-attention only).
+        kv_cache from :meth:`make_kv_cache` (self-attention only);
+        positions: rope positions of the T queries, [T] or [B, T] (also of
+        the new keys in self-attention); default 0 .. T-1 offset by the
+        cache length before this call's write; cross-attention keys sit at
+        0 .. S-1; only valid with ``rope``. The cache stores rotated keys.
 
         Returns:
             out [B, T, out_dim], or (out, weights [B, H, T, S]): the
             post-softmax probabilities P_h that mix the values (before dropout).
             Observers receive the same weights, with ``q`` = [B, H, T, D̃+H]
-            augmented queries, ``k`` = [B, 1, S, D̃+H] = [K | cb] and
-            ``scale``, so scale · q·k reproduces the scores before masking.
+            augmented queries, ``k`` = [B, 1, S, D̃+H] = [K | cb] (after
+            qk_norm and rope) and ``scale``, so scale · q·k reproduces the
+            scores before masking.
 
         Raises:
             ValueError / TypeError: shapes, widths, masks, cache overflow
@@ -215,7 +281,12 @@ class CollaborativeAttention(Observable, nn.Module):
         """
         check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
         B = query.shape[0]
-        q, k, v = self.project(query, key, value)
+        q_pos = k_pos = None
+        if self.rope is not None or positions is not None:
+            offset = 0 if kv_cache is None else kv_cache.length
+            q_pos = self._positions(positions, B, query.shape[1], offset, query.device)
+            k_pos = q_pos if key is None else None  # cross-attention keys at 0 .. S-1
+        q, k, v = self.project(query, key, value, positions=q_pos, key_positions=k_pos)
         H, Dv = self.num_heads, self.head_dim
         causal_alignment = default_alignment(causal_alignment, kv_cache)
         observed = self.observed
@@ -279,6 +350,8 @@ class CollaborativeAttention(Observable, nn.Module):
         projections = 2·B·(T·C·D̃ + S·kdim·D̃ + S·kdim·H + S·vdim·H·Dv + T·H·Dv·out_dim)
                (query, key, content bias, value, output).
         Cache: (D̃ + H + H·Dv) elements per token (one augmented key head, H value heads).
+        rope and qk_norm are elementwise and not counted; the qk_norm gains
+        (2·D̃) are among the parameters.
         """
         S = T if S is None else S
         H, Dv, Dt = self.num_heads, self.head_dim, self.shared_dim
@@ -316,10 +389,17 @@ class CollaborativeAttention(Observable, nn.Module):
         per-row constant, which cancels in the softmax). Values and the output
         projection are copied. With ``shared_dim=r`` the exact module is then
         compressed with :meth:`compress` (see there; use it directly to get
-        the error too).
+        the error too). The result has no rope and no qk_norm.
+
+        Raises:
+            TypeError: not a MultiHeadAttention.
+            ValueError: ``mha`` uses rope or qk_norm (per-head rotations and
+                norms over D do not re-parametrise exactly onto D̃ channels).
         """
         if not isinstance(mha, MultiHeadAttention):
             raise TypeError(f"from_mha needs a MultiHeadAttention, got {type(mha).__name__}")
+        if mha.rope is not None or mha.qk_norm is not None:
+            raise ValueError("from_mha needs a MultiHeadAttention without rope and qk_norm (not exactly convertible)")
         H, G, D = mha.num_heads, mha.num_kv_heads, mha.head_dim
         w = mha.projection_weights()
         (Wq, bq), (Wk, _), (Wv, bv) = w["q"], w["k"], w["v"]
@@ -381,12 +461,17 @@ class CollaborativeAttention(Observable, nn.Module):
                 passed to both calls, e.g. ``is_causal=True``).
 
         Returns:
-            Compression(module, product_error, output_error).
+            Compression(module, product_error, output_error); the module
+            has no rope and no qk_norm.
 
         Raises:
-            ValueError: rank outside 1 … shared_dim.
+            ValueError: rank outside 1 … shared_dim, or this module uses rope
+                or qk_norm (the SVD of A_h ignores both, so it would not
+                approximate the module's function).
         """
         positive_int("rank", rank)
+        if self.rope is not None or self.qk_norm is not None:
+            raise ValueError("compress needs a module without rope and qk_norm; they are not part of A_h")
         if rank > self.shared_dim:
             raise ValueError(f"rank must lie in 1 … shared_dim={self.shared_dim}, got rank={rank}")
         H = self.num_heads
@@ -440,6 +525,8 @@ class CollaborativeAttention(Observable, nn.Module):
             parts.append(f"out_dim={self.out_dim}")
         if self.dropout:
             parts.append(f"dropout={self.dropout}")
+        if self.rope is not None:
+            parts.append(f"rope={self.rope}")
         return ", ".join(parts)
 
 

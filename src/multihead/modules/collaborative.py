@@ -283,9 +283,7 @@ class CollaborativeAttention(RotaryQK, Observable, nn.Module):
         B = query.shape[0]
         q_pos = k_pos = None
         if self.rope is not None or positions is not None:
-            offset = 0 if kv_cache is None else kv_cache.length
-            q_pos = self._positions(positions, B, query.shape[1], offset, query.device)
-            k_pos = q_pos if key is None else None  # cross-attention keys at 0 .. S-1
+            q_pos, k_pos = self.call_positions(positions, query, key, kv_cache)  # cross-attention keys at 0 .. S-1
         q, k, v = self.project(query, key, value, positions=q_pos, key_positions=k_pos)
         H, Dv = self.num_heads, self.head_dim
         causal_alignment = default_alignment(causal_alignment, kv_cache)

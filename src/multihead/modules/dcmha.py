@@ -389,11 +389,7 @@ class DCMHA(RotaryQK, Observable, nn.Module):
             )
         check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.embed_dim, vdim=self.embed_dim)
         q, k, v = self.project(query, key, value)
-        if self.rope is not None or self.qk_norm is not None or positions is not None:
-            offset = 0 if kv_cache is None else kv_cache.length
-            q_pos = self._positions(positions, query.shape[0], query.shape[1], offset, query.device)
-            k_pos = q_pos if key is None else None
-            q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)
+        q, k = self.rotate_call(q, k, query=query, key=key, kv_cache=kv_cache, positions=positions)
         qw = self.dynamic_weights(query, "query")
         kw = self.dynamic_weights(query if key is None else key, "key")
         causal_alignment = default_alignment(causal_alignment, kv_cache)

@@ -248,11 +248,7 @@ class GatedHeadAttention(MultiHeadAttention):
         check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
         B = query.shape[0]
         q, k, v = self.project(query, key, value)
-        if self.rope is not None or self.qk_norm is not None or positions is not None:
-            offset = 0 if kv_cache is None else kv_cache.length
-            q_pos = self._positions(positions, B, query.shape[1], offset, query.device)
-            k_pos = q_pos if key is None else None  # cross-attention keys at 0 .. S-1
-            q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)
+        q, k = self.rotate_call(q, k, query=query, key=key, kv_cache=kv_cache, positions=positions)
         g = self.gates()  # training: one torch.rand(H) draw, before any attention dropout
         causal_alignment = default_alignment(causal_alignment, kv_cache)
         observed = self.observed

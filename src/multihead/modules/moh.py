@@ -325,11 +325,7 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         causal_alignment = check_alignment(default_alignment(causal_alignment, kv_cache))
         q, k, v = self.project(query, key, value)
         gates, chosen, p = self.route(query, q)  # routes on the raw projected q (MoH-LLaMA3: before RoPE)
-        if self.rope is not None or self.qk_norm is not None or positions is not None:
-            offset = 0 if kv_cache is None else kv_cache.length
-            q_pos = self._positions(positions, B, T, offset, query.device)
-            k_pos = q_pos if key is None else None
-            q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)
+        q, k = self.rotate_call(q, k, query=query, key=key, kv_cache=kv_cache, positions=positions)
         self.aux_loss = None
         if self.training and p is not None and B * T:  # chosen is None when hr == E: every head chosen
             self.aux_loss = self.balance_loss(p, torch.ones_like(p, dtype=torch.bool) if chosen is None else chosen)

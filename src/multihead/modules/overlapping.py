@@ -283,9 +283,7 @@ class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
         rotary = self._per_head_cache or positions is not None
         if rotary:
             q, k, v = self.heads(q), self.heads(k), self.heads(v)  # (B, N, H*D + 2ov) -> (B, H, N, Dw)
-            offset = 0 if kv_cache is None else kv_cache.length
-            q_pos = self._positions(positions, B, query.shape[1], offset, query.device)
-            k_pos = q_pos if key is None else None
+            q_pos, k_pos = self.call_positions(positions, query, key, kv_cache)  # cross-attention keys at 0 .. S-1
             q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)  # on Dw-wide heads
         with rollback_on_error(kv_cache):
             if rotary:

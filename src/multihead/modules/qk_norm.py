@@ -190,3 +190,33 @@ class RotaryQK:
         if tuple(positions.shape) not in ((T,), (B, T), (1, T)):
             raise ValueError(f"positions must be [T] = [{T}] or [B, T] = [{B}, {T}], got {tuple(positions.shape)}")
         return positions.to(device)
+
+    def call_positions(
+        self, positions: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor | None, kv_cache
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(query positions, key positions) of one call.
+
+        Queries: ``positions``, or offset .. offset + T - 1 with offset the
+        cache length before this call's write. Keys: the query positions in
+        self-attention (``key`` is None), None (0 .. S-1) in cross-attention.
+        """
+        offset = 0 if kv_cache is None else kv_cache.length
+        q_pos = self._positions(positions, query.shape[0], query.shape[1], offset, query.device)
+        return q_pos, (q_pos if key is None else None)
+
+    def rotate_call(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        *,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        kv_cache,
+        positions: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``normalize_and_rotate`` with this call's positions; (q, k) unchanged
+        when both options are off and no positions are given."""
+        if self.rope is None and self.qk_norm is None and positions is None:
+            return q, k
+        q_pos, k_pos = self.call_positions(positions, query, key, kv_cache)
+        return self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)

@@ -227,3 +227,35 @@ def test_bad_records_are_refused_with_the_numbers(tmp_path, write):
 def test_bad_roles_are_refused(tmp_path, roles, error, message):
     with pytest.raises(error, match=message):
         write_html(captured(), tmp_path / "h.html", roles=roles)
+
+
+def test_legend_and_notices_are_embedded_as_data(tmp_path):
+    from multihead.tools.roles import ROLE_THRESHOLDS, SCORE_MEANINGS, role_legend
+
+    legend = {name: {"meaning": meaning, "threshold": limit} for name, meaning, limit in role_legend()}
+    legend["custom"] = "a score of our own"  # a plain string is the meaning
+    notices = ["the text was cut <b>here</b>", "3 of 4 words became [UNK]"]
+    page = write_html(captured(), tmp_path / "h.html", roles=ROLES, legend=legend, notices=notices).read_text("utf-8")
+    data = embedded(page)
+    assert data["notices"] == notices and "<b>here</b>" not in page  # only inside the escaped data block
+    assert data["legend"]["previous"] == {"meaning": SCORE_MEANINGS["previous"], "threshold": ROLE_THRESHOLDS["previous"]}
+    assert data["legend"]["entropy"]["threshold"] is None
+    assert data["legend"]["custom"] == {"meaning": "a score of our own", "threshold": None}
+    plain = embedded(write_html(captured(), tmp_path / "p.html").read_text("utf-8"))
+    assert plain["legend"] is None and plain["notices"] == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"legend": ["previous"]}, "legend must be a dict of column -> meaning, got list"),
+        ({"legend": {"previous": {"threshold": 0.9}}}, r"legend\['previous'\] must be a str or a dict with a str 'meaning'"),
+        ({"legend": {"previous": {"meaning": "m", "threshold": "high"}}}, r"legend\['previous'\]\['threshold'\] must be a number"),
+        ({"notices": "one notice"}, "notices must be a list of str, got str"),
+        ({"notices": ["ok", 3]}, r"notices\[1\] must be a str, got 3"),
+    ],
+)
+def test_bad_legend_or_notices_are_refused(tmp_path, kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        write_html(captured(), tmp_path / "h.html", **kwargs)
+    assert not (tmp_path / "h.html").exists()

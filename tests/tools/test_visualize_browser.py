@@ -185,3 +185,207 @@ def test_page_without_roles_and_uneven_heads(browser, tmp_path):
         view.assert_clean()
     finally:
         view.page.close()
+
+
+# -- role table: legend, sorting; notices; readable weight labels; narrow windows ----------------
+
+SORT_ROLES = [  # one role per head of record_of((3, 3)); "rare" is missing (not measurable) on two heads
+    {"layer": 0, "head": 0, "labels": ["previous"], "scores": {"previous": 0.95, "broad": 0.20, "rare": 0.1}},
+    {"layer": 0, "head": 1, "labels": [], "scores": {"previous": 0.10, "broad": 0.55}},
+    {"layer": 0, "head": 2, "labels": ["broad"], "scores": {"previous": 0.30, "broad": 0.91, "rare": 0.4}},
+    {"layer": 1, "head": 0, "labels": [], "scores": {"previous": 0.00, "broad": 0.35, "rare": 0.2}},
+    {"layer": 1, "head": 1, "labels": ["broad"], "scores": {"previous": 0.50, "broad": 0.85}},
+    {"layer": 1, "head": 2, "labels": [], "scores": {"previous": 0.20, "broad": 0.05, "rare": 0.3}},
+]
+TABLE = """() => Array.from(document.querySelectorAll('#role-table tbody tr'), tr =>
+    [Number(tr.dataset.layer), Number(tr.dataset.head)])"""
+
+
+def _legend():
+    from multihead.tools.roles import role_legend
+
+    return {name: {"meaning": meaning, "threshold": limit} for name, meaning, limit in role_legend()}
+
+
+@pytest.fixture
+def role_viewer(browser, tmp_path):
+    notices = ["the text is 300 tokens: only the first 256 were analysed", "<b>3 of 4</b> words became [UNK]"]
+    path = write_html(record_of((3, 3)), tmp_path / "roles.html", roles=SORT_ROLES, legend=_legend(), notices=notices)
+    view = Viewer(browser, path)
+    view.notices = notices
+    yield view
+    view.page.close()
+
+
+def expected_order(column, descending):
+    """(layer, head) rows sorted by a score, missing scores last, ties in (layer, head) order."""
+    present = [r for r in SORT_ROLES if column in r["scores"]]
+    missing = [r for r in SORT_ROLES if column not in r["scores"]]
+    present.sort(key=lambda r: (-r["scores"][column] if descending else r["scores"][column], r["layer"], r["head"]))
+    return [[r["layer"], r["head"]] for r in present + missing]
+
+
+def test_role_table_sorts_by_the_clicked_column(role_viewer):
+    page = role_viewer.page
+    in_order = [[r["layer"], r["head"]] for r in SORT_ROLES]
+    assert page.evaluate(TABLE) == in_order
+    for column in ("broad", "rare", "previous"):
+        page.click(f'#role-table th[data-column="{column}"] button')
+        assert page.get_attribute(f'#role-table th[data-column="{column}"]', "aria-sort") == "descending"
+        assert page.evaluate(TABLE) == expected_order(column, descending=True), column
+        page.click(f'#role-table th[data-column="{column}"] button')
+        assert page.get_attribute(f'#role-table th[data-column="{column}"]', "aria-sort") == "ascending"
+        assert page.evaluate(TABLE) == expected_order(column, descending=False), column
+        assert page.locator("#role-table th[aria-sort]").count() == 1
+    page.click('#role-table th[data-column="layer"] button')
+    assert page.evaluate(TABLE) == in_order
+    page.click('#role-table th[data-column="layer"] button')
+    assert page.evaluate(TABLE) == in_order[::-1]  # by layer, then head, both descending
+    page.click('#role-table tbody tr:first-child')  # rows still open their head after sorting
+    assert role_viewer.selection()[:2] == (1, 2)
+    role_viewer.assert_clean()
+
+
+def test_headers_and_legend_give_each_score_its_meaning_and_threshold(role_viewer):
+    from multihead.tools.roles import ROLE_THRESHOLDS, SCORE_MEANINGS
+
+    page = role_viewer.page
+    for column in ("previous", "broad", "rare"):
+        title = page.get_attribute(f'#role-table th[data-column="{column}"]', "title")
+        assert SCORE_MEANINGS[column] in title and f"{ROLE_THRESHOLDS[column]:.2f}" in title, title
+    for column in ("layer", "head", "roles"):
+        assert len(page.get_attribute(f'#role-table th[data-column="{column}"]', "title")) > 10
+    legend = page.inner_text("#role-legend")
+    for column in ("previous", "broad", "rare"):
+        assert SCORE_MEANINGS[column] in legend and f"\u2265 {ROLE_THRESHOLDS[column]:.2f}" in legend
+    terms = page.evaluate("Array.from(document.querySelectorAll('#role-legend dt'), d => d.firstChild.textContent)")
+    assert terms == ["previous", "broad", "rare"]  # the columns the table shows, in its order
+    role_viewer.assert_clean()
+
+
+def test_notices_are_shown_as_text_at_the_top(role_viewer, viewer):
+    notes = role_viewer.page.locator("#notices .notice")
+    assert notes.count() == 2 and role_viewer.page.locator("#notices").is_visible()
+    assert notes.all_inner_texts() == role_viewer.notices  # "<b>" shown literally, not parsed
+    assert role_viewer.page.locator("#notices b").count() == 0
+    assert viewer.page.locator("#notices").is_hidden()  # no notices, no box
+    role_viewer.assert_clean()
+
+
+def _relative_luminance(rgb):
+    def channel(v):
+        v /= 255
+        return v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(v) for v in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def _contrast(a, b):
+    la, lb = sorted((_relative_luminance(a), _relative_luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+SHADED = """async () => {
+  const rgb = (s) => s.match(/[\\d.]+/g).map(Number);
+  const found = [];
+  const heads = document.querySelectorAll('#hv-head option').length;
+  for (let h = 0; h < heads; h++) {
+    const box = document.getElementById('hv-head');
+    box.value = String(h);
+    box.dispatchEvent(new Event('change'));
+    for (const side of ['queries', 'keys']) {
+      for (const token of document.querySelectorAll('#hv-' + side + ' .hv-token')) {
+        token.dispatchEvent(new Event('mouseenter'));
+        const other = side === 'queries' ? '#hv-keys' : '#hv-queries';
+        const pseudo = side === 'queries' ? '::after' : '::before';
+        for (const node of document.querySelectorAll(other + ' .hv-token[data-weight]')) {
+          found.push({head: h, weight: Number(node.dataset.weight), bg: rgb(getComputedStyle(node).backgroundColor),
+                      text: rgb(getComputedStyle(node).color), label: rgb(getComputedStyle(node, pseudo).color),
+                      content: getComputedStyle(node, pseudo).content});
+        }
+        token.dispatchEvent(new Event('mouseleave'));
+      }
+    }
+  }
+  return found;
+}"""
+
+
+def test_weight_labels_are_readable_on_every_chip_colour(browser, tmp_path):
+    """Token text and its weight label against the shaded chip (composited on the white panel):
+    WCAG contrast >= 4.5 for every head colour, from faint to fully dark chips."""
+    T, H = 5, 12
+    weights = torch.zeros(1, H, T, T)
+    for i in range(T):  # row i: one key with weight 1 - i/10 (dark), the rest spread (light)
+        weights[0, :, i, i] = 1.0 - 0.1 * i
+        weights[0, :, i, :i] = 0.1 * i / max(i, 1)
+    from multihead.tools import AttentionRecord, LayerAttention
+
+    record = AttentionRecord([LayerAttention(0, "attn", "mha", weights)], query_tokens=list("abcde"))
+    view = Viewer(browser, write_html(record, tmp_path / "chips.html"))
+    try:
+        chips = view.page.evaluate(SHADED)
+        assert {c["head"] for c in chips} == set(range(H))
+        dark = 0
+        for c in chips:
+            r, g, b, alpha = c["bg"]
+            bg = [alpha * v + (1 - alpha) * 255 for v in (r, g, b)]  # over the white panel
+            dark += _relative_luminance(bg) < 0.18
+            assert c["label"] == c["text"] and c["content"] == f'"{c["weight"]:.2f}"', c
+            assert _contrast(bg, c["text"][:3]) >= 4.5, c
+        assert dark >= H  # the check covers dark chips, where fixed dark text was unreadable
+        view.assert_clean()
+    finally:
+        view.page.close()
+
+
+OVERFLOW = """() => {
+  const W = document.documentElement.clientWidth, bad = [];
+  const scrolls = (e) => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+  for (const e of document.body.querySelectorAll('*')) {
+    const r = e.getBoundingClientRect();
+    if ((r.width === 0 && r.height === 0) || (r.left >= -0.5 && r.right <= W + 0.5)) continue;
+    let p = e.parentElement, inside = false;
+    while (p && p !== document.body && !inside) {
+      const pr = p.getBoundingClientRect();
+      inside = scrolls(p) && pr.left >= -0.5 && pr.right <= W + 0.5;
+      p = p.parentElement;
+    }
+    if (!inside) bad.push(e.tagName + '#' + e.id + '.' + e.getAttribute('class') + ' right=' + r.right);
+  }
+  const grid = document.getElementById('mv-grid');
+  return {bad: bad, page: document.documentElement.scrollWidth, width: W,
+          grid: [grid.scrollWidth, grid.clientWidth]};
+}"""
+
+
+def test_nothing_overflows_a_900px_window_outside_a_scroll_container(browser, tmp_path):
+    """MiniLM's shape (6 layers x 12 heads), long tokens, a long title and notice, at 900 px."""
+    tokens = ["[CLS]", "Pneumonoultramicroscopicsilicovolcanoconiosis" * 2, *"abcdefghijklm", "[SEP]"]
+    g = torch.Generator().manual_seed(0)
+    from multihead.tools import AttentionRecord, LayerAttention
+
+    layers = [
+        LayerAttention(i, f"encoder.layers.{i}.attention", "mha", torch.randn(1, 12, 16, 16, generator=g).softmax(-1))
+        for i in range(6)
+    ]
+    record = AttentionRecord(layers, query_tokens=tokens, source="all-MiniLM-L6-v2")
+    roles = [{"layer": i, "head": h, "labels": ["cls", "broad"], "scores": {"cls": 0.6, "broad": 0.85}}
+             for i in range(6) for h in range(12)]  # fmt: skip
+    title = "all-MiniLM-L6-v2: " + "Averylongwordwithoutanyspace" * 8
+    path = write_html(record, tmp_path / "wide.html", roles=roles, title=title, legend=_legend(),
+                      notices=["x" * 300])  # fmt: skip
+    page = browser.new_page(viewport={"width": 900, "height": 900})
+    try:
+        page.goto(path.as_uri())
+        page.wait_for_selector("body[data-ready='true']", timeout=5000)
+        found = page.evaluate(OVERFLOW)
+        assert found["bad"] == [] and found["page"] <= found["width"] == 900, found
+        assert found["grid"][0] > found["grid"][1]  # 12 heads do not fit: the model view scrolls
+        page.eval_on_selector("#mv-grid", "g => { g.scrollLeft = g.scrollWidth; }")
+        last = page.locator('.mv-cell[data-layer="5"][data-head="11"]')
+        last.click()  # reachable by scrolling, and it opens its head
+        assert page.get_attribute("#head-view", "data-head") == "11"
+    finally:
+        page.close()

@@ -45,7 +45,8 @@ from .capture import AttentionRecord
 
 __all__ = [
     "ROLE_THRESHOLDS", "CLS_TOKENS", "SEP_TOKENS", "HeadRoles", "Link", "classify_heads", "strongest_links",
-    "rare_tokens", "is_special", "is_punctuation", "role_table", "format_roles",
+    "rare_tokens", "is_special", "is_punctuation", "role_table", "format_roles", "SCORE_MEANINGS", "role_legend",
+    "format_legend",
 ]  # fmt: skip
 
 #: Default thresholds; a head gets a role when its score is >= the number.
@@ -468,3 +469,43 @@ def format_roles(roles: Sequence[HeadRoles], digits: int = 2) -> str:
     rows = role_table(roles, digits)
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(wd) for cell, wd in zip(row, widths)).rstrip() for row in rows)
+
+
+#: What each column of ``role_table`` measures: the legend of the terminal
+#: table and of the HTML role table (with the thresholds of ``ROLE_THRESHOLDS``).
+SCORE_MEANINGS: dict[str, str] = {
+    "previous": "share of queries whose largest weight is on the token just before them (i-1)",
+    "next": "share of queries whose largest weight is on the token just after them (i+1)",
+    "self": "share of queries whose largest weight is on themselves (i)",
+    "cls": "mean weight on sequence-start tokens ([CLS], <s>)",
+    "sep": "mean weight on separator and end tokens ([SEP], </s>)",
+    "punct": "mean weight on punctuation tokens",
+    "broad": "mean entropy of a query's weights over its largest possible value (1 = uniform over the keys it sees)",
+    "rare": "mean weight on the rarest word of the text",
+    "entropy": "mean entropy of a query's weights, in nats",
+    "distance": "mean distance |query position - key position|, weighted by attention",
+}
+
+
+def role_legend(thresholds: Mapping[str, float] | None = None) -> list[tuple[str, str, float | None]]:
+    """(column, meaning, role threshold or None) for each score column of ``role_table``.
+
+    Args:
+        thresholds: overrides merged over ``ROLE_THRESHOLDS``, as in ``classify_heads``.
+    """
+    limits = _thresholds(thresholds)
+    return [(name, SCORE_MEANINGS[name], limits.get(name)) for name in (*_COLUMNS, "entropy", "distance")]
+
+
+def format_legend(thresholds: Mapping[str, float] | None = None, digits: int = 2) -> str:
+    """``role_legend`` as plain text: one line per column, threshold first."""
+    rows = role_legend(thresholds)
+    width = max(len(name) for name, _, _ in rows)
+    lines = ["columns: a head gets a role when its score is >= the threshold; '-' = not measurable on this input"]
+    for name, meaning, limit in rows:
+        if limit is None:
+            rule = "no role"
+        else:
+            rule = f">= {limit:.{digits}f}" if math.isfinite(limit) else "off"
+        lines.append(f"  {name:<{width}}  {rule:<{digits + 5}}  {meaning}")
+    return "\n".join(lines)

@@ -17,7 +17,13 @@ JSON embedded in it (no network, no fonts, no CDN; it works from file://)::
       cat   ───╲───  cat                                        in head view
             (line opacity and width = weight; hover a token to follow it)
 
-    role table (layer, head, labels, scores), when roles are given
+    role table (layer, head, labels, scores), when roles are given;
+    click a column header to sort by it; hover it for what it measures
+
+``legend`` explains the role table's columns (header tooltips and a list
+under the table): ``{"previous": {"meaning": "...", "threshold": 0.9}}``
+(``roles.role_legend`` gives it). ``notices`` are sentences shown at the
+top of the page (a text that was cut, words the tokenizer did not know).
 
 ``roles`` is a plain structure so this module does not depend on the roles
 tool: a list of mappings (or objects with these attributes, such as
@@ -69,6 +75,8 @@ def write_html(
     roles: list | None = None,
     title: str | None = None,
     batch: int = 0,
+    legend: Mapping | None = None,
+    notices: list[str] | None = None,
 ) -> Path:
     """Write one self-contained HTML page: head view, model view, role table.
 
@@ -82,12 +90,16 @@ def write_html(
         roles: optional per-head roles, see the module docstring.
         title: page title; default from ``record.source``.
         batch: which batch item to show.
+        legend: column name -> {"meaning": str, "threshold": number or None}
+            (or just the meaning as a str), see the module docstring.
+        notices: sentences shown at the top of the page.
 
     Returns:
         ``path`` as a Path.
 
     Raises:
-        TypeError: record not an AttentionRecord, tokens not strings, bad roles.
+        TypeError: record not an AttentionRecord, tokens not strings, bad
+            roles, legend or notices of the wrong types.
         ValueError: empty record, tokens not matching T/S, batch out of range,
             roles naming a layer or head that is not in the record.
     """
@@ -108,6 +120,8 @@ def write_html(
             for e in record.layers
         ],
         "roles": [dict(r, row=row) for row, r in role_rows] if roles is not None else None,
+        "legend": _legend(legend),
+        "notices": _strings("notices", notices) if notices is not None else [],
     }
     css, js = _asset("heads.css"), _asset("heads.js")
     csp = (
@@ -332,6 +346,24 @@ def _role_dict(i: int, item) -> dict:
         "labels": list(labels),
         "scores": scores,
     }
+
+
+def _legend(legend) -> dict[str, dict] | None:
+    """{column: {"meaning": str, "threshold": float or None}} from a mapping of str or of dicts."""
+    if legend is None:
+        return None
+    if not isinstance(legend, Mapping):
+        raise TypeError(f"legend must be a dict of column -> meaning, got {type(legend).__name__}")
+    out = {}
+    for name, entry in legend.items():
+        if not isinstance(name, str):
+            raise TypeError(f"legend keys must be column names (str), got {name!r}")
+        if isinstance(entry, str):
+            entry = {"meaning": entry}
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("meaning"), str):
+            raise TypeError(f"legend[{name!r}] must be a str or a dict with a str 'meaning', got {entry!r:.100}")
+        out[name] = {"meaning": entry["meaning"], "threshold": _number(f"legend[{name!r}]['threshold']", entry.get("threshold"))}
+    return out
 
 
 def _number(name: str, value) -> float | None:

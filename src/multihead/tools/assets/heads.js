@@ -47,6 +47,21 @@
     return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + alpha.toFixed(3) + ")";
   }
 
+  /* Text on a coloured background: white or black, whichever contrasts more by WCAG's
+     relative luminance; one of the two always reaches 4.58:1 or more. */
+  function luminance(rgb) {
+    const c = rgb.map((v) => { v /= 255; return v <= 0.04045 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+    return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+  }
+  function textOn(rgb) {
+    const L = luminance(rgb);
+    return 1.05 / (L + 0.05) > (L + 0.05) / 0.05 ? "#ffffff" : "#000000";
+  }
+  function over(hex, alpha, base) {  /* colour hex at alpha over an opaque base [r, g, b] */
+    const n = parseInt(hex.slice(1), 16), c = [n >> 16, (n >> 8) & 255, n & 255];
+    return c.map((v, i) => Math.round(alpha * v + (1 - alpha) * base[i]));
+  }
+
   function chipColor(label) {
     let h = 7;
     for (let i = 0; i < label.length; i++) h = (h * 31 + label.charCodeAt(i)) % 360;
@@ -162,8 +177,9 @@
     others.forEach((node, o) => {
       const w = side === "query" ? W[index][o] : W[o][index];
       if (!(w > 0)) return;
-      node.style.backgroundColor = rgba(color, Math.min(0.85, 0.1 + 0.9 * Math.sqrt(w)));
-      if (w > 0.5) node.style.color = "#fff";
+      const alpha = Math.min(0.85, 0.1 + 0.9 * Math.sqrt(w));
+      node.style.backgroundColor = rgba(color, alpha);
+      node.style.color = textOn(over(color, alpha, [255, 255, 255]));  /* the panel is white */
       node.dataset.weight = w.toFixed(2);
     });
   }
@@ -247,6 +263,68 @@
 
   /* ---- role table ---- */
   const MAIN_SCORES = ["previous", "next", "self", "cls", "sep", "punct", "broad", "rare", "entropy", "distance"];
+  const FIXED_COLUMNS = {
+    layer: "the layer (or the call, when a layer runs more than once) the head belongs to",
+    head: "the head's index in its layer",
+    roles: "the roles whose score reached its threshold",
+  };
+  const table = { rows: [], sort: null };
+
+  function columnTitle(name) {
+    if (FIXED_COLUMNS[name]) return FIXED_COLUMNS[name];
+    const entry = DATA.legend && DATA.legend[name];
+    if (!entry) return name;
+    const t = entry.threshold;
+    return entry.meaning + (t === null || t === undefined ? " (no role)" : "; a role when \u2265 " + t.toFixed(2));
+  }
+
+  function sortKey(r, name) {
+    if (name === "layer") return [r.row, r.head];
+    if (name === "head") return [r.head, r.row];
+    if (name === "roles") return r.labels.length ? [r.labels.join(",")] : [null];
+    const v = r.scores[name];
+    return [v === null || v === undefined ? null : v];
+  }
+
+  function compareKeys(a, b, dir) {
+    for (let i = 0; i < a.length; i++) {
+      if (a[i] === b[i]) continue;
+      if (a[i] === null) return 1;  /* missing scores last, whatever the direction */
+      if (b[i] === null) return -1;
+      return (a[i] < b[i] ? -1 : 1) * dir;
+    }
+    return 0;
+  }
+
+  function sortBy(name) {
+    const numeric = !(name in FIXED_COLUMNS);
+    const first = numeric ? "descending" : "ascending";
+    const dir = table.sort && table.sort.name === name ? (table.sort.dir === "ascending" ? "descending" : "ascending") : first;
+    table.sort = { name: name, dir: dir };
+    const sign = dir === "ascending" ? 1 : -1;
+    const order = table.rows.slice().sort((a, b) =>
+      compareKeys(sortKey(a.r, name), sortKey(b.r, name), sign) || a.r.row - b.r.row || a.r.head - b.r.head);
+    const body = document.querySelector("#role-table tbody");
+    for (const item of order) body.appendChild(item.tr);
+    for (const th of document.querySelectorAll("#role-table th")) {
+      if (th.dataset.column === name) th.setAttribute("aria-sort", dir);
+      else th.removeAttribute("aria-sort");
+    }
+  }
+
+  function buildLegend(cols) {
+    const box = $("role-legend");
+    if (!DATA.legend) return;
+    for (const name of cols) {
+      const entry = DATA.legend[name];
+      if (!entry) continue;
+      const t = entry.threshold;
+      const term = el("dt", "", name);
+      term.appendChild(el("span", "legend-rule", t === null || t === undefined ? "no role" : "\u2265 " + t.toFixed(2)));
+      box.append(term, el("dd", "", entry.meaning));
+    }
+    box.hidden = !box.children.length;
+  }
 
   function buildRoles() {
     const list = DATA.roles;
@@ -257,7 +335,17 @@
     let cols = MAIN_SCORES.filter((k) => keys.includes(k));
     cols = cols.concat(keys.filter((k) => !cols.includes(k) && !k.endsWith("_mass")));
     const headRow = el("tr");
-    for (const name of ["layer", "head", "roles"].concat(cols)) headRow.appendChild(el("th", "", name));
+    for (const name of ["layer", "head", "roles"].concat(cols)) {
+      const th = el("th");
+      th.dataset.column = name;
+      th.title = columnTitle(name);
+      th.scope = "col";
+      const button = el("button", "sort", name);
+      button.type = "button";
+      button.addEventListener("click", () => sortBy(name));
+      th.appendChild(button);
+      headRow.appendChild(th);
+    }
     document.querySelector("#role-table thead").appendChild(headRow);
     const body = document.querySelector("#role-table tbody");
     const rows = list.slice().sort((a, b) => a.row - b.row || a.head - b.head);
@@ -271,11 +359,15 @@
       labels.appendChild(r.labels.length ? chips(r.labels) : el("span", "muted", "\u2013"));
       tr.appendChild(labels);
       for (const k of cols) {
-        tr.appendChild(el("td", "num" + (r.labels.includes(k) ? " hit" : ""), fmt(r.scores[k])));
+        const td = el("td", "num" + (r.labels.includes(k) ? " hit" : ""), fmt(r.scores[k]));
+        td.dataset.column = k;
+        tr.appendChild(td);
       }
       tr.addEventListener("click", () => select(r.row, r.head, true));
       body.appendChild(tr);
+      table.rows.push({ r: r, tr: tr });
     }
+    buildLegend(cols);
   }
 
   /* ---- wiring ---- */
@@ -284,6 +376,9 @@
     $("summary").textContent = [DATA.source, LAYERS.length + " layers \u00d7 " + (same ? H[0] : "up to " +
       Math.max(...H)) + " heads", QT.length + " queries, " + KT.length + " keys", "batch item " + DATA.batch]
       .filter(Boolean).join(" \u00b7 ");
+    const notes = $("notices");
+    for (const text of DATA.notices || []) notes.appendChild(el("p", "notice", text));
+    notes.hidden = !notes.children.length;
     LAYERS.forEach((L, i) => $("hv-layer").appendChild(new Option(layerName(i) + " (" + L.kind + ")", String(i))));
     queryEls = tokenColumn($("hv-queries"), QT, "query");
     keyEls = tokenColumn($("hv-keys"), KT, "key");

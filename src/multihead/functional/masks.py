@@ -132,7 +132,9 @@ def padding_mask_from_lengths(
         bool [B, 1, 1, S], True = real key (may attend).
 
     Raises:
-        ValueError: a length outside [0, S] or lengths not 1-D.
+        ValueError: a length outside [0, S] (checked in eager mode only;
+            inside ``torch.compile`` the values are not read) or lengths
+            not 1-D.
     """
     S = non_negative_int("S", S)
     if isinstance(lengths, (list, tuple)) and len(lengths) == 0:
@@ -143,7 +145,8 @@ def padding_mask_from_lengths(
             f"lengths must be a 1-D integer tensor, got shape {tuple(lengths.shape)} "
             f"dtype {lengths.dtype}"
         )
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > S):
+    # The range check reads the values (a host sync): eager only.
+    if not torch.compiler.is_compiling() and lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > S):
         raise ValueError(f"lengths must lie in [0, {S}], got {lengths.tolist()}")
     j = torch.arange(S, device=lengths.device).unsqueeze(0)  # (1, S)
     n = lengths.unsqueeze(1)  # (B, 1)

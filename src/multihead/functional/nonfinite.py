@@ -6,10 +6,8 @@ fused kernels add -inf to NaN scores. A NaN that a query *may* see must stay
 visible in that query's output, never silently zeroed (torch's CPU flash
 kernel returns 0 for a query row holding NaN, so queries are covered too).
 
-Inputs are checked with one reduction (a host sync); only when a non-finite
-number is present are queries, keys and values replaced by zeros for the
-backend and the output patched afterwards, so the common path pays one pass
-over q, k and v:
+The rule, applied by replacing non-finite q/k/v entries with zeros for the
+backend and patching the output afterwards:
 
 * a query row that may see a key with a non-finite entry, or that has a
   non-finite entry itself and may see some key -> the whole row (output and
@@ -17,6 +15,16 @@ over q, k and v:
 * a query row that may see a value with a non-finite entry -> that feature
   is NaN, or +inf/-inf when every such value there is +inf/-inf (IEEE sums
   of positive weights).
+
+Two ways to the same numbers:
+
+* eager: one reduction over q, k and v decides (a host sync); only when a
+  non-finite number is present is the patch computed, so the common path
+  pays one pass over the inputs;
+* inside ``torch.compile`` (``torch.compiler.is_compiling()``): no host
+  sync and no data-dependent branch. The inputs are always sanitised and the
+  patch masks always computed; with finite inputs the ``where`` keeps every
+  entry and the masks are all False, so the result equals the eager one.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ Fixup = Callable[[torch.Tensor, "torch.Tensor | None"], tuple[torch.Tensor, "tor
 
 
 def _all_finite(req: AttentionRequest) -> bool:
+    """Whether q, k and v hold only finite numbers (eager only: syncs)."""
     acc = torch.float64 if req.k.dtype == torch.float64 else torch.float32
     with torch.no_grad():
         total = req.q.sum(dtype=acc) + req.k.sum(dtype=acc) + req.v.sum(dtype=acc)
@@ -43,44 +52,85 @@ def _all_finite(req: AttentionRequest) -> bool:
         return all(bool(torch.isfinite(t).all()) for t in (req.q, req.k, req.v))
 
 
-def split_nonfinite(req: AttentionRequest) -> tuple[AttentionRequest, Fixup | None]:
-    """Return a request with finite q/k/v and a function that restores
-    the non-finite effects on the output (None when all entries are finite)."""
-    if req.k.numel() == 0 or _all_finite(req):
-        return req, None
+def _seen(flags: torch.Tensor, req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Which query rows may see a key whose row of ``flags`` is set.
+
+    Args:
+        flags: [B, G, S, X] bool, one row per key.
+
+    Returns:
+        (hit broadcastable to [B, G, R, T, X]: query (b, g*R + r, t) may see
+        a key with flag x; sees_any broadcastable to [B, G, R, T, 1], or None
+        when every query sees every key). R = H // G.
+    """
+    B, H, G, T, S, _ = req.shape
+    R = H // G
+    if req.allowed is None and req.causal_is_trivial:
+        # Every query sees every key.
+        return flags.any(dim=-2)[:, :, None, None, :], None  # (B, G, X) -> (B, G, 1, 1, X)
+    if req.allowed is None:
+        # Causal only: query t sees keys 0 .. t + offset, a prefix of S.
+        offset = 0 if req.causal_alignment == "top_left" else S - T
+        last = torch.arange(T, device=flags.device) + offset  # (T,)
+        counts = flags.to(torch.int32).cumsum(dim=-2, dtype=torch.int32)  # (B, G, S, X)
+        hit = counts.index_select(-2, last.clamp(0, S - 1)) > 0  # (B, G, T, X)
+        sees_any = (last >= 0)[:, None]  # (T, 1)
+        return (hit & sees_any)[:, :, None], sees_any  # (B, G, T, X) -> (B, G, 1, T, X)
+    visible = req.visible().expand(B, H, T, S)
+    vis = visible.to(torch.float32).reshape(B, G, R * T, S)  # (B, H, T, S) -> (B, G, R*T, S)
+    # Counts of visible flagged keys; sums of zeros and ones are > 0 iff one is set.
+    hit = (vis @ flags.to(torch.float32)) > 0  # (B, G, R*T, X)
+    hit = hit.view(B, G, R, T, flags.shape[-1])  # (B, G, R*T, X) -> (B, G, R, T, X)
+    sees_any = visible.any(dim=-1, keepdim=True).view(B, G, R, T, 1)  # (B, H, T, 1) -> (B, G, R, T, 1)
+    return hit, sees_any
+
+
+def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:
+    """Finite q/k/v for the backend and the patch restoring non-finite effects."""
     B, H, G, T, S, Dv = req.shape
     R = H // G
     q_ok, k_ok, v_ok = torch.isfinite(req.q), torch.isfinite(req.k), torch.isfinite(req.v)
     safe = replace(
         req,
-        q=torch.where(q_ok, req.q, torch.zeros((), dtype=req.q.dtype)),
-        k=torch.where(k_ok, req.k, torch.zeros((), dtype=req.k.dtype)),
-        v=torch.where(v_ok, req.v, torch.zeros((), dtype=req.v.dtype)),
+        q=torch.where(q_ok, req.q, torch.zeros((), dtype=req.q.dtype, device=req.q.device)),
+        k=torch.where(k_ok, req.k, torch.zeros((), dtype=req.k.dtype, device=req.k.device)),
+        v=torch.where(v_ok, req.v, torch.zeros((), dtype=req.v.dtype, device=req.v.device)),
     )
     with torch.no_grad():
-        visible = req.visible()
-        if visible is None:
-            vis = torch.ones(B, H, T, S, device=req.q.device)
-        else:
-            vis = visible.expand(B, H, T, S).float()
-        vis = vis.reshape(B, G, R * T, S)  # (B, H, T, S) -> (B, G, R*T, S)
-
-        def hits(flags: torch.Tensor) -> torch.Tensor:
-            # (B, G, S, X) flags -> (B, H, T, X): does a visible key carry one?
-            return (vis @ flags.float()).view(B, H, T, flags.shape[-1]) > 0
-
-        key_hit = hits((~k_ok).any(dim=-1, keepdim=True))  # (B, H, T, 1)
-        sees_any = vis.sum(dim=-1).view(B, H, T, 1) > 0  # (B, H, T, 1)
-        key_hit = key_hit | ((~q_ok).any(dim=-1, keepdim=True) & sees_any)
-        nan_hit = hits(torch.isnan(req.v))  # (B, H, T, Dv)
-        pos_hit = hits(torch.isposinf(req.v))
-        neg_hit = hits(torch.isneginf(req.v))
+        v_nan = torch.isnan(req.v)
+        up = v_nan | torch.isposinf(req.v)  # a visible one makes the feature NaN or +inf
+        down = v_nan | torch.isneginf(req.v)  # a visible one makes the feature NaN or -inf
+        k_bad = (~k_ok).any(dim=-1, keepdim=True)  # (B, G, S, 1)
+        flags = torch.cat((k_bad, up, down), dim=-1)  # (B, G, S, 1 + 2*Dv)
+        hit, sees_any = _seen(flags, req)
+        q_bad = (~q_ok).any(dim=-1, keepdim=True).view(B, G, R, T, 1)  # (B, H, T, 1) -> (B, G, R, T, 1)
+        row_nan = hit[..., :1] | (q_bad if sees_any is None else q_bad & sees_any)  # (B, G, R, T, 1)
+        up_hit, down_hit = hit[..., 1 : 1 + Dv], hit[..., 1 + Dv :]
+        nan_hit = (up_hit & down_hit) | row_nan  # visible NaN, or both infinities, or a bad key/query
+        pos_hit, neg_hit = up_hit & ~down_hit, down_hit & ~up_hit
 
     def fixup(out: torch.Tensor, weights: torch.Tensor | None):
-        out = out.masked_fill(pos_hit, float("inf")).masked_fill(neg_hit, float("-inf"))
-        out = out.masked_fill(nan_hit | (pos_hit & neg_hit) | key_hit, float("nan"))
+        o = out.unflatten(1, (G, R))  # (B, H, T, Dv) -> (B, G, R, T, Dv)
+        o = o.masked_fill(pos_hit, float("inf")).masked_fill(neg_hit, float("-inf"))
+        out = o.masked_fill(nan_hit, float("nan")).flatten(1, 2)  # (B, G, R, T, Dv) -> (B, H, T, Dv)
         if weights is not None:
-            weights = weights.masked_fill(key_hit, float("nan"))
+            w = weights.unflatten(1, (G, R))  # (B, H, T, S) -> (B, G, R, T, S)
+            weights = w.masked_fill(row_nan, float("nan")).flatten(1, 2)  # -> (B, H, T, S)
         return out, weights
 
     return safe, fixup
+
+
+def split_nonfinite(req: AttentionRequest) -> tuple[AttentionRequest, Fixup | None]:
+    """Return a request with finite q/k/v and a function that restores
+    the non-finite effects on the output.
+
+    In eager mode the function is None when every entry is finite (the
+    request is returned as it is); inside ``torch.compile`` it is always
+    returned, and is the identity on finite inputs.
+    """
+    if req.k.numel() == 0 or req.q.numel() == 0:
+        return req, None
+    if not torch.compiler.is_compiling() and _all_finite(req):
+        return req, None
+    return _sanitise(req)

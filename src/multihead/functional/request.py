@@ -125,22 +125,28 @@ def _normalise_mask(
         raise ValueError(f"attn_mask is on {mask.device} but q is on {q.device}")
     B, H, T, _ = q.shape
     S = k.shape[2]
-    accepted = f"accepted: (T, S) = ({T}, {S}) or 4-D broadcastable to (B, H, T, S) = ({B}, {H}, {T}, {S})"
+
+    def accepted() -> str:
+        # Formatted only on error: formatting a size fixes it to its value inside torch.compile.
+        return f"accepted: (T, S) = ({T}, {S}) or 4-D broadcastable to (B, H, T, S) = ({B}, {H}, {T}, {S})"
+
     if mask.dim() == 2:
         if tuple(mask.shape) != (T, S):
-            raise ValueError(f"2-D attn_mask must be (T, S); got {tuple(mask.shape)}; {accepted}")
+            raise ValueError(f"2-D attn_mask must be (T, S); got {tuple(mask.shape)}; {accepted()}")
         mask = mask[None, None]  # (T, S) -> (1, 1, T, S)
     elif mask.dim() == 4:
         for got, want in zip(mask.shape, (B, H, T, S)):
-            if got not in (1, want):
-                raise ValueError(f"attn_mask shape {tuple(mask.shape)} does not broadcast; {accepted}")
+            if got != 1 and got != want:  # not `in`: symbolic sizes under torch.compile
+                raise ValueError(f"attn_mask shape {tuple(mask.shape)} does not broadcast; {accepted()}")
     else:
-        raise ValueError(f"attn_mask must be 2-D or 4-D, got shape {tuple(mask.shape)}; {accepted}")
+        raise ValueError(f"attn_mask must be 2-D or 4-D, got shape {tuple(mask.shape)}; {accepted()}")
     if mask.dtype == torch.bool:
         return mask, None
     bias = mask.to(q.dtype) if q.dtype not in (torch.float16, torch.bfloat16) else mask.float()
     neg_inf = torch.isneginf(bias)
-    if bool(neg_inf.any()):
+    # Eager looks (a host sync) and keeps a mask without -inf as a pure bias;
+    # compiled code always splits, which gives the same numbers.
+    if torch.compiler.is_compiling() or bool(neg_inf.any()):
         return ~neg_inf, bias.masked_fill(neg_inf, 0.0)
     return None, bias
 

@@ -6,7 +6,9 @@ promises:
 * causal alignment: the kernel's ``is_causal`` is top-left; bottom-right
   (decoding) is passed as an explicit mask;
 * rows with nothing to attend to are given a harmless mask row and their
-  output is set to zero afterwards, so no NaN reaches outputs or gradients;
+  output is set to zero afterwards, so no NaN reaches outputs or gradients
+  (inside ``torch.compile`` this is done unconditionally, without reading
+  the mask on the host);
 * GQA never expands keys/values: with a causal triangle the kernel's
   ``enable_gqa`` is used; otherwise the R = H // G query heads of a group are
   folded into the query axis, (B, H, T, D) -> (B, G, R*T, D), which on CPU is
@@ -36,7 +38,13 @@ def sdpa_not_supported(req: AttentionRequest) -> list[str]:
         # kernel, where e.g. finfo(float32).min becomes -inf and hides a key
         # that the math path keeps.
         limit = torch.finfo(req.q.dtype).max
-        if req.bias.numel() and bool(req.bias.abs().amax() > limit):
+        if torch.compiler.is_compiling():
+            # Reading the mask's values would be a host sync inside the graph.
+            reasons.append(
+                f"a float attn_mask with {req.q.dtype} inputs cannot be range-checked while compiling "
+                "(the kernel's cast could turn large values into inf); use -inf or a bool mask"
+            )
+        elif req.bias.numel() and bool(req.bias.abs().amax() > limit):
             reasons.append(
                 f"attn_mask has values beyond {req.q.dtype}'s range (+-{limit:.5g}), "
                 "which the kernel's cast would turn into inf; use -inf or a bool mask"
@@ -79,7 +87,9 @@ def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, None]:
         visible = req.visible()
         if visible is not None:
             ok = visible.any(dim=-1, keepdim=True)  # (..., T, 1)
-            if not bool(ok.all()):
+            # Eager skips the fix-up when every row sees a key (a host sync);
+            # compiled code always applies it, a no-op on rows that see one.
+            if torch.compiler.is_compiling() or not bool(ok.all()):
                 row_ok = ok
                 visible = visible | ~ok  # any finite row; its output is zeroed below
         mask = visible

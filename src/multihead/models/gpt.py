@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
+from ..modules.calls import rollback_all_on_error
 from ..modules.registry import build_attention, list_attention_kinds
 
 __all__ = ["GPTConfig", "GPT_PRESETS", "GPT", "Block", "MLP", "positions_from_mask"]
@@ -231,6 +232,9 @@ def _require_gpt2_layout(config: GPTConfig) -> None:
 
 
 # ---------------------------------------------------------------------- model
+_ID_DTYPES = (torch.int64, torch.int32)  # the index dtypes nn.Embedding accepts
+
+
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids [B, S] counting real tokens only (Hugging Face's rule).
 
@@ -361,41 +365,54 @@ class GPT(nn.Module):
         """Next-token logits for every position.
 
         Args:
-            idx: [B, T] token ids (integer dtype).
+            idx: [B, T] token ids, torch.int64 or torch.int32.
             attention_mask: [B, S] with 1/True = real token, 0 = padding
                 (Hugging Face's polarity), S = cached length + T. Pads are
                 never attended; positions count real tokens only.
-            position_ids: [B, T] or [1, T]; default from ``attention_mask``
-                (see the module docstring) or cached length + arange(T).
+            position_ids: [B, T] or [1, T], torch.int64 or torch.int32;
+                default from ``attention_mask`` (see the module docstring)
+                or cached length + arange(T).
             kv_caches: one cache per block from :meth:`make_kv_caches`; this
                 call appends its T positions and attends over everything
-                cached (caches expose the cached length as ``.length``).
+                cached (caches expose the cached length as ``.length``, a
+                Python int, equal in every block). Every cache is checked
+                before any is written, and a call that fails anyway leaves
+                every cache's length as it was.
 
         Returns:
             logits [B, T, vocab_size].
 
+        Under ``torch.compile(fullgraph=True)`` the forward and a cached
+        decoding step trace without graph breaks: the checks that read the
+        data (token ids and ``position_ids`` in range) run in eager mode
+        only, shape and dtype checks everywhere. The cache length is a
+        Python int, symbolic after the first new length, so decoding step
+        after step compiles twice in all (``modules.kv_cache``).
+
         Raises:
-            TypeError / ValueError: wrong dtypes, shapes or token ids, a
-                sequence longer than ``context_length``, or a wrong number
-                of caches (before any cache is written).
+            TypeError: idx or position_ids of another dtype (e.g. uint8 or
+                float), a cache length that is not an int.
+            ValueError: wrong shapes, token ids or positions out of range
+                (eager), a sequence longer than ``context_length``, a wrong
+                number of caches, caches of different lengths or batch
+                sizes, or too little room in a cache (all before any cache
+                is written).
         """
         cfg = self.config
         if not isinstance(idx, torch.Tensor):
             raise TypeError(f"idx must be a torch.Tensor, got {type(idx).__name__}")
-        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
-            raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+        if idx.dtype not in _ID_DTYPES:
+            raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype} (use torch.int64 or torch.int32)")
         if idx.dim() != 2 or idx.shape[1] == 0:
             raise ValueError(f"idx must be (B, T) with T >= 1, got {tuple(idx.shape)}")
         B, T = idx.shape
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
+        # Value checks read the data (a host sync): eager only, skipped inside torch.compile.
+        eager = not torch.compiler.is_compiling()
+        if eager and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
             raise ValueError(
                 f"token ids must be in [0, {cfg.vocab_size}), got min {int(idx.min())}, max {int(idx.max())}"
             )
-        past = 0
-        if kv_caches is not None:
-            if len(kv_caches) != len(self.blocks):
-                raise ValueError(f"need one KV cache per block: {len(self.blocks)}, got {len(kv_caches)}")
-            past = int(kv_caches[0].length)
+        past = 0 if kv_caches is None else self._check_caches(kv_caches, B, T)
         S = past + T
         if S > cfg.context_length:
             raise ValueError(
@@ -416,15 +433,49 @@ class GPT(nn.Module):
             else:
                 position_ids = torch.arange(past, S, device=idx.device)[None, :]  # (1, T)
         else:
+            if not isinstance(position_ids, torch.Tensor):
+                raise TypeError(f"position_ids must be a torch.Tensor, got {type(position_ids).__name__}")
+            if position_ids.dtype not in _ID_DTYPES:
+                raise TypeError(
+                    f"position_ids must be integer positions, got dtype {position_ids.dtype} "
+                    "(use torch.int64 or torch.int32)"
+                )
             if position_ids.dim() != 2 or position_ids.shape[0] not in (1, B) or position_ids.shape[1] != T:
                 raise ValueError(f"position_ids must be (B, T) or (1, T) = ({B}, {T}), got {tuple(position_ids.shape)}")
-            if int(position_ids.min()) < 0 or int(position_ids.max()) >= cfg.context_length:
-                raise ValueError(f"position_ids must be in [0, {cfg.context_length})")
+            if eager and (int(position_ids.min()) < 0 or int(position_ids.max()) >= cfg.context_length):
+                raise ValueError(
+                    f"position_ids must be in [0, {cfg.context_length}), got min {int(position_ids.min())}, "
+                    f"max {int(position_ids.max())}"
+                )
         x = self.token_embedding(idx) + self.position_embedding(position_ids)  # (B, T, C)
         x = self.dropout(x)
-        for i, block in enumerate(self.blocks):
-            x = block(x, key_padding_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
+        with rollback_all_on_error(kv_caches):
+            for i, block in enumerate(self.blocks):
+                x = block(x, key_padding_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
         return self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, vocab)
+
+    def _check_caches(self, kv_caches: list[Any], B: int, T: int) -> int:
+        """Validate every cache before any is written; return the cached length.
+
+        Raises:
+            TypeError: a cache length that is not a Python int.
+            ValueError: a wrong number of caches, caches of different lengths,
+                or a cache that cannot take T more positions of batch B.
+        """
+        if len(kv_caches) != len(self.blocks):
+            raise ValueError(f"need one KV cache per block: {len(self.blocks)}, got {len(kv_caches)}")
+        lengths = [cache.length for cache in kv_caches]
+        for i, length in enumerate(lengths):
+            if isinstance(length, bool) or not isinstance(length, int):
+                raise TypeError(f"KV cache {i} length must be a Python int, got {type(length).__name__}")
+        if any(length != lengths[0] for length in lengths):
+            raise ValueError(f"every block's KV cache must hold the same length, got lengths {lengths}")
+        for i, cache in enumerate(kv_caches):
+            try:
+                cache.check_append(B, T)
+            except ValueError as err:
+                raise ValueError(f"KV cache of block {i}: {err}") from None
+        return lengths[0]
 
     def generate(
         self,

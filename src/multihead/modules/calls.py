@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-__all__ = ["check_input", "check_call", "rollback_on_error", "default_alignment"]
+__all__ = ["check_input", "check_call", "rollback_on_error", "rollback_all_on_error", "default_alignment"]
 
 
 def check_input(name: str, x: object, width: int, query: torch.Tensor | None = None) -> torch.Tensor:
@@ -81,4 +81,21 @@ def rollback_on_error(kv_cache: Any) -> Iterator[None]:
     except Exception:
         if kv_cache is not None:
             kv_cache.length = length
+        raise
+
+
+@contextmanager
+def rollback_all_on_error(kv_caches: Sequence[Any] | None) -> Iterator[None]:
+    """A call that raises leaves the length of every cache as it was before it
+    (a model with one cache per layer: the layers before the failing one too).
+
+    The lengths are Python ints, so this adds nothing to a compiled graph.
+    """
+    lengths = None if kv_caches is None else [cache.length for cache in kv_caches]
+    try:
+        yield
+    except Exception:
+        if kv_caches is not None:
+            for cache, length in zip(kv_caches, lengths):
+                cache.length = length
         raise

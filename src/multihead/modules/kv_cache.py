@@ -7,6 +7,18 @@ The buffers are non-persistent: they never enter a state_dict.
     cache = attn.make_kv_cache(batch_size=2, max_len=64)
     y = attn(prompt, is_causal=True, kv_cache=cache)     # prefill: T tokens
     y = attn(next_tok, is_causal=True, kv_cache=cache)   # then 1+ per step
+
+Under ``torch.compile`` the cached length is a Python int, never a tensor,
+so nothing reads a device value to know where to write, and a decoding step
+traces with ``fullgraph=True`` (no graph break). Dynamo treats int
+attributes of an ``nn.Module`` as constants and would recompile at every new
+length (and fail once ``torch._dynamo.config.recompile_limit`` is reached
+under ``fullgraph=True``); ``length`` is therefore read inside the graph as an
+unspecialised int (``torch._dynamo.patch_dynamo_config(
+allow_unspec_int_on_nn_module=True)`` around the read). The first new length
+recompiles once; automatic dynamic shapes then make it symbolic, so one graph
+serves every later step (two compiles in all). Dynamo replays the ``length``
+update after the graph; the slices ``[:length]`` have the symbolic length.
 """
 
 from __future__ import annotations
@@ -17,6 +29,11 @@ from torch import nn
 from .._checks import positive_int
 
 __all__ = ["KVCache"]
+
+# Traceable config patch (recent torch); without it the length is a
+# constant to dynamo and every new length recompiles.
+_patch = getattr(torch._dynamo, "patch_dynamo_config", None)
+_unspecialised = (lambda f: f) if _patch is None else _patch(allow_unspec_int_on_nn_module=True)
 
 
 class KVCache(nn.Module):
@@ -35,7 +52,9 @@ class KVCache(nn.Module):
 
     Attributes:
         k: [B, G, S_max, D] key buffer; v: [B, G, S_max, Dv] value buffer.
-        length: number of positions written so far.
+        length: number of positions written so far (a Python int; see
+            the module docstring for how ``torch.compile`` treats it).
+        batch_size: B.
     """
 
     def __init__(
@@ -60,9 +79,48 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(B, G, S, D, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(B, G, S, Dv, dtype=dtype, device=device), persistent=False)
 
+    @property
+    def length(self) -> int:
+        """Number of positions written so far (a Python int)."""
+        if torch.compiler.is_compiling():
+            return self._traced_length()
+        return self._length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self._length = value
+
+    @_unspecialised
+    def _traced_length(self) -> int:
+        # `+ 0` makes dynamo wrap the attribute here, under the patched config.
+        return self._length + 0
+
+    @property
+    def batch_size(self) -> int:
+        """B, the batch size the buffers hold."""
+        return self.k.shape[0]
+
     def reset(self) -> None:
         """Forget every cached position (the buffers are reused)."""
         self.length = 0
+
+    def check_append(self, batch_size: int, T: int) -> None:
+        """Raise unless ``T`` positions of a batch of ``batch_size`` can be appended.
+
+        Models with one cache per layer call this for every cache before
+        the first write, so a call that fails writes nothing anywhere.
+
+        Raises:
+            ValueError: a batch size other than the cache's, or a write past
+                capacity (naming the numbers).
+        """
+        if batch_size != self.batch_size:
+            raise ValueError(f"KV cache holds batch_size={self.batch_size}, got a batch of {batch_size}")
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(
+                f"KV cache overflow: {self.length} cached + {T} new = {end} > max_len {self.max_len}"
+            )
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append T new positions and return everything cached so far.
@@ -91,11 +149,8 @@ class KVCache(nn.Module):
                 f"cache holds k (B={B}, G={G}, D={D}) and v (D={Dv}); "
                 f"got k={tuple(k.shape)}, v={tuple(v.shape)}"
             )
+        self.check_append(B, T)
         end = self.length + T
-        if end > self.max_len:
-            raise ValueError(
-                f"KV cache overflow: {self.length} cached + {T} new = {end} > max_len {self.max_len}"
-            )
         self.k[:, :, self.length : end] = k.detach()
         self.v[:, :, self.length : end] = v.detach()
         self.length = end

@@ -407,7 +407,9 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
             out = attention(q[:, :hs], ks, vs, attn_mask=_head_slice(mask, 0, hs), **core)  # (B, hs, T, D)
             parts.append(out * gates[..., :hs].transpose(1, 2).unsqueeze(-1))  # (B, T, hs) -> (B, hs, T, 1)
         counts = chosen.sum(1)  # (B, E): rows that chose each routed head
-        M = int(counts.max())  # rows per routed head, padded to the largest (batch row, head)
+        # rows per routed head, padded to the largest (batch row, head); inside
+        # torch.compile to T (no host sync: the extra padding rows are zeroed below)
+        M = T if torch.compiler.is_compiling() else int(counts.max())
         # per (b, e): the positions that chose e first, in token order, then the others (padding)
         order = torch.argsort((~chosen).to(torch.uint8), dim=1, stable=True)  # (B, T, E)
         tok = order[:, :M].transpose(1, 2)  # (B, M, E) -> (B, E, M), distinct within each (b, e)
@@ -453,7 +455,8 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         The sparse path runs the routed heads as one batch padded to M, the
         most rows any (batch row, routed head) received, so the work it
         actually does is 2·B·(hs·T + E·M)·S·(D + D) (non-causal); with
-        balanced routing M is close to its expectation hr·T/E.
+        balanced routing M is close to its expectation hr·T/E (inside
+        ``torch.compile``, where M would need a host sync, M = T).
         """
         S = T if S is None else S
         H, G, D, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim

@@ -1,0 +1,120 @@
+"""Checkpoints under kill -9: the old or the new one loads, never a mix; no temp files survive the next save."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from multihead.models.checkpoint import checkpoint_paths, load_checkpoint, read_config, save_checkpoint
+from multihead.models.gpt import GPT, GPTConfig
+
+# A server process: imports once, loads the two models, then for each request
+# "<0|1> <path>" forks a child that saves them alternately (starting with the
+# given one) to <path> until it is killed; it answers the child's pid, then
+# its wait status once the child is gone (so the test never races a zombie).
+SERVER = r"""
+import os, sys
+import torch
+torch.set_num_threads(1)
+from multihead.models.checkpoint import load_checkpoint, save_checkpoint
+models = [load_checkpoint(p) for p in sys.argv[1:3]]
+print("ready", flush=True)
+for line in sys.stdin:
+    first, path = line.split(maxsplit=1)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            i = int(first)
+            while True:
+                save_checkpoint(models[i % 2], path.strip())
+                i += 1
+        finally:
+            os._exit(3)  # only reached if a save raised
+    print(pid, flush=True)
+    print(os.waitpid(pid, 0)[1], flush=True)
+"""
+
+
+def two_models() -> tuple[GPT, GPT]:
+    """Different configs and sizes, so new weights with an old config cannot load unnoticed."""
+    torch.manual_seed(0)
+    a = GPT(GPTConfig.from_preset("tiny", vocab_size=61, context_length=32, num_layers=1))
+    torch.manual_seed(1)
+    b = GPT(GPTConfig.from_preset("tiny", vocab_size=67, context_length=48, num_layers=2, attention="mqa"))
+    return a, b
+
+
+def temp_names(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp"))
+
+
+def which(model: GPT, references: dict[str, GPT]) -> str:
+    """The name of the reference whose state dict ``model`` equals (bitwise: the same tensors, saved and loaded)."""
+    got = model.state_dict()
+    for name, ref in references.items():
+        want = ref.state_dict()
+        if model.config == ref.config and got.keys() == want.keys():
+            if all(torch.equal(got[k], want[k]) for k in want):
+                return name
+    raise AssertionError(f"the loaded checkpoint is neither saved model: config {model.config}")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the saving children are forked")
+def test_kill_9_while_saving_leaves_the_old_or_the_new_checkpoint(tmp_path):
+    a, b = two_models()
+    save_checkpoint(a, tmp_path / "ref_a")
+    save_checkpoint(b, tmp_path / "ref_b")
+    references = {"a": load_checkpoint(tmp_path / "ref_a"), "b": load_checkpoint(tmp_path / "ref_b")}
+    targets = [tmp_path / "run", tmp_path / "pair" / "tiny.safetensors"]
+    for target in targets:
+        save_checkpoint(a, target)
+    # Kill delays spread over several saves, whatever the speed of this machine.
+    start = time.perf_counter()
+    for _ in range(3):
+        save_checkpoint(b, tmp_path / "timing")
+    max_delay = min(0.2, 6 * (time.perf_counter() - start) / 3)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(tmp_path / "ref_a"), str(tmp_path / "ref_b")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    rng = random.Random(1234)
+    seen = {str(t): set() for t in targets}
+    left_behind = 0
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        for kill in range(48):
+            target = targets[kill % 2]
+            server.stdin.write(f"{rng.randrange(2)} {target}\n")
+            server.stdin.flush()
+            pid = int(server.stdout.readline())
+            time.sleep(rng.uniform(0, max_delay))
+            os.kill(pid, signal.SIGKILL)
+            status = int(server.stdout.readline())
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"the saver ended: {status}"
+            loaded = load_checkpoint(target)
+            seen[str(target)].add(which(loaded, references))
+            assert read_config(target) == loaded.config
+            left_behind += len(temp_names(checkpoint_paths(target)[1].parent))
+    finally:
+        server.kill()
+        server.wait()
+    # Both outcomes happen (the kills land all over the saves), and neither is ever a mix.
+    assert all(s == {"a", "b"} for s in seen.values()), seen
+    for target in targets:
+        save_checkpoint(a, target)  # removes what the killed savers left
+        directory = checkpoint_paths(target)[1].parent
+        assert temp_names(directory) == [], f"{left_behind} temp entries seen after kills"
+        assert sorted(p.name for p in directory.iterdir()) == sorted(p.name for p in checkpoint_paths(target))
+        assert which(load_checkpoint(target), references) == "a"

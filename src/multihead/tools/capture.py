@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -137,19 +136,13 @@ class AttentionRecord:
         return cls(layers, data.get("query_tokens"), data.get("key_tokens"), data.get("source", ""))
 
     def save_json(self, path: str | os.PathLike, batch: int = 0) -> Path:
-        """Write ``to_dict(batch)`` as JSON; a temporary file is renamed into
-        place, so a crash never leaves a half-written record."""
-        path = Path(path)
+        """Write ``to_dict(batch)`` as JSON with ``models.safe_files.write_text_atomic``:
+        the file is replaced as a whole (a crash never leaves a half-written
+        record) and gets the usual permissions."""
+        from ..models.safe_files import write_text_atomic
+
         payload = json.dumps(self.to_dict(batch), allow_nan=False)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(payload)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(path, payload)
 
 
 def _rounded(t: torch.Tensor, digits: int) -> list:

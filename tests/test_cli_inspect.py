@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import html as html_lib
 import json
+import re
 
 import pytest
+import torch
 
 from multihead.cli import main
-from multihead.commands.inspect import DEFAULT_TEXT, inspect_text
+from multihead.commands.inspect import DEFAULT_TEXT, _links_table, inspect_text, shown_links
+from multihead.models.checkpoint import save_checkpoint
+from multihead.models.gpt import GPT, GPTConfig
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +27,9 @@ def test_default_sentence_on_minilm(tmp_path, capsys):
     assert "all-MiniLM-L6-v2: 6 layers x 12 heads" in printed
     assert "[CLS] the law will never be perfect , but its application should be just . [SEP]" in printed
     assert "layer  head  roles" in printed and "strongest token links" in printed
+    assert "columns: a head gets a role when its score is >= the threshold" in printed
+    assert "  previous  >= 0.90  share of queries whose largest weight is on the token just before them" in printed
+    assert "notice:" not in printed  # an English sentence of 16 tokens: nothing to say
     for name in ("heads.html", "heads.png", "heads.json"):
         assert (tmp_path / name).stat().st_size > 1000
         assert str((tmp_path / name).resolve()) in printed
@@ -64,5 +72,115 @@ def test_gpt_checkpoint(tmp_path, capsys):
     ],
 )
 def test_errors_are_reported_not_raised(argv, message, tmp_path, capsys):
-    assert main([*argv, "--out", str(tmp_path)]) == 2
-    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- long texts, unknown words, the links list ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    """A byte-level GPT (2 layers x 4 heads, context 128) and one with a 300-word vocabulary."""
+    folder = tmp_path_factory.mktemp("ckpts")
+    torch.manual_seed(0)
+    save_checkpoint(GPT(GPTConfig.from_preset("tiny")), folder / "bytes")
+    save_checkpoint(GPT(GPTConfig.from_preset("tiny", vocab_size=300)), folder / "words")
+    return folder
+
+
+def page_data(path):
+    page = path.read_text("utf-8")
+    title = html_lib.unescape(re.search(r"<title>(.*?)</title>", page, re.S).group(1))
+    data = json.loads(re.search(r'id="mh-data">(.*?)</script>', page, re.S).group(1))
+    return title, data
+
+
+def test_truncate_analyses_the_first_tokens_and_says_so(tiny_ckpt, tmp_path, capsys):
+    text = "To be, or not to be, that is the question. " * 4  # 172 bytes > context 128
+    out = tmp_path / "out"
+    assert main(["inspect", text, "--checkpoint", str(tiny_ckpt / "bytes"), "--truncate", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    analysed = text.encode()[:128].decode()
+    notice = f"the text is {len(text.encode())} tokens, more than the checkpoint {tiny_ckpt / 'bytes'}'s maximum of 128"
+    assert f"notice: {notice}: only the first 128 were analysed" in printed
+    assert f'up to "...{analysed[-40:].lstrip()}" (--truncate)' in printed
+    data = json.loads((out / "heads.json").read_text())
+    assert "".join(data["query_tokens"]) == analysed
+    title, page = page_data(out / "heads.html")
+    assert title == f"GPT checkpoint bytes: {' '.join(analysed.split())} (first 128 of 172 tokens)"
+    assert len(page["notices"]) == 1 and page["notices"][0].startswith(notice)
+
+
+@pytest.fixture(scope="module")
+def word_tokenizer(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{w: i for i, w in enumerate("to be or not that is the question".split(), 1)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("text, unknown", [("to be or xyzzy", 1), ("to be plugh xyzzy", 2), ("to plugh xyzzy frob", 3)])
+def test_a_notice_when_more_than_a_quarter_of_the_words_are_unknown(text, unknown, tiny_ckpt, word_tokenizer, tmp_path, capsys):
+    argv = ["inspect", text, "--checkpoint", str(tiny_ckpt / "words"), "--tokenizer", str(word_tokenizer)]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    _, page = page_data(tmp_path / "heads.html")
+    notice = f"{unknown} of 4 words became [UNK] (unknown to the tokenizer)"
+    if unknown > 1:  # more than a quarter
+        assert f"notice: {notice}" in printed and page["notices"][0].startswith(notice)
+    else:
+        assert "notice:" not in printed and page["notices"] == []
+
+
+def test_minilm_notice_names_the_model_language(capsys):
+    found = inspect_text("\U0001f600 \U0001f389 \U0001f680 hello", layer=0)
+    assert found.record.query_tokens == ["[CLS]", "[UNK]", "[UNK]", "[UNK]", "hello", "[SEP]"]
+    assert found.notices == [
+        "3 of 4 words became [UNK] (unknown to the tokenizer); all-MiniLM-L6-v2 is an English, uncased model: "
+        "roles and links on this text say little"
+    ]
+
+
+def brute_force_links(weights, visible, k=3):
+    """Every allowed (query, key) of rows with at least two allowed keys, by weight, ties row-major."""
+    T, S = weights.shape
+    pairs = [(float(weights[i, j]), i, j) for i in range(T) for j in range(S) if visible[i, j] and visible[i].sum() >= 2]
+    pairs.sort(key=lambda p: (-p[0], p[1], p[2]))
+    return [(i, j, w) for w, i, j in pairs[:k] if w > 0]
+
+
+def test_links_skip_rows_with_one_allowed_key(tiny_ckpt):
+    found = inspect_text("aaa bbb aaa", checkpoint=str(tiny_ckpt / "bytes"))
+    visible = torch.ones(11, 11, dtype=torch.bool).tril()
+    links = shown_links(found)
+    assert len(links) == len(found.roles) == 8
+    heads = [(entry, h) for entry in found.record.layers for h in range(entry.num_heads)]
+    for (entry, h), got in zip(heads, links):
+        assert [(link.query_index, link.key_index, link.weight) for link in got] == brute_force_links(
+            entry.weights[0, h].double(), visible
+        )  # same weights read back: exact
+        assert all(link.query_index > 0 for link in got)  # the first token sees itself only
+
+
+def test_links_show_special_tokens_and_number_repeated_words(minilm_run):
+    _, found = minilm_run
+    links = shown_links(found)
+    tokens = found.record.query_tokens
+    assert any(tokens[link.key_index] in ("[CLS]", "[SEP]") for head in links for link in head)
+    visible = torch.ones(len(tokens), len(tokens), dtype=torch.bool)
+    heads = [(entry, h) for entry in found.record.layers for h in range(entry.num_heads)]
+    for (entry, h), got in zip(heads[::7], links[::7]):  # every 7th head: 11 of 72
+        want = brute_force_links(entry.weights[0, h].double(), visible)
+        assert [(link.query_index, link.key_index, link.weight) for link in got] == want
+    table = _links_table(found)
+    assert tokens.count("be") == 2 and tokens.count("the") == 1
+    assert re.search(r"\bbe\b(?!#)", table) is None  # "be" occurs twice: always with its position
+    assert re.search(r"\bbe#(5|12)\b", table) and "the#" not in table

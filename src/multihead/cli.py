@@ -1,4 +1,10 @@
-"""The ``multihead`` command. Each subcommand lists runnable examples in its help."""
+"""The ``multihead`` command. Each subcommand lists runnable examples in its help.
+
+A mistake on the command line ends the command with exit status 2 and one
+line on stderr, ``multihead <command>: error: ...``, naming the value; nothing
+is written. Mistakes argparse finds itself (an unknown flag, a value of the
+wrong type) also print the usage of the subcommand above that line.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,17 @@ import sys
 
 __all__ = ["main", "build_parser"]
 
+_USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
+
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``multihead`` parser with its subcommands."""
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="multihead",
         description="Multi-head attention: reference, modules, variants and head tools.",
@@ -20,7 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subs = {"textbook": _add_textbook(sub), "inspect": _add_inspect(sub), "generate": _add_generate(sub)}
+    return parser, subs
+
+
+def _add_textbook(sub) -> argparse.ArgumentParser:
     tb = sub.add_parser(
         "textbook",
         help="rebuild the textbook classes with the book's seeds and compare with its numbers",
@@ -32,10 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  multihead textbook\n  multihead textbook --tolerance 1e-7",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    tb.add_argument("--tolerance", type=float, default=1e-6, help="largest accepted |difference| (default 1e-6)")
-    _add_inspect(sub)
-    _add_generate(sub)
-    return parser
+    tb.add_argument(
+        "--tolerance", type=float, default=1e-6, help="largest accepted |difference|, a number >= 0 (default 1e-6)"
+    )
+    return tb
 
 
 _INSPECT_EXAMPLES = """examples:
@@ -46,7 +67,7 @@ _INSPECT_EXAMPLES = """examples:
 """
 
 
-def _add_inspect(sub) -> None:
+def _add_inspect(sub) -> argparse.ArgumentParser:
     from .commands.inspect import DEFAULT_TEXT, MODELS
 
     ins = sub.add_parser(
@@ -56,18 +77,28 @@ def _add_inspect(sub) -> None:
             "Run TEXT through a pretrained model (all-MiniLM-L6-v2 by default, offline) or a GPT "
             "checkpoint, capture every head's exact attention weights, score each head for documented "
             "roles (previous/next token, self, [CLS], [SEP], punctuation, broad, rare token), print a "
-            "table of heads with their roles and strongest token links, and write heads.html (head "
-            "view, model view, role table; opens from disk), heads.png and heads.json into --out."
+            "table of heads with their roles, a legend of the scores and the strongest token links, and "
+            "write heads.html (head view, model view, role table; opens from disk), heads.png and "
+            "heads.json into --out. A text longer than the model's maximum (256 tokens for MiniLM) is "
+            "refused unless --truncate is given."
         ),
         epilog=_INSPECT_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ins.add_argument("text", nargs="?", default=DEFAULT_TEXT, help=f"the input text (default {DEFAULT_TEXT!r})")
-    ins.add_argument("--model", default=MODELS[0], choices=MODELS, help=f"packaged model (default {MODELS[0]})")
+    ins.add_argument("--model", choices=MODELS, help=f"packaged model (default {MODELS[0]} unless --checkpoint)")
     ins.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint to inspect instead of --model")
-    ins.add_argument("--tokenizer", metavar="FILE", help="tokenizer.json for a checkpoint whose vocabulary is not bytes")
+    ins.add_argument(
+        "--tokenizer", metavar="FILE", help="tokenizer.json for a --checkpoint whose vocabulary is not bytes"
+    )
     ins.add_argument("--layer", type=int, metavar="L", help="only this layer")
+    ins.add_argument(
+        "--truncate",
+        action="store_true",
+        help="analyse the first tokens of a text longer than the model's maximum (with a notice) instead of refusing it",
+    )
     ins.add_argument("--out", default="out", metavar="DIR", help="folder for heads.html/png/json (default out)")
+    return ins
 
 
 _GENERATE_EXAMPLES = """examples:
@@ -78,8 +109,8 @@ _GENERATE_EXAMPLES = """examples:
 """
 
 
-def _add_generate(sub) -> None:
-    from .commands.generate import DEFAULT_PRESET, DEFAULT_PROMPT
+def _add_generate(sub) -> argparse.ArgumentParser:
+    from .commands.generate import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PRESET, DEFAULT_PROMPT, DEFAULT_TEMPERATURE
     from .models.gpt import GPT_PRESETS
 
     gen = sub.add_parser(
@@ -91,7 +122,8 @@ def _add_generate(sub) -> None:
             "continuation of the prompt and print prompt + continuation. Byte-level models (vocab 256: "
             "the tiny and mini presets) read the prompt as UTF-8 bytes; other vocabularies need "
             "--tokenizer tokenizer.json. Untrained weights produce noise: this shows the decoding "
-            "machinery (KV cache, temperature, top-k, top-p), not a language model."
+            "machinery (KV cache, temperature, top-k, top-p), not a language model. --save-init only "
+            "saves the model, so the sampling options cannot go with it."
         ),
         epilog=_GENERATE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -101,15 +133,18 @@ def _add_generate(sub) -> None:
         help=f"model preset: {', '.join(GPT_PRESETS)} (default {DEFAULT_PRESET} unless --checkpoint is given)",
     )
     gen.add_argument("--checkpoint", metavar="PATH", help="checkpoint directory or .safetensors file to load")
-    gen.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"text to continue (default {DEFAULT_PROMPT!r})")
-    gen.add_argument("--max-new-tokens", type=int, default=50, metavar="N", help="tokens to add (default 50)")
+    gen.add_argument("--prompt", help=f"text to continue (default {DEFAULT_PROMPT!r})")
     gen.add_argument(
-        "--temperature", type=float, default=1.0, metavar="T", help="0 = greedy; higher = more random (default 1.0)"
+        "--max-new-tokens", type=int, metavar="N", help=f"tokens to add (default {DEFAULT_MAX_NEW_TOKENS})"
     )
-    gen.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
     gen.add_argument(
-        "--top-p", type=float, default=None, metavar="P", help="sample among the smallest set with mass >= P"
+        "--temperature",
+        type=float,
+        metavar="T",
+        help=f"0 = greedy; higher = more random (default {DEFAULT_TEMPERATURE})",
     )
+    gen.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
+    gen.add_argument("--top-p", type=float, metavar="P", help="sample among the smallest set with mass >= P")
     gen.add_argument(
         "--seed", type=int, default=0, metavar="S", help="seed of the weights and the sampling (default 0)"
     )
@@ -117,52 +152,80 @@ def _add_generate(sub) -> None:
         "--tokenizer", metavar="FILE", help="Hugging Face tokenizer.json (required when vocab_size is not 256)"
     )
     gen.add_argument("--save-init", metavar="PATH", help="save the freshly initialised preset model to PATH and exit")
+    return gen
+
+
+def _textbook(args: argparse.Namespace) -> int:
+    from .commands.textbook import run
+
+    return run(tolerance=args.tolerance)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from .commands.inspect import run
+
+    run(
+        args.text,
+        model=args.model,
+        checkpoint=args.checkpoint,
+        tokenizer=args.tokenizer,
+        layer=args.layer,
+        out=args.out,
+        truncate=args.truncate,
+    )
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .commands.generate import run
+
+    return run(
+        preset=args.preset,
+        checkpoint=args.checkpoint,
+        prompt=args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        tokenizer=args.tokenizer,
+        save_init=args.save_init,
+    )
+
+
+_COMMANDS = {"textbook": _textbook, "inspect": _inspect, "generate": _generate}
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line (an OSError without one names its type)."""
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "textbook":
-        from .commands.textbook import run
+    """Run ``multihead`` with ``argv`` (default ``sys.argv[1:]``).
 
-        return run(tolerance=args.tolerance)
-    if args.command == "inspect":
-        from .commands.inspect import run as inspect
+    Returns:
+        0 on success, 1 when ``textbook`` finds a difference.
 
-        try:
-            inspect(
-                args.text,
-                model=args.model,
-                checkpoint=args.checkpoint,
-                tokenizer=args.tokenizer,
-                layer=args.layer,
-                out=args.out,
-            )
-        except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as e:
-            print(f"multihead inspect: error: {e}", file=sys.stderr)
-            return 2
-        return 0
-    if args.command == "generate":
-        from .commands.generate import run as generate
-
-        try:
-            return generate(
-                preset=args.preset,
-                checkpoint=args.checkpoint,
-                prompt=args.prompt,
-                max_new_tokens=args.max_new_tokens,
-                temperature=args.temperature,
-                top_k=args.top_k,
-                top_p=args.top_p,
-                seed=args.seed,
-                tokenizer=args.tokenizer,
-                save_init=args.save_init,
-            )
-        except (ValueError, TypeError, FileNotFoundError) as e:
-            print(f"multihead generate: error: {e}", file=sys.stderr)
-            return 2
-    parser.print_help()
-    return 2
+    Raises:
+        SystemExit: status 2 for a mistake on the command line (one line
+            ``multihead <command>: error: ...`` on stderr), 0 after
+            ``--help`` or ``--version``.
+    """
+    parser, subs = _parsers()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(f"choose a command: {', '.join(subs)} ('multihead COMMAND --help' shows its options)")
+    sub = subs[args.command]
+    if extra:
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return _COMMANDS[args.command](args)
+    except _USER_ERRORS as e:
+        sub.exit(2, f"{sub.prog}: error: {_one_line(e)}\n")
 
 
 if __name__ == "__main__":

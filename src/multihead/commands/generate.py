@@ -9,16 +9,23 @@ vocabularies need ``--tokenizer tokenizer.json`` (Hugging Face ``tokenizers``).
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-__all__ = ["run", "encode_prompt", "decode_tokens", "DEFAULT_PRESET", "DEFAULT_PROMPT"]
+from .paths import input_file, output_folder
+
+__all__ = [
+    "run", "encode_prompt", "decode_tokens", "DEFAULT_PRESET", "DEFAULT_PROMPT", "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_TEMPERATURE",
+]  # fmt: skip
 
 DEFAULT_PRESET = "tiny"
 DEFAULT_PROMPT = "Hello"
+DEFAULT_MAX_NEW_TOKENS = 50
+DEFAULT_TEMPERATURE = 1.0
 BYTE_VOCAB = 256
 
 
@@ -27,12 +34,12 @@ def _load_tokenizer(path: str | None):
         return None
     from tokenizers import Tokenizer
 
-    if not Path(path).is_file():
-        raise ValueError(f"--tokenizer {path}: no such file (expected a Hugging Face tokenizer.json)")
+    input_file("--tokenizer", path, "a Hugging Face tokenizer.json")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises its own exception type for bad files
-        raise ValueError(f"--tokenizer {path}: not a readable tokenizer.json: {e}") from e
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"--tokenizer {path}: not a readable tokenizer.json ({reason})") from None
 
 
 def encode_prompt(prompt: str, vocab_size: int, tokenizer=None) -> list[int]:
@@ -65,13 +72,43 @@ def decode_tokens(ids: list[int], tokenizer=None) -> str:
     return bytes(ids).decode("utf-8", errors="replace")
 
 
+def _check_save_init(save_init: str, checkpoint: str | None, sampling: dict) -> None:
+    """Refuse what --save-init cannot honour, and a PATH that cannot be written, before any work."""
+    from ..models.checkpoint import checkpoint_paths
+
+    if checkpoint is not None:
+        raise ValueError(
+            f"--save-init writes a freshly initialised preset model; it cannot be combined with --checkpoint {checkpoint}"
+        )
+    given = [f"{flag} {value}" for flag, value in sampling.items() if value is not None]
+    if given:
+        raise ValueError(f"--save-init only saves the model and generates nothing, so {', '.join(given)} would be ignored")
+    config_path, weights_path = checkpoint_paths(save_init)
+    output_folder("--save-init", config_path.parent, (config_path.name, weights_path.name), shown=str(save_init))
+
+
+def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+    """The sampling values, checked before a model is built (None = the default)."""
+    if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0):
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: must be an integer >= 0")
+    if temperature is not None and not (isinstance(temperature, (int, float)) and 0 <= temperature < math.inf):
+        raise ValueError(f"--temperature {temperature}: must be a finite number >= 0 (0 = greedy)")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"--top-k {top_k}: must be an integer >= 1")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"--top-p {top_p}: must be a number in (0, 1]")
+    if temperature == 0 and (top_k is not None or top_p is not None):
+        chosen = " ".join(f"{flag} {v}" for flag, v in (("--top-k", top_k), ("--top-p", top_p)) if v is not None)
+        raise ValueError(f"--temperature 0 is greedy (always the most likely token), so {chosen} would be ignored")
+
+
 def run(
     *,
     preset: str | None = None,
     checkpoint: str | None = None,
-    prompt: str = DEFAULT_PROMPT,
-    max_new_tokens: int = 50,
-    temperature: float = 1.0,
+    prompt: str | None = None,
+    max_new_tokens: int | None = None,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
@@ -84,20 +121,31 @@ def run(
 
     With ``save_init`` the freshly built preset model is saved there and
     nothing is generated. Diagnostics go to ``info`` (stderr), the text to
-    ``echo`` (stdout). Returns the exit status.
+    ``echo`` (stdout). None means the default (``DEFAULT_PROMPT``,
+    ``DEFAULT_MAX_NEW_TOKENS``, ``DEFAULT_TEMPERATURE``, no top-k/top-p).
+    Returns the exit status.
 
     Raises:
-        ValueError: conflicting or invalid options (the CLI prints them).
+        ValueError: conflicting or invalid options (the CLI prints them):
+            --preset with --checkpoint; --save-init with --checkpoint or a
+            sampling option, or a PATH that cannot be written; --top-k or
+            --top-p with --temperature 0 (greedy ignores them); sampling
+            values out of range; a missing --tokenizer file. All are checked
+            before a model is built; a prompt too long for the model after.
     """
     from ..models.checkpoint import load_checkpoint, save_checkpoint
     from ..models.gpt import GPT, GPTConfig
 
     if preset is not None and checkpoint is not None:
         raise ValueError(f"give --preset or --checkpoint, not both (got --preset {preset} --checkpoint {checkpoint})")
-    if save_init is not None and checkpoint is not None:
-        raise ValueError(
-            "--save-init writes a freshly initialised preset model; it cannot be combined with --checkpoint"
-        )
+    if save_init is not None:
+        sampling = {
+            "--prompt": None if prompt is None else repr(prompt), "--max-new-tokens": max_new_tokens,
+            "--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--tokenizer": tokenizer,
+        }  # fmt: skip
+        _check_save_init(save_init, checkpoint, sampling)
+    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    tok = _load_tokenizer(tokenizer)  # before the model: a missing file is refused at once
     if checkpoint is not None:
         model = load_checkpoint(checkpoint)
         source = f"checkpoint {checkpoint}"
@@ -113,14 +161,20 @@ def run(
         info(f"saved {source}: {config_path} + {weights_path}")
         echo(str(save_init))
         return 0
-    tok = _load_tokenizer(tokenizer)
+    prompt = DEFAULT_PROMPT if prompt is None else prompt
     ids = encode_prompt(prompt, model.config.vocab_size, tok)
+    new = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+    if len(ids) + new > model.config.context_length:
+        raise ValueError(
+            f"the prompt's {len(ids)} tokens + --max-new-tokens {new} = {len(ids) + new} exceed the model's "
+            f"context_length={model.config.context_length}"
+        )
     info(f"model: {source}, {model.num_parameters():,} parameters; prompt {len(ids)} tokens")
     generator = torch.Generator().manual_seed(seed)
     out = model.generate(
         torch.tensor([ids]),
-        max_new_tokens,
-        temperature=temperature,
+        new,
+        temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
         top_k=top_k,
         top_p=top_p,
         generator=generator,

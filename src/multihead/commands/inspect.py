@@ -3,156 +3,253 @@
 Loads the pretrained MiniLM encoder (default) or a GPT checkpoint, runs the
 text through it while capturing every head's exact weights, scores each head
 for the documented roles (``tools.roles``), prints a table of heads with
-their roles and strongest token links, and writes three files:
+their roles, a legend of the scores and the strongest token links, and
+writes three files:
 
     heads.html   head view, model view and role table (one self-contained page)
     heads.png    layers x heads grid of heatmaps
     heads.json   the record (weights and tokens) plus the roles
+
+Mistakes are refused before any work: an output folder that cannot be
+written, a missing tokenizer file, options that contradict each other, an
+empty text; a text longer than the model's maximum is refused unless
+``truncate`` is set, and then the terminal and the page say what was cut.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..tools.capture import AttentionRecord, capture
-from ..tools.roles import HeadRoles, classify_heads, format_roles
+from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format_roles, role_legend, strongest_links
+from .paths import input_file, output_folder
+from .tokens import Encoded, check_text, encode_bytes, encode_text, notices
 
-__all__ = ["DEFAULT_TEXT", "Inspection", "inspect_text", "run"]
+__all__ = ["DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Inspection", "inspect_text", "shown_links", "run"]
 
 DEFAULT_TEXT = "The law will never be perfect, but its application should be just."
 MODELS = ("minilm-l6",)
+OUTPUT_FILES = ("heads.html", "heads.png", "heads.json")
+_MINILM = "all-MiniLM-L6-v2"
 
 
 @dataclass
 class Inspection:
-    """Everything ``inspect_text`` found: the record, token ids and roles."""
+    """Everything ``inspect_text`` found.
+
+    Attributes:
+        record: the captured weights, with tokens and source.
+        token_ids: the ids the model read.
+        roles: one ``HeadRoles`` per recorded head.
+        visible: [T, S] bool, the keys each query was allowed to see.
+        analysed: the part of the text that was analysed.
+        total_tokens: tokens of the whole text (more than ``token_ids`` when cut).
+        notices: what the reader must know (text cut, words not understood).
+    """
 
     record: AttentionRecord
     token_ids: list[int]
     roles: list[HeadRoles]
+    visible: torch.Tensor
+    analysed: str
+    total_tokens: int
+    notices: list[str] = field(default_factory=list)
 
 
-def _byte_token(b: int) -> str:
-    """A readable label for one byte of a byte-level model."""
-    return chr(b) if 32 <= b < 127 else f"\\x{b:02x}"
+def _load_tokenizer(path: str):
+    from tokenizers import Tokenizer
+
+    input_file("--tokenizer", path, "a Hugging Face tokenizer.json")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises its own exception type for bad files
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"--tokenizer {path}: not a readable tokenizer.json ({reason})") from None
 
 
-def _run_minilm(text: str) -> tuple[AttentionRecord, list[int]]:
+def _run_minilm(text: str, truncate: bool) -> tuple[AttentionRecord, Encoded, list[str]]:
     from ..models.minilm import load_minilm
 
     model = load_minilm()
-    batch = model.tokenize([text])
+    enc = encode_text(model.tokenizer, text, model.max_seq_length, model=_MINILM, truncate=truncate)
+    ids = torch.tensor([enc.ids])  # (1, T)
     with torch.no_grad(), capture(model.encoder) as record:
-        model.encoder(batch.input_ids, attention_mask=batch.attention_mask)
-    record.query_tokens = list(batch.tokens[0])
-    record.source = "all-MiniLM-L6-v2"
-    return record, batch.input_ids[0].tolist()
+        model.encoder(ids, attention_mask=torch.ones_like(ids))
+    record.source = _MINILM
+    note = f"; {_MINILM} is an English, uncased model"
+    return record, enc, notices(enc, model=_MINILM, language_note=note)
 
 
-def _run_gpt(text: str, checkpoint: str, tokenizer: str | None) -> tuple[AttentionRecord, list[int]]:
+def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
     from ..models.checkpoint import load_checkpoint
 
+    tok = _load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
     model = load_checkpoint(checkpoint).eval()
-    if tokenizer is not None:
-        from tokenizers import Tokenizer
-
-        encoding = Tokenizer.from_file(tokenizer).encode(text)
-        ids, tokens = list(encoding.ids), list(encoding.tokens)
-    elif model.config.vocab_size == 256:
-        ids = list(text.encode("utf-8"))
-        tokens = [_byte_token(b) for b in ids]
+    vocab, limit, name = model.config.vocab_size, model.config.context_length, f"the checkpoint {checkpoint}"
+    if tok is not None:
+        enc = encode_text(tok, text, limit, model=name, truncate=truncate)
+        if max(enc.ids) >= vocab:
+            raise ValueError(f"--tokenizer {tokenizer} produced id {max(enc.ids)}, but the checkpoint's vocab_size is {vocab}")
+    elif vocab == 256:
+        enc = encode_bytes(text, limit, model=name, truncate=truncate)
     else:
         raise ValueError(
-            f"the checkpoint's vocabulary has {model.config.vocab_size} tokens, not 256 bytes: "
-            "pass --tokenizer tokenizer.json"
+            f"the checkpoint's vocabulary has {vocab} tokens, not 256 bytes: pass --tokenizer tokenizer.json"
         )
-    if not ids:
-        raise ValueError("the text is empty: nothing to inspect")
-    limit = model.config.context_length
-    if len(ids) > limit:
-        raise ValueError(f"the text is {len(ids)} tokens, longer than the model's context_length={limit}")
     with torch.no_grad(), capture(model) as record:
-        model(torch.tensor([ids]))
-    record.query_tokens = tokens
+        model(torch.tensor([enc.ids]))  # (1, T)
     record.source = f"GPT checkpoint {Path(checkpoint).name}"
-    return record, ids
+    return record, enc, notices(enc, model=name)
 
 
 def inspect_text(
     text: str,
     *,
-    model: str = "minilm-l6",
+    model: str | None = None,
     checkpoint: str | None = None,
     tokenizer: str | None = None,
     layer: int | None = None,
+    truncate: bool = False,
 ) -> Inspection:
     """Capture and classify every head on ``text``.
 
     Args:
         text: the input sentence.
-        model: a packaged pretrained model name (``MODELS``), used unless
-            ``checkpoint`` is given.
-        checkpoint: a GPT checkpoint (``multihead.models.save_checkpoint``).
+        model: a packaged pretrained model name (``MODELS``); the default
+            when no ``checkpoint`` is given.
+        checkpoint: a GPT checkpoint (``multihead.models.save_checkpoint``);
+            not together with ``model``.
         tokenizer: a tokenizer.json for a checkpoint whose vocabulary is not bytes.
         layer: keep only this layer.
+        truncate: analyse the first tokens of a text longer than the model's
+            maximum (with a notice) instead of refusing it.
 
     Raises:
-        ValueError: unknown model, empty or too long text, layer out of range.
+        ValueError: contradicting options, unknown model, a missing or bad
+            tokenizer file, empty or too long text, layer out of range.
     """
-    if checkpoint is not None:
-        record, ids = _run_gpt(text, checkpoint, tokenizer)
-    elif model in MODELS:
-        record, ids = _run_minilm(text)
-    else:
+    if checkpoint is not None and model is not None:
+        raise ValueError(f"give --model or --checkpoint, not both (got --model {model} --checkpoint {checkpoint})")
+    if tokenizer is not None and checkpoint is None:
+        raise ValueError(
+            f"--tokenizer {tokenizer} is for a --checkpoint; {model or MODELS[0]} has its own tokenizer"
+        )
+    if model is not None and model not in MODELS:
         raise ValueError(f"unknown model {model!r}; packaged models: {list(MODELS)} (or pass --checkpoint)")
+    if layer is not None and layer < 0:
+        raise ValueError(f"--layer {layer} is negative: layers count from 0")
+    check_text(text)
+    if tokenizer is not None:
+        input_file("--tokenizer", tokenizer, "a Hugging Face tokenizer.json")
+    if checkpoint is not None:
+        record, enc, notes = _run_gpt(text, checkpoint, tokenizer, truncate)
+        visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
+    else:
+        record, enc, notes = _run_minilm(text, truncate)
+        visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
+    record.query_tokens = list(enc.tokens)
     if layer is not None:
-        if not 0 <= layer < record.num_layers:
+        if layer >= record.num_layers:
             raise ValueError(f"--layer {layer} out of range: the model has layers 0..{record.num_layers - 1}")
         record.layers = [record.layers[layer]]
-    return Inspection(record, ids, classify_heads(record, token_ids=ids))
+    roles = classify_heads(record, token_ids=enc.ids, mask=visible)
+    return Inspection(record, enc.ids, roles, visible, enc.analysed, enc.total, notes)
 
 
-def _links_table(roles: list[HeadRoles]) -> str:
-    lines = ["", "strongest token links per head (query -> key: weight)"]
-    for r in roles:
-        links = ", ".join(f"{link.query} -> {link.key}: {link.weight:.2f}" for link in r.links)
-        lines.append(f"  L{r.layer:<2} H{r.head:<2} {links}")
+def _label(tokens: list[str], counts: Counter, i: int) -> str:
+    """A token as the links table shows it: whitespace visible, ``word#i`` when it repeats."""
+    token = tokens[i]
+    shown = token.replace("\n", "\u21b5").replace("\t", "\u21e5")
+    if not shown.strip():
+        shown = shown.replace(" ", "\u2423") or "\u2205"
+    return f"{shown}#{i}" if counts[token] > 1 else shown
+
+
+def shown_links(found: Inspection, k: int = 3) -> list[list[Link]]:
+    """The ``k`` strongest links of each head (in ``found.roles`` order) as the command shows them.
+
+    Unlike ``HeadRoles.links`` these include special tokens ([CLS], [SEP]:
+    much of a head's weight goes there) and leave out queries that may see
+    one key only (a causal model's first token always gives it weight 1).
+    """
+    tokens, choice = found.record.query_tokens, found.visible.sum(dim=-1) >= 2  # (T,)
+    out = []
+    for entry in found.record.layers:  # classify_heads' order: calls, then heads
+        for h in range(entry.num_heads):
+            w = entry.weights[0, h].detach().double() * choice[:, None]  # (T, S), rows without a choice zeroed
+            out.append(strongest_links(w, tokens, tokens, k, skip_special=False))
+    return out
+
+
+def _links_table(found: Inspection) -> str:
+    tokens = found.record.query_tokens
+    counts = Counter(tokens)
+    lines = ["", "strongest token links per head (query -> key: weight; word#i = the word at position i)"]
+    for r, links in zip(found.roles, shown_links(found)):
+        text = ", ".join(
+            f"{_label(tokens, counts, link.query_index)} -> {_label(tokens, counts, link.key_index)}: {link.weight:.2f}"
+            for link in links
+        )
+        lines.append(f"  L{r.layer:<2} H{r.head:<2} {text}")
     return "\n".join(lines)
+
+
+def _title(source: str, found: Inspection) -> str:
+    """The page title: the model and the text it analysed (shortened in the middle when long)."""
+    text = " ".join(found.analysed.split())
+    if len(text) > 160:
+        text = f"{text[:90]} \u2026 {text[-60:]}"
+    if found.total_tokens > len(found.token_ids):
+        text += f" (first {len(found.token_ids)} of {found.total_tokens} tokens)"
+    return f"{source}: {text}"
 
 
 def run(
     text: str,
     *,
-    model: str = "minilm-l6",
+    model: str | None = None,
     checkpoint: str | None = None,
     tokenizer: str | None = None,
     layer: int | None = None,
     out: str = "out",
+    truncate: bool = False,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Path]:
-    """The CLI command: print roles and links, write the three files.
+    """The CLI command: print roles, legend and links, write the three files.
+
+    The output folder is checked before the model is loaded; nothing is
+    written when any check fails.
 
     Returns:
         {"html": ..., "png": ..., "json": ...} paths written.
+
+    Raises:
+        ValueError: as ``inspect_text``; an ``out`` that is not a writable folder.
     """
     from ..tools.visualize import write_html, write_json, write_png
 
-    found = inspect_text(text, model=model, checkpoint=checkpoint, tokenizer=tokenizer, layer=layer)
+    folder = output_folder("--out", out, OUTPUT_FILES)
+    found = inspect_text(text, model=model, checkpoint=checkpoint, tokenizer=tokenizer, layer=layer, truncate=truncate)
     record, roles = found.record, found.roles
     echo(f"{record.source}: {record.num_layers} layers x {record.layers[0].num_heads} heads on")
     echo(f"  {' '.join(record.query_tokens)}")
+    for note in found.notices:
+        echo(f"notice: {note}")
     echo("")
     echo(format_roles(roles))
-    echo(_links_table(roles))
-    folder = Path(out)
+    echo("")
+    echo(format_legend())
+    echo(_links_table(found))
     folder.mkdir(parents=True, exist_ok=True)
-    title = f"{record.source}: {text}"
+    title = _title(record.source, found)
+    legend = {name: {"meaning": meaning, "threshold": limit} for name, meaning, limit in role_legend()}
     paths = {
-        "html": write_html(record, folder / "heads.html", roles=roles, title=title),
+        "html": write_html(record, folder / "heads.html", roles=roles, title=title, legend=legend, notices=found.notices),
         "png": write_png(record, folder / "heads.png", roles=roles),
         "json": write_json(record, folder / "heads.json", roles=roles),
     }

@@ -8,6 +8,7 @@ difference. A parity table (``commands.parity``) follows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -89,7 +90,15 @@ def _print_case(r: dict, echo: Callable[[str], None]) -> None:
 
 
 def run(echo: Callable[[str], None] = print, tolerance: float = 1e-6) -> int:
-    """Print every case and the parity table; return 0 when all cases match."""
+    """Print every case and the parity table; return 0 when all cases match.
+
+    Raises:
+        ValueError: ``tolerance`` negative, NaN or infinite (checked before any work).
+    """
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
+        raise TypeError(f"--tolerance must be a number, got {tolerance!r}")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"--tolerance {tolerance}: must be a finite number >= 0 (the largest accepted |difference|)")
     echo("Textbook attention classes (Raschka, Build a Large Language Model from Scratch, ch. 3)")
     echo("rebuilt with the book's seeds, beside the published tensors")
     results = textbook_cases()

@@ -119,6 +119,15 @@ def test_inspect_mistakes_are_refused_before_loading_a_model(case, work, tiny_ck
     assert files_under(work) == before
 
 
+def test_inspect_without_matplotlib_writes_nothing(work, no_model, capsys, monkeypatch):
+    import multihead.commands.inspect as command
+
+    monkeypatch.setattr(command, "find_spec", lambda name: None)
+    line = refused(capsys, ["inspect", "hi", "--out", "out"])
+    assert "matplotlib, which is not installed: pip install 'multihead[viz]'" in line
+    assert files_under(work) == ["a-file", "a-folder"]
+
+
 @pytest.mark.skipif(not Path("/sys").is_dir(), reason="needs /sys, which refuses new entries")
 def test_inspect_refuses_an_unwritable_out(work, no_model, capsys):
     line = refused(capsys, ["inspect", "hi", "--out", "/sys/multihead-out"])

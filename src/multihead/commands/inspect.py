@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 
 import torch
@@ -230,9 +231,13 @@ def run(
 
     Raises:
         ValueError: as ``inspect_text``; an ``out`` that is not a writable folder.
+        ImportError: matplotlib (for heads.png) is not installed.
     """
     from ..tools.visualize import write_html, write_json, write_png
 
+    if find_spec("matplotlib") is None:  # heads.png needs it: refuse before writing the other two
+        raise ImportError("multihead inspect draws heads.png with matplotlib, which is not installed: "
+                          "pip install 'multihead[viz]'")
     folder = output_folder("--out", out, OUTPUT_FILES)
     found = inspect_text(text, model=model, checkpoint=checkpoint, tokenizer=tokenizer, layer=layer, truncate=truncate)
     record, roles = found.record, found.roles

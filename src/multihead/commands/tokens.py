@@ -95,10 +95,12 @@ def encode_text(tokenizer, text: str, limit: int, *, model: str, truncate: bool 
         if not truncate:
             raise _too_long(total, limit, model, "tokens")
         closing = 0  # special tokens at the end ([SEP]) stay, as HF truncation keeps them
-        while closing < total and special[total - 1 - closing]:
+        while closing < min(total, limit - 1) and special[total - 1 - closing]:
             closing += 1
         keep = list(range(limit - closing)) + list(range(total - closing, total))
     kept_text = [i for i in keep if not special[i]]
+    if not kept_text:
+        raise ValueError(f"{model}'s maximum of {limit} tokens leaves no room for the text beside its special tokens")
     end = max(enc.offsets[i][1] for i in kept_text)
     unk = getattr(whole.model, "unk_token", None)
     words = {enc.word_ids[i] for i in kept_text if enc.word_ids[i] is not None}

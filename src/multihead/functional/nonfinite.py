@@ -52,37 +52,66 @@ def _all_finite(req: AttentionRequest) -> bool:
         return all(bool(torch.isfinite(t).all()) for t in (req.q, req.k, req.v))
 
 
-def _seen(flags: torch.Tensor, req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Which query rows may see a key whose row of ``flags`` is set.
+def _seen(
+    flags: tuple[torch.Tensor, ...], req: AttentionRequest
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+    """Which query rows may see a key whose row of a flag tensor is set.
 
     Args:
-        flags: [B, G, S, X] bool, one row per key.
+        flags: bool tensors [B, G, S, X_i], one row per key.
 
     Returns:
-        (hit broadcastable to [B, G, R, T, X]: query (b, g*R + r, t) may see
-        a key with flag x; sees_any broadcastable to [B, G, R, T, 1], or None
-        when every query sees every key). R = H // G.
+        (one hit per flag tensor, broadcastable to [B, G, R, T, X_i]: query
+        (b, g*R + r, t) may see a key with flag x; sees_any broadcastable to
+        [B, G, R, T, 1], or None when every query sees every key). R = H // G.
+
+    Without a mask, with a per-key (padding) mask and with causality the
+    hits are reductions over S (any, or the first flagged key against each
+    query's last visible key) that inductor fuses without storing per-key
+    flags; a mask that differs between query rows needs (mask @ flags).
     """
     B, H, G, T, S, _ = req.shape
     R = H // G
-    if req.allowed is None and req.causal_is_trivial:
-        # Every query sees every key.
-        return flags.any(dim=-2)[:, :, None, None, :], None  # (B, G, X) -> (B, G, 1, 1, X)
-    if req.allowed is None:
-        # Causal only: query t sees keys 0 .. t + offset, a prefix of S.
-        offset = 0 if req.causal_alignment == "top_left" else S - T
-        last = torch.arange(T, device=flags.device) + offset  # (T,)
-        counts = flags.to(torch.int32).cumsum(dim=-2, dtype=torch.int32)  # (B, G, S, X)
-        hit = counts.index_select(-2, last.clamp(0, S - 1)) > 0  # (B, G, T, X)
-        sees_any = (last >= 0)[:, None]  # (T, 1)
-        return (hit & sees_any)[:, :, None], sees_any  # (B, G, T, X) -> (B, G, 1, T, X)
+    allowed = req.allowed
+    if allowed is not None and (allowed.shape[1] != 1 or allowed.shape[2] != 1):
+        return _seen_through_mask(flags, req)
+    keep = None
+    if allowed is not None:
+        keep = allowed[:, :, 0, :, None]  # (B|1, 1, 1, S) -> (B|1, 1, S, 1): per key, shared by heads and rows
+        flags = tuple(f & keep for f in flags)
+    if req.causal_is_trivial:
+        hits = tuple(f.any(dim=-2)[:, :, None, None, :] for f in flags)  # (B, G, X) -> (B, G, 1, 1, X)
+        sees_any = None if keep is None else keep.any(dim=-2)[:, :, None, None]  # -> (B|1, 1, 1, 1, 1)
+        return hits, sees_any
+    # Causal: query t sees keys 0 .. min(t + offset, S - 1) (none when
+    # t + offset < 0), so it sees a flag iff the first flagged key is at most that.
+    offset = 0 if req.causal_alignment == "top_left" else S - T
+    seen_to = (torch.arange(T, device=req.q.device) + offset).clamp(max=S - 1)[:, None]  # (T, 1)
+    key = torch.arange(S, device=req.q.device)[:, None]  # (S, 1)
+
+    def first(f: torch.Tensor) -> torch.Tensor:
+        return torch.where(f, key, S).amin(dim=-2)  # (..., S, X) -> (..., X); S = none
+
+    hits = tuple((first(f)[:, :, None, :] <= seen_to)[:, :, None] for f in flags)  # (B, G, 1, T, X)
+    if keep is None:
+        return hits, seen_to >= 0  # (T, 1)
+    return hits, (first(keep)[:, :, None, :] <= seen_to)[:, :, None]  # (B|1, 1, 1, T, 1)
+
+
+def _seen_through_mask(
+    flags: tuple[torch.Tensor, ...], req: AttentionRequest
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """``_seen`` for a mask that differs between heads or query rows."""
+    B, H, G, T, S, _ = req.shape
+    R = H // G
     visible = req.visible().expand(B, H, T, S)
     vis = visible.to(torch.float32).reshape(B, G, R * T, S)  # (B, H, T, S) -> (B, G, R*T, S)
     # Counts of visible flagged keys; sums of zeros and ones are > 0 iff one is set.
-    hit = (vis @ flags.to(torch.float32)) > 0  # (B, G, R*T, X)
-    hit = hit.view(B, G, R, T, flags.shape[-1])  # (B, G, R*T, X) -> (B, G, R, T, X)
+    sizes = [f.shape[-1] for f in flags]
+    counts = vis @ torch.cat(flags, dim=-1).to(torch.float32)  # (B, G, R*T, sum X_i)
+    hit = (counts > 0).view(B, G, R, T, sum(sizes))  # (B, G, R*T, X) -> (B, G, R, T, X)
     sees_any = visible.any(dim=-1, keepdim=True).view(B, G, R, T, 1)  # (B, H, T, 1) -> (B, G, R, T, 1)
-    return hit, sees_any
+    return tuple(hit.split(sizes, dim=-1)), sees_any
 
 
 def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:
@@ -101,11 +130,9 @@ def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:
         up = v_nan | torch.isposinf(req.v)  # a visible one makes the feature NaN or +inf
         down = v_nan | torch.isneginf(req.v)  # a visible one makes the feature NaN or -inf
         k_bad = (~k_ok).any(dim=-1, keepdim=True)  # (B, G, S, 1)
-        flags = torch.cat((k_bad, up, down), dim=-1)  # (B, G, S, 1 + 2*Dv)
-        hit, sees_any = _seen(flags, req)
+        (key_hit, up_hit, down_hit), sees_any = _seen((k_bad, up, down), req)
         q_bad = (~q_ok).any(dim=-1, keepdim=True).view(B, G, R, T, 1)  # (B, H, T, 1) -> (B, G, R, T, 1)
-        row_nan = hit[..., :1] | (q_bad if sees_any is None else q_bad & sees_any)  # (B, G, R, T, 1)
-        up_hit, down_hit = hit[..., 1 : 1 + Dv], hit[..., 1 + Dv :]
+        row_nan = key_hit | (q_bad if sees_any is None else q_bad & sees_any)  # (B, G, R, T, 1)
         nan_hit = (up_hit & down_hit) | row_nan  # visible NaN, or both infinities, or a bad key/query
         pos_hit, neg_hit = up_hit & ~down_hit, down_hit & ~up_hit
 

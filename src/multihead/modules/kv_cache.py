@@ -17,7 +17,9 @@ under ``fullgraph=True``); ``length`` is therefore read inside the graph as an
 unspecialised int (``torch._dynamo.patch_dynamo_config(
 allow_unspec_int_on_nn_module=True)`` around the read). The first new length
 recompiles once; automatic dynamic shapes then make it symbolic, so one graph
-serves every later step (two compiles in all). Dynamo replays the ``length``
+serves every later step (two compiles in all; one more for a call that fills
+the cache to ``max_len`` exactly, where the view of the whole buffer is
+contiguous). Dynamo replays the ``length``
 update after the graph; the slices ``[:length]`` have the symbolic length.
 """
 
@@ -88,7 +90,10 @@ class KVCache(nn.Module):
 
     @length.setter
     def length(self, value: int) -> None:
-        self._length = value
+        if torch.compiler.is_compiling():
+            self._length = value
+        else:
+            self.__dict__["_length"] = value  # a plain int: skip nn.Module.__setattr__'s lookups
 
     @_unspecialised
     def _traced_length(self) -> int:
@@ -114,12 +119,14 @@ class KVCache(nn.Module):
             ValueError: a batch size other than the cache's, or a write past
                 capacity (naming the numbers).
         """
+        self._check_room(batch_size, T, self.length)
+
+    def _check_room(self, batch_size: int, T: int, length: int) -> None:
         if batch_size != self.batch_size:
             raise ValueError(f"KV cache holds batch_size={self.batch_size}, got a batch of {batch_size}")
-        end = self.length + T
-        if end > self.max_len:
+        if length + T > self.max_len:
             raise ValueError(
-                f"KV cache overflow: {self.length} cached + {T} new = {end} > max_len {self.max_len}"
+                f"KV cache overflow: {length} cached + {T} new = {length + T} > max_len {self.max_len}"
             )
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,10 +156,11 @@ class KVCache(nn.Module):
                 f"cache holds k (B={B}, G={G}, D={D}) and v (D={Dv}); "
                 f"got k={tuple(k.shape)}, v={tuple(v.shape)}"
             )
-        self.check_append(B, T)
-        end = self.length + T
-        self.k[:, :, self.length : end] = k.detach()
-        self.v[:, :, self.length : end] = v.detach()
+        start = self.length
+        self._check_room(B, T, start)
+        end = start + T
+        self.k[:, :, start:end] = k.detach()
+        self.v[:, :, start:end] = v.detach()
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 

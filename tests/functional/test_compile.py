@@ -16,6 +16,7 @@ from support.compile import explain_and_run
 
 from multihead.functional import attention, padding_mask_from_lengths
 
+pytestmark = pytest.mark.slow
 both = pytest.mark.parametrize("backend", BACKENDS)
 F32 = torch.float32
 

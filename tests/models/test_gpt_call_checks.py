@@ -90,7 +90,8 @@ def test_a_cache_without_room_is_refused_before_any_write():
     caches[2] = model.blocks[2].attn.make_kv_cache(2, 4)
     caches[2].length = 3
     before = _snapshot(caches)
-    with pytest.raises(ValueError, match=re.escape("KV cache of block 2: KV cache overflow: 3 cached + 2 new = 5 > max_len 4")):
+    msg = "KV cache of block 2: KV cache overflow: 3 cached + 2 new = 5 > max_len 4"
+    with pytest.raises(ValueError, match=re.escape(msg)):
         model(torch.zeros(2, 2, dtype=torch.long), kv_caches=caches)
     _assert_unchanged(caches, before)
 

@@ -42,7 +42,7 @@ def sdpa_not_supported(req: AttentionRequest) -> list[str]:
             # Reading the mask's values would be a host sync inside the graph.
             reasons.append(
                 f"a float attn_mask with {req.q.dtype} inputs cannot be range-checked while compiling "
-                "(the kernel's cast could turn large values into inf); use -inf or a bool mask"
+                "(the kernel's cast could turn large values into inf); use a bool mask or the math backend"
             )
         elif req.bias.numel() and bool(req.bias.abs().amax() > limit):
             reasons.append(

@@ -123,7 +123,7 @@ def test_split_projections_and_stale_merged_weights():
     split["dyn_w_proj.dw1"] = torch.zeros_like(sd["dyn_w_proj.dw1"])  # stale original: dw_m wins
     got = from_official("dcformer", split, dim=DIM, n_head=N, lidx=1)
     x = torch.randn(1, 6, DIM, dtype=F64)
-    assert torch.equal(got(x), want(x))
+    assert torch.equal(got(x), want(x))  # one module class with equal weights: the same operations
 
 
 def test_refuses_unsupported_settings():

@@ -16,6 +16,7 @@ from multihead.models.generation import filter_top_k, filter_top_p, generate, sa
 from multihead.models.gpt import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
+from support.paths import assert_greedy_agrees  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 SMALL_HF = dict(
@@ -86,9 +87,8 @@ def test_cached_greedy_matches_hf_and_recomputation(pair):
     tokens, logits = ours.generate(idx, 12, temperature=0, return_logits=True)
     ref_tokens, ref_logits = ours.generate(idx, 12, temperature=0, return_logits=True, use_cache=False)
     assert tokens.shape == (2, 19) and logits.shape == (2, 12, 97)
-    assert torch.equal(tokens, want_tokens) and torch.equal(tokens, ref_tokens)
-    torch.testing.assert_close(logits, want_logits)
-    torch.testing.assert_close(logits, ref_logits)
+    assert_greedy_agrees(tokens, want_tokens, logits, want_logits, start=7)
+    assert_greedy_agrees(tokens, ref_tokens, logits, ref_logits, start=7)
 
 
 def test_left_padded_batch_matches_hf(pair):
@@ -97,8 +97,7 @@ def test_left_padded_batch_matches_hf(pair):
     idx, mask = left_pad([torch.randint(1, 97, (n,), generator=g) for n in (8, 3, 5)])
     want_tokens, want_logits = hf_greedy(hf, idx, 10, mask)
     tokens, logits = ours.generate(idx, 10, temperature=0, attention_mask=mask, return_logits=True)
-    assert torch.equal(tokens, want_tokens)
-    torch.testing.assert_close(logits, want_logits)
+    assert_greedy_agrees(tokens, want_tokens, logits, want_logits, start=idx.shape[1])
 
 
 @pytest.mark.parametrize("kind,kv", [("mha", None), ("gqa", 2), ("mqa", None)])
@@ -123,9 +122,9 @@ def test_cached_equals_uncached_for_grouped_heads(kind, kv):
     idx = torch.randint(0, 61, (3, 5), generator=torch.Generator().manual_seed(4))
     a_tokens, a_logits = model.generate(idx, 15, temperature=0, return_logits=True)
     b_tokens, b_logits = model.generate(idx, 15, temperature=0, return_logits=True, use_cache=False)
-    assert torch.equal(a_tokens, b_tokens)
-    torch.testing.assert_close(a_logits, b_logits)
-    # sampled too: same generator seed, same tokens
+    assert_greedy_agrees(a_tokens, b_tokens, a_logits, b_logits, start=5)
+    # sampled too: same generator seed, same tokens (a draw within float rounding of a
+    # cumulative-probability boundary, about 1e-6 per token, would flip one)
     a = model.generate(idx, 15, top_k=10, generator=torch.Generator().manual_seed(0))
     b = model.generate(idx, 15, top_k=10, generator=torch.Generator().manual_seed(0), use_cache=False)
     assert torch.equal(a, b)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.paths import assert_greedy_agrees
 
 from multihead import list_attention_kinds
 from multihead.models import BertConfig, BertEncoder, Transformer, TransformerConfig
@@ -17,9 +18,10 @@ def test_transformer_cached_greedy_equals_uncached(kind):
     model = Transformer(TransformerConfig.from_preset("copy-task", attention=kind, **OPTIONS.get(kind, {}))).eval()
     src = torch.tensor([[3, 4, 5, 6, 2], [7, 8, 2, 0, 0]])
     pad = src != 0
-    cached = model.greedy_decode(src, max_len=7, src_padding_mask=pad, use_cache=True)
-    uncached = model.greedy_decode(src, max_len=7, src_padding_mask=pad, use_cache=False)
-    assert torch.equal(cached, uncached)
+    kw = {"src_padding_mask": pad, "return_logits": True}
+    cached, logits = model.greedy_decode(src, max_len=7, use_cache=True, **kw)
+    uncached, ref_logits = model.greedy_decode(src, max_len=7, use_cache=False, **kw)
+    assert_greedy_agrees(cached, uncached, logits, ref_logits, start=1)
 
 
 @pytest.mark.parametrize("kind", list_attention_kinds())

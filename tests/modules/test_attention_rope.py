@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from support.modules import random_module
+from support.paths import assert_cached_generation_agrees
 
 from multihead import MultiHeadAttention
 from multihead.functional import attention
@@ -225,8 +226,7 @@ def test_gpt_with_rope_and_qk_norm_generates_the_same_cached():
                                    attention_options={"num_kv_heads": 1, "rope": True, "qk_norm": True})
     model = GPT(config).eval()
     idx = torch.randint(0, config.vocab_size, (2, 5))
-    cached = model.generate(idx, 6, temperature=0.0)
-    assert torch.equal(cached, model.generate(idx, 6, temperature=0.0, use_cache=False))
+    assert_cached_generation_agrees(model, idx, 6)
 
 
 @pytest.mark.parametrize(

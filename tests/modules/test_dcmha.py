@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.paths import assert_cached_generation_agrees
 from torch.utils.flop_counter import FlopCounterMode
 
 from multihead.modules.dcmha import DCMHA, DynamicKVCache, TalkingHeadsAttention
@@ -200,7 +201,5 @@ def test_gpt_generates_cached_equals_uncached(kind):
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_preset("tiny", attention=kind, attention_options={"chunk_size": 3})).eval()
     idx = torch.randint(0, 256, (2, 5))
-    a = model.generate(idx, 6, temperature=0)
-    b = model.generate(idx, 6, temperature=0, use_cache=False)
-    assert torch.equal(a, b)
+    a = assert_cached_generation_agrees(model, idx, 6)
     assert np.all(a[:, :5].numpy() == idx.numpy())

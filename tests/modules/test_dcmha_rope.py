@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.paths import assert_cached_generation_agrees
 
 from multihead.modules.dcmha import DCMHA, TalkingHeadsAttention
 from multihead.modules.registry import build_attention
@@ -167,6 +168,7 @@ def test_options_off_are_bitwise_unchanged(kind):
     off.load_state_dict(base.state_dict())
     assert off.rope is None and off.qk_norm is None
     x, mem = torch.randn(2, 6, 12, dtype=F64), torch.randn(2, 4, 12, dtype=F64)
+    # options off run the very same operations as the default module: bitwise
     for args, kw in (((x,), {"is_causal": True}), ((x, mem), {}), ((x,), {"return_weights": True})):
         a, b = base(*args, **kw), off(*args, **kw)
         for u, v in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
@@ -218,7 +220,5 @@ def test_gpt_generates_cached_equals_uncached(kind):
     model = GPT(GPTConfig.from_preset("tiny", attention=kind, attention_options=opts)).eval()
     assert model.blocks[0].attn.rope is not None and model.blocks[0].attn.qk_norm is not None
     idx = torch.randint(0, 256, (2, 5))
-    a = model.generate(idx, 4, temperature=0)
-    b = model.generate(idx, 4, temperature=0, use_cache=False)
-    assert torch.equal(a, b)
+    a = assert_cached_generation_agrees(model, idx, 4)
     assert torch.equal(a[:, :5], idx)

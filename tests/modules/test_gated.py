@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
 from multihead import MultiHeadAttention
 from multihead.modules.gated import GatedHeadAttention, concrete_penalty
@@ -236,7 +237,8 @@ def test_all_gates_one_is_plain_mha(num_kv_heads):
     x = torch.randn(2, 7, 25, dtype=F64)
     a, wa = m(x, is_causal=True, return_weights=True)
     b, wb = mha(x, is_causal=True, return_weights=True)
-    assert torch.equal(a, b) and torch.equal(wa, wb)
+    assert_paths_agree(a, b)
+    assert_paths_agree(wa, wb)
 
 
 def test_from_attention_copies_a_trained_mha():
@@ -247,7 +249,7 @@ def test_from_attention_copies_a_trained_mha():
     with torch.no_grad():
         m.log_alpha.fill_(3.0)
     x = torch.randn(2, 5, 12, dtype=F64)
-    assert torch.equal(m(x), mha(x))
+    assert_paths_agree(m(x), mha(x))
     with pytest.raises(TypeError, match="MultiHeadAttention, got Linear"):
         GatedHeadAttention.from_attention(torch.nn.Linear(2, 2))
 
@@ -393,9 +395,7 @@ def test_gpt_by_name_generates_the_same_with_and_without_cache():
     model = GPT(GPTConfig.from_preset("tiny", attention="gated", attention_options={"l0_coef": 0.5})).eval()
     assert all(isinstance(b.attn, GatedHeadAttention) for b in model.blocks)
     idx = torch.randint(0, 256, (2, 5))
-    a = model.generate(idx, 6, temperature=0.0)
-    b = model.generate(idx, 6, temperature=0.0, use_cache=False)
-    assert torch.equal(a, b)
+    assert_cached_generation_agrees(model, idx, 6)
     model.train()
     logits = model(idx)
     loss = logits.logsumexp(-1).mean() + concrete_penalty(model, 0.1)

@@ -90,6 +90,7 @@ def test_cached_keys_are_the_projected_keys_and_detached():
     cache = m.make_kv_cache(2, 8)
     out = m(x, is_causal=True, kv_cache=cache)
     _, k, v = m.project(x)
+    # the same projection of the same 5 tokens: bitwise
     torch.testing.assert_close(cache.k[:, :, :5], k.detach(), rtol=0, atol=0)
     torch.testing.assert_close(cache.v[:, :, :5], v.detach(), rtol=0, atol=0)
     assert not cache.k.requires_grad and not cache.v.requires_grad

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.paths import assert_cached_generation_agrees
 
 from multihead.modules.moh import MoHAttention, load_balancing_loss
 from multihead.modules.registry import build_attention
@@ -259,9 +260,7 @@ def test_gpt_generates_the_same_with_and_without_cache():
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_preset("tiny", attention="moh", attention_options={"shared_heads": 1})).eval()
     idx = torch.randint(0, 256, (2, 5))
-    a = model.generate(idx, 6, temperature=0)
-    b = model.generate(idx, 6, temperature=0, use_cache=False)
-    assert torch.equal(a, b)
+    assert_cached_generation_agrees(model, idx, 6)
 
 
 def test_gpt_left_padded_batch_cached_equals_uncached():
@@ -273,6 +272,4 @@ def test_gpt_left_padded_batch_cached_equals_uncached():
     idx = torch.randint(0, 256, (2, 6))
     keep = torch.ones(2, 6, dtype=torch.long)
     keep[0, :3] = 0  # left padding
-    a = model.generate(idx, 5, temperature=0, attention_mask=keep)
-    b = model.generate(idx, 5, temperature=0, attention_mask=keep, use_cache=False)
-    assert torch.equal(a, b)
+    assert_cached_generation_agrees(model, idx, 5, attention_mask=keep)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.paths import assert_cached_generation_agrees
 
 from multihead.functional import apply_rope
 from multihead.modules.moh import MoHAttention
@@ -169,7 +170,7 @@ def test_defaults_off_are_bitwise_unchanged(kw):
     assert list(off.state_dict()) == list(base.state_dict())
     assert off.rope is None and off.qk_norm is None
     x = torch.randn(2, 6, base.embed_dim, dtype=F64)
-    for path in ("sparse", "dense"):
+    for path in ("sparse", "dense"):  # options off: the same operations as the default, bitwise
         for causal in (False, True):
             assert torch.equal(off(x, is_causal=causal, path=path), base(x, is_causal=causal, path=path))
     with pytest.raises(ValueError, match="rope"):
@@ -212,6 +213,4 @@ def test_gpt_generates_the_same_with_and_without_cache(options):
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_preset("tiny", attention="moh", attention_options=options)).eval()
     idx = torch.randint(0, 256, (2, 5))
-    a = model.generate(idx, 4, temperature=0)
-    b = model.generate(idx, 4, temperature=0, use_cache=False)
-    assert torch.equal(a, b)
+    assert_cached_generation_agrees(model, idx, 4)

@@ -47,7 +47,6 @@ import math
 import numbers
 import os
 import re
-import secrets
 import textwrap
 from collections.abc import Mapping
 from importlib import resources
@@ -408,16 +407,9 @@ def _plain(text: str) -> str:
 
 
 def _write_atomic(path: str | os.PathLike, payload: bytes) -> Path:
-    """Write ``payload`` to a new file next to ``path`` and rename it into place
-    (created with mode 0o666 less the umask, like a plain ``open``)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``payload`` through the checkpoint writer: a temp file beside
+    ``path``, fsynced and renamed into place (mode 0o666 less the umask);
+    temp files of killed writers are removed on the next write."""
+    from ..models.safe_files import write_bytes_atomic
+
+    return write_bytes_atomic(path, payload)

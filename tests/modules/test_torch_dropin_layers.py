@@ -21,6 +21,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
+from support.paths import assert_matches_peer
 from torch import nn
 
 from multihead import MultiHeadAttention, TorchMultiheadAttention
@@ -67,18 +68,6 @@ def _run(model: nn.Module, args, kwargs, grad: bool):
     return out, grads
 
 
-def _close(actual, expected, what=""):
-    if expected is None:
-        assert actual is None, what
-        return
-    assert actual is not None and actual.shape == expected.shape, what
-    if expected.dtype == F64:
-        scale = max(1.0, expected.abs().max().item())
-        torch.testing.assert_close(actual, expected, rtol=0, atol=1e-10 * scale, msg=lambda m: f"{what}: {m}")
-    else:
-        torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}")
-
-
 def _compare(torch_model, args, kwargs, mode: str, what: str) -> None:
     """mode: "train", "eval" (gradients on: torch's slow paths) or "no_grad"
     (eval without gradients: the layers' fast paths where they apply)."""
@@ -89,10 +78,10 @@ def _compare(torch_model, args, kwargs, mode: str, what: str) -> None:
     grad = mode != "no_grad"
     want_out, want_grads = _run(torch_model, args, kwargs, grad)
     got_out, got_grads = _run(ours, args, kwargs, grad)
-    _close(got_out, want_out, f"{what} output")
+    assert_matches_peer(got_out, want_out, f"{what} output")
     assert got_grads.keys() == want_grads.keys()
     for name in want_grads:
-        _close(got_grads[name], want_grads[name], f"{what} grad {name}")
+        assert_matches_peer(got_grads[name], want_grads[name], f"{what} grad {name}")
 
 
 # ------------------------------------------------------------ torch's samples
@@ -220,7 +209,7 @@ def test_encoder_layer_fast_path_runs_torch_kernel_on_the_drop_in_weights():
         call = fused.call_args.args
         assert call[3] is attn.in_proj_weight is attn.attention.qkv_proj.weight
         assert call[4] is attn.in_proj_bias and call[5] is attn.out_proj.weight and call[6] is attn.out_proj.bias
-        _close(got, want, str(kwargs))
+        assert_matches_peer(got, want, str(kwargs))
 
 
 @pytest.mark.parametrize("batch_first", [True, False])
@@ -243,7 +232,7 @@ def test_encoder_with_nested_tensor_conversion_and_padding(batch_first):
             want = encoder(x, src_key_padding_mask=kpm)
             got = ours(x, src_key_padding_mask=kpm)
     assert converted.call_count == (2 if batch_first else 0)
-    _close(got, want)
+    assert_matches_peer(got, want)
     for mode in ("eval", "train"):
         _compare(encoder, (x,), {"src_key_padding_mask": kpm}, mode, f"encoder {mode}")
 
@@ -290,4 +279,4 @@ def test_dropout_runs_in_training_and_is_off_in_eval():
     assert x.grad.isfinite().all() and all(p.grad.isfinite().all() for p in ours.parameters())
     model.eval()
     ours.eval()
-    _close(ours(x), model(x))
+    assert_matches_peer(ours(x), model(x))

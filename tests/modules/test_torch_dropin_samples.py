@@ -19,24 +19,13 @@ import random
 
 import pytest
 import torch
+from support.paths import assert_matches_peer
 from torch import nn
 
 from multihead import MultiHeadAttention
 
 F64 = torch.float64
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch's mask-type deprecation notes
-
-
-def _close(actual, expected, what=""):
-    if expected is None:
-        assert actual is None, what
-        return
-    assert actual is not None and actual.shape == expected.shape, what
-    if expected.dtype == F64:
-        scale = max(1.0, expected.abs().max().item())
-        torch.testing.assert_close(actual, expected, rtol=0, atol=1e-10 * scale, msg=lambda m: f"{what}: {m}")
-    else:
-        torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}")
 
 
 def _randomize(mha: nn.MultiheadAttention, seed: int) -> nn.MultiheadAttention:
@@ -68,11 +57,11 @@ def _compare(mha, args, kwargs, what="", grad=True):
     ours = MultiHeadAttention.from_torch(mha)
     want = _run(mha, args, kwargs, grad)
     got = _run(ours, args, kwargs, grad)
-    _close(got[0], want[0], f"{what} output")
-    _close(got[1], want[1], f"{what} weights")
+    assert_matches_peer(got[0], want[0], f"{what} output")
+    assert_matches_peer(got[1], want[1], f"{what} weights")
     assert got[2].keys() == want[2].keys()
     for name in want[2]:
-        _close(got[2][name], want[2][name], f"{what} grad {name}")
+        assert_matches_peer(got[2][name], want[2][name], f"{what} grad {name}")
 
 
 # ------------------------------------------------------------ ModuleInfo samples
@@ -157,7 +146,7 @@ def test_3d_attn_mask_equals_per_sample_2d_masks():
     out3d = ours(qt, kt, kt, attn_mask=mask3d)[0]
     for i in range(B):
         one = ours(qt[:, i:i + 1], kt[:, i:i + 1], kt[:, i:i + 1], attn_mask=masks[i])[0]
-        _close(one, out3d[:, i:i + 1], f"row {i}")
+        assert_matches_peer(one, out3d[:, i:i + 1], f"row {i}")
 
 
 # ------------------------------------------------------------ test_native_mha.py
@@ -187,8 +176,8 @@ def test_torch_native_mha_cases_in_float32(mode, padding):
         kwargs = {"key_padding_mask": kpm, "need_weights": need, "average_attn_weights": avg}
         with torch.no_grad():
             want, got = mha(q, k, v, **kwargs), ours(q, k, v, **kwargs)
-        _close(got[0], want[0], f"output {kwargs}")
-        _close(got[1], want[1], f"weights {kwargs}")
+        assert_matches_peer(got[0], want[0], f"output {kwargs}")
+        assert_matches_peer(got[1], want[1], f"weights {kwargs}")
 
 
 def test_batch_first_changed_after_construction():
@@ -199,11 +188,11 @@ def test_batch_first_changed_after_construction():
     x = torch.randn(5, 2, 100, dtype=F64)
     with torch.no_grad():
         first = ours(x, x, x)[0]
-        _close(first, mha(x, x, x)[0])
+        assert_matches_peer(first, mha(x, x, x)[0])
         mha.batch_first = ours.batch_first = False
         y = x.transpose(0, 1)  # (B, L, C) -> (L, B, C)
-        _close(ours(y, y, y)[0], mha(y, y, y)[0])
-        _close(ours(y, y, y)[0].transpose(0, 1), first)
+        assert_matches_peer(ours(y, y, y)[0], mha(y, y, y)[0])
+        assert_matches_peer(ours(y, y, y)[0].transpose(0, 1), first)
 
 
 def test_in_proj_bias_of_another_dtype_as_torch_allows():
@@ -216,8 +205,8 @@ def test_in_proj_bias_of_another_dtype_as_torch_allows():
     q = torch.randn(4, 4, 4, dtype=F64)
     with torch.no_grad():
         want, got = mha(q, q, q), ours(q, q, q)
-    _close(got[0], want[0])
-    _close(got[1], want[1])
+    assert_matches_peer(got[0], want[0])
+    assert_matches_peer(got[1], want[1])
 
 
 # ------------------------------------------------------------ bad inputs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["assert_paths_agree", "assert_greedy_agrees", "assert_cached_generation_agrees"]
+__all__ = ["assert_matches_peer", "assert_paths_agree", "assert_greedy_agrees", "assert_cached_generation_agrees"]
 
 
 def _tolerances(dtype: torch.dtype, scale: float) -> dict[str, float]:
@@ -80,3 +80,18 @@ def assert_cached_generation_agrees(model, idx: torch.Tensor, max_new_tokens: in
         )
     assert_greedy_agrees(tokens, ref, logits, ref_logits, start=idx.shape[1])
     return tokens
+
+
+def assert_matches_peer(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str = "") -> None:
+    """multihead vs a peer implementation (torch's own module): None where the
+    peer gives None, float64 within 1e-10 scaled by magnitude, other dtypes
+    within torch.testing's defaults."""
+    if expected is None:
+        assert actual is None, what
+        return
+    assert actual is not None and actual.shape == expected.shape, what
+    if expected.dtype == torch.float64:
+        scale = max(1.0, expected.abs().max().item())
+        torch.testing.assert_close(actual, expected, rtol=0, atol=1e-10 * scale, msg=lambda m: f"{what}: {m}")
+    else:
+        torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}")

@@ -71,7 +71,6 @@ def _seen(
     flags; a mask that differs between query rows needs (mask @ flags).
     """
     B, H, G, T, S, _ = req.shape
-    R = H // G
     allowed = req.allowed
     if allowed is not None and (allowed.shape[1] != 1 or allowed.shape[2] != 1):
         return _seen_through_mask(flags, req)

@@ -199,15 +199,19 @@ def test_aux_loss_in_training_only():
     m = make(embed_dim=35, num_heads=7, shared_heads=2, routed_heads=2, aux_loss_coeff=0.5)
     x = torch.randn(2, 6, 35, dtype=F64)
     m(x)
-    assert m.aux_loss is None
+    assert m.last_balance_loss is None
+    # eval mode: a 0-d zero of the module's dtype
+    assert m.aux_loss().shape == () and m.aux_loss().dtype == F64 and float(m.aux_loss()) == 0
     m.train()
     m(x)
     _, p, sel = moh_learned_gates(
         x.numpy(), weights(m.routed_gate), weights(m.mix_gate), weights(m.shared_gate), 2, 2
     )
-    assert abs(float(m.aux_loss.detach()) - moh_load_balancing_loss(p, sel)) < 1e-12
+    want = moh_load_balancing_loss(p, sel)
+    assert abs(float(m.last_balance_loss.detach()) - want) < 1e-12
+    assert m.aux_loss().shape == () and abs(float(m.aux_loss().detach()) - 0.5 * want) < 1e-12
     model = torch.nn.ModuleList([m])
-    close(load_balancing_loss(model), 0.5 * m.aux_loss.detach())
+    close(load_balancing_loss(model), 0.5 * m.last_balance_loss.detach())
     load_balancing_loss(model).backward()
     assert m.routed_gate.weight.grad is not None and m.qkv_proj.weight.grad is None
 

@@ -54,7 +54,7 @@ class OfficialMoHDiT(nn.Module):
     @property
     def aux_loss(self) -> torch.Tensor | None:
         """The layer's load-balance loss l_aux of the last training-mode forward."""
-        return self.attention.aux_loss
+        return self.attention.last_balance_loss
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, N, C] -> [B, N, C]."""

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
-from ..modules.registry import build_attention, list_attention_kinds
+from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
 
 __all__ = [
     "BERT_PRESETS",
@@ -323,6 +323,10 @@ class BertEncoder(nn.Module):
         embeddings: :class:`BertEmbeddings`.
         layers: ``nn.ModuleList`` of :class:`BertLayer`; ``layers[i].attention``
             is layer i's attention module.
+
+    Training: attention kinds with a loss term of their own ("moh", "gated")
+    need ``model.aux_loss()`` (their sum over layers, a 0-d zero for the
+    others) added to the task loss by a plain training loop.
     """
 
     def __init__(self, config: BertConfig) -> None:
@@ -332,6 +336,12 @@ class BertEncoder(nn.Module):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_layers))
+
+    def aux_loss(self) -> torch.Tensor:
+        """Sum over layers of ``layer.attention.aux_loss()`` of the last forward: 0-d,
+        with its gradient; a 0-d zero when no layer has one."""
+        like = self.embeddings.word_embeddings.weight
+        return total_aux_loss((layer.attention for layer in self.layers), like)
 
     def _check_inputs(self, input_ids, attention_mask, token_type_ids):
         cfg = self.config

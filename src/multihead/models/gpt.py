@@ -32,7 +32,7 @@ from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
-from ..modules.registry import build_attention, list_attention_kinds
+from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
 
 __all__ = ["GPTConfig", "GPT_PRESETS", "GPT", "Block", "MLP", "positions_from_mask"]
 
@@ -302,6 +302,10 @@ class GPT(nn.Module):
     weights, zero biases, and normal(0, 0.02 / sqrt(2 * num_layers)) for the
     two projections that write into the residual stream, using torch's
     global generator (seed it for reproducible models).
+
+    Training: some attention kinds ("moh", "gated") ask for a loss term of
+    their own; a plain training loop adds ``model.aux_loss()`` (their sum over
+    blocks, a 0-d zero for the others) to its language-model loss.
     """
 
     def __init__(self, config: GPTConfig, *, device: torch.device | str | None = None, dtype=None) -> None:
@@ -341,6 +345,11 @@ class GPT(nn.Module):
     def num_parameters(self) -> int:
         """Parameters counted once (the tied LM head is not counted twice)."""
         return sum(p.numel() for p in self.parameters())
+
+    def aux_loss(self) -> torch.Tensor:
+        """Sum over blocks of ``block.attn.aux_loss()`` of the last forward: 0-d, with
+        gradient to the router/gate parameters; a 0-d zero when no block has one."""
+        return total_aux_loss((block.attn for block in self.blocks), self.lm_head.weight)
 
     def make_kv_caches(self, batch_size: int, max_len: int) -> list[Any]:
         """One cache per block, each holding up to ``max_len`` positions.

@@ -36,7 +36,7 @@ from .._checks import dropout_probability, non_negative_int, positive_int
 from ..functional import attention as attention_core
 from ..modules.attention import MultiHeadAttention
 from ..modules.kv_cache import KVCache
-from ..modules.registry import build_attention, list_attention_kinds
+from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
 
 __all__ = ["TransformerConfig", "PRESETS", "Transformer", "DecoderCache", "CopyBatch", "copy_task_batches"]
 
@@ -319,6 +319,11 @@ class Transformer(nn.Module):
     ``cross_attn``, ``ffn``, ``sublayers.{j}.norm``; ``encoder_norm``, ``decoder_norm``
     (identity for post-norm) and ``out_proj``.
 
+    Training: attention kinds with a loss term of their own ("moh", "gated")
+    need ``model.aux_loss()`` (their sum over every encoder self-, decoder
+    self- and cross-attention, a 0-d zero for the others) added to the
+    task loss by a plain training loop.
+
     Args:
         config: a ``TransformerConfig``.
     """
@@ -349,6 +354,14 @@ class Transformer(nn.Module):
         for p in self.parameters():  # each shared parameter once
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
+
+    def aux_loss(self) -> torch.Tensor:
+        """Sum of ``aux_loss()`` of the last forward over the encoder self-attention,
+        decoder self-attention and cross-attention modules: 0-d, with its gradient;
+        a 0-d zero when none has one."""
+        modules = [layer.self_attn for layer in self.encoder]
+        modules += [m for layer in self.decoder for m in (layer.self_attn, layer.cross_attn)]
+        return total_aux_loss(modules, self.out_proj.weight)
 
     # ----------------------------------------------------------------- checks
     def _tokens(self, name: str, x: object, vocab: int) -> torch.Tensor:

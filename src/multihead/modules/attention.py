@@ -98,10 +98,19 @@ class MultiHeadAttention(RotaryQK, Observable, nn.Module):
 
     Order inside forward: project -> qk_norm -> rope -> attention.
 
+    Attributes:
+        kind: registry name. The class attribute is the family name "mha";
+            ``__init__`` sets the instance's name from G: "mha" (G = H),
+            "mqa" (G = 1) or "gqa" (otherwise). A subclass that declares
+            its own class attribute (``GatedHeadAttention.kind == "gated"``)
+            keeps it.
+
     Raises:
         ValueError: invalid sizes, dropout or rope options (the message
             names the values).
     """
+
+    kind = "mha"
 
     def __init__(
         self,
@@ -123,6 +132,8 @@ class MultiHeadAttention(RotaryQK, Observable, nn.Module):
         super().__init__()
         H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
+        if type(self).kind == MultiHeadAttention.kind:  # the family's per-instance name
+            self.kind = "mha" if G == H else "mqa" if G == 1 else "gqa"
         self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
         self.vdim = embed_dim if vdim is None else positive_int("vdim", vdim)
         self.dropout = dropout_probability(dropout)
@@ -358,12 +369,11 @@ class MultiHeadAttention(RotaryQK, Observable, nn.Module):
         params = sum(p.numel() for p in self.parameters())
         return AttentionCost(core, proj, params, 2 * G * D * bytes_per_element)
 
-    @property
-    def kind(self) -> str:
-        """Registry name of this configuration: "mha", "gqa" or "mqa"."""
-        if self.num_kv_heads == self.num_heads:
-            return "mha"
-        return "mqa" if self.num_kv_heads == 1 else "gqa"
+    def aux_loss(self) -> torch.Tensor:
+        """The training loss term of the last forward: a 0-d zero (no such term),
+        on the device and dtype of ``out_proj.weight``."""
+        w = self.out_proj.weight
+        return torch.zeros((), device=w.device, dtype=w.dtype)
 
     @staticmethod
     def _padding(mask: torch.Tensor | None, B: int, S: int) -> torch.Tensor | None:

@@ -119,6 +119,12 @@ class CollaborativeAttention(RotaryQK, Observable, nn.Module):
 
     kind = "collaborative"
 
+    def aux_loss(self) -> torch.Tensor:
+        """The training loss term of the last forward: a 0-d zero (this kind has
+        none), on the device and dtype of ``out_proj.weight``."""
+        w = self.out_proj.weight
+        return torch.zeros((), device=w.device, dtype=w.dtype)
+
     def __init__(
         self,
         embed_dim: int,

@@ -183,6 +183,12 @@ class DCMHA(RotaryQK, Observable, nn.Module):
 
     kind = "dcmha"
 
+    def aux_loss(self) -> torch.Tensor:
+        """The training loss term of the last forward: a 0-d zero (this kind has
+        none), on the device and dtype of ``out_proj.weight``."""
+        w = self.out_proj.weight
+        return torch.zeros((), device=w.device, dtype=w.dtype)
+
     # ------------------------------------------------------------------ pieces
     def project(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None):
         """q [B, H, T, D], k and v [B, H, S, D] from the inputs (key=None: self)."""

@@ -93,14 +93,19 @@ class GatedHeadAttention(MultiHeadAttention):
     Attributes:
         log_alpha: [H] gate log-parameters, initialised U(-sqrt(3/H), sqrt(3/H))
             (the official Glorot-uniform on shape (1, H, 1, 1)).
-        aux_loss: after a training-mode forward, ``l0_penalty()`` (a scalar
-            with gradient to ``log_alpha``) for the caller to add to its loss;
-            None after an eval-mode forward.
+        kind: "gated" (a class attribute).
         last_gates: [H] detached gates used by the latest forward, or None.
+
+    ``aux_loss()`` after a training-mode forward is that forward's
+    ``l0_penalty()`` (0-d, with gradient to ``log_alpha``), the term a
+    training loop adds to its loss (models sum it over layers); a 0-d zero
+    after an eval-mode forward.
 
     Raises:
         ValueError: invalid sizes, dropout, temperature, stretch, eps or l0_coef.
     """
+
+    kind = "gated"
 
     def __init__(
         self,
@@ -148,7 +153,7 @@ class GatedHeadAttention(MultiHeadAttention):
             raise ValueError(f"l0_coef must be a finite float >= 0, got l0_coef={l0_coef!r}")
         self.l0_coef = float(l0_coef)
         self.log_alpha = nn.Parameter(torch.empty(self.num_heads, device=device, dtype=dtype))
-        self.aux_loss: torch.Tensor | None = None
+        self._aux_loss: torch.Tensor | None = None
         self.last_gates: torch.Tensor | None = None
         self.reset_gates()
 
@@ -237,7 +242,7 @@ class GatedHeadAttention(MultiHeadAttention):
         receive these q and k. The gate multiplies each head's
         output after attention dropout and before ``out_proj``. In training
         mode each call samples new gates (so cached decoding equals
-        recomputation only in eval mode) and sets ``aux_loss``.
+        recomputation only in eval mode) and records ``aux_loss()``.
 
         Returns:
             out [B, T, C], or (out, weights [B, H, T, S]) where weights =
@@ -266,7 +271,7 @@ class GatedHeadAttention(MultiHeadAttention):
         if return_weights or observed:
             out, weights = out
         self.last_gates = g.detach()
-        self.aux_loss = self.l0_penalty() if self.training else None
+        self._aux_loss = self.l0_penalty() if self.training else None
         g = g.to(out.dtype)[:, None, None]  # (H,) -> (H, 1, 1), broadcast over (B, H, T, D)
         out = out * g  # (B, H, T, D): head h scaled by g_h
         if weights is not None:
@@ -297,10 +302,14 @@ class GatedHeadAttention(MultiHeadAttention):
         """
         return super().cost(T, S, batch=batch, causal=causal, bytes_per_element=bytes_per_element)
 
-    @property
-    def kind(self) -> str:
-        """Registry name: "gated"."""
-        return "gated"
+    def aux_loss(self) -> torch.Tensor:
+        """The L0 penalty of the last training-mode forward (0-d, gradient to
+        ``log_alpha``); a 0-d zero on the device and dtype of ``out_proj.weight``
+        after an eval-mode forward or before any forward."""
+        if self._aux_loss is None:
+            w = self.out_proj.weight
+            return torch.zeros((), device=w.device, dtype=w.dtype)
+        return self._aux_loss
 
     def extra_repr(self) -> str:
         return (

@@ -92,10 +92,13 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
     hs == E); gates and the load-balance frequencies use the model dtype.
 
     Load balance (learned router, training mode, hr > 0): each forward sets
-    ``self.aux_loss`` = E · sum_e mean_tokens(p_e) · frac_tokens_choosing(e)
-    (gradient only through p); ``None`` in eval mode. Add
-    ``load_balancing_loss(model)`` (aux_loss_coeff · mean over layers, as
-    the official training loops do) to the training loss.
+    ``self.last_balance_loss`` = l_aux = E · sum_e mean_tokens(p_e) ·
+    frac_tokens_choosing(e) (gradient only through p); ``None`` after an
+    eval-mode forward or without a learned router. ``aux_loss()`` returns
+    aux_loss_coeff · l_aux (a 0-d zero when there is none): the term a
+    training loop adds to its loss (models sum it over layers);
+    ``load_balancing_loss(model)`` instead averages over layers, as the
+    official training loops do.
 
     Args:
         embed_dim: C. num_heads: H.
@@ -122,6 +125,8 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
             the values), routed_heads > H - shared_heads, routed_heads == 0
             with shared_heads != H.
     """
+
+    kind = "moh"
 
     def __init__(
         self,
@@ -180,7 +185,7 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         self.mix_gate = nn.Linear(embed_dim, 2, bias=False, **factory) if learned and hr and hs else None
         self.shared_gate = nn.Linear(embed_dim, hs, bias=False, **factory) if learned and hs > 1 else None
         self.init_rotary_qk(rope, qk_norm, D, **factory)
-        self.aux_loss: torch.Tensor | None = None
+        self.last_balance_loss: torch.Tensor | None = None
 
     @staticmethod
     def _check_path(path: str) -> str:
@@ -188,10 +193,14 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
             raise ValueError(f"path must be one of {PATHS}, got path={path!r}")
         return path
 
-    @property
-    def kind(self) -> str:
-        """Registry name: "moh"."""
-        return "moh"
+    def aux_loss(self) -> torch.Tensor:
+        """aux_loss_coeff · l_aux of the last forward, the load-balance term of the
+        training loss: 0-d, on the device and dtype of ``out_proj.weight``; a
+        0-d zero when the last forward was in eval mode or has no learned router."""
+        w = self.out_proj.weight
+        if self.last_balance_loss is None:
+            return torch.zeros((), device=w.device, dtype=w.dtype)
+        return (self.aux_loss_coeff * self.last_balance_loss).to(w.dtype)
 
     @property
     def active_heads(self) -> int:
@@ -326,9 +335,9 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         q, k, v = self.project(query, key, value)
         gates, chosen, p = self.route(query, q)  # routes on the raw projected q (MoH-LLaMA3: before RoPE)
         q, k = self.rotate_call(q, k, query=query, key=key, kv_cache=kv_cache, positions=positions)
-        self.aux_loss = None
+        self.last_balance_loss = None
         if self.training and p is not None and B * T:  # chosen is None when hr == E: every head chosen
-            self.aux_loss = self.balance_loss(p, torch.ones_like(p, dtype=torch.bool) if chosen is None else chosen)
+            self.last_balance_loss = self.balance_loss(p, torch.ones_like(p, dtype=torch.bool) if chosen is None else chosen)
         observed = self.observed
         with rollback_on_error(kv_cache):
             if kv_cache is not None:
@@ -544,8 +553,8 @@ def load_balancing_loss(model: nn.Module) -> torch.Tensor:
     """aux_loss_coeff · l_aux averaged over the MoH layers of ``model`` that set
     one in their last forward (training mode); 0 when none did. Add it to the
     training loss (the official ``0.01 · sum(losses) / max(len(losses), 1)``)."""
-    terms = [m.aux_loss_coeff * m.aux_loss for m in model.modules() if isinstance(m, MoHAttention)
-             and m.aux_loss is not None]
+    terms = [m.aux_loss_coeff * m.last_balance_loss for m in model.modules() if isinstance(m, MoHAttention)
+             and m.last_balance_loss is not None]
     if not terms:
         return torch.zeros(())
     return torch.stack(terms).mean()

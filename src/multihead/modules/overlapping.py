@@ -106,6 +106,14 @@ class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
         TypeError: a size or overlap that is not an int.
     """
 
+    kind = "overlapping"
+
+    def aux_loss(self) -> torch.Tensor:
+        """The training loss term of the last forward: a 0-d zero (this kind has
+        none), on the device and dtype of ``out_proj.weight``."""
+        w = self.out_proj.weight
+        return torch.zeros((), device=w.device, dtype=w.dtype)
+
     def __init__(
         self,
         embed_dim: int,
@@ -153,11 +161,6 @@ class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
     def wide_head_dim(self) -> int:
         """Dw = D + 2·overlap, the width every head attends with."""
         return self.head_dim + 2 * self.overlap
-
-    @property
-    def kind(self) -> str:
-        """Registry name: "overlapping"."""
-        return "overlapping"
 
     # ------------------------------------------------------------------ pieces
     def project(

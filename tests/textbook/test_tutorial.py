@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from multihead.modules.tutorial_heads import (
+from multihead.textbook.tutorial import (
     AttentionHead,
     PerHeadMultiHeadAttention,
     SplitMultiHeadAttention,

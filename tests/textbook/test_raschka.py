@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from multihead.data import load_textbook_oracle
-from multihead.modules.textbook import (
+from multihead.textbook.raschka import (
     CausalAttention,
     MultiHeadAttention,
     MultiHeadAttentionWrapper,

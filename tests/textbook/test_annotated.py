@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from multihead.modules.annotated import MultiHeadedAttention, attention, clones, subsequent_mask
-from multihead.modules.textbook import CausalAttention, MultiHeadAttention
-from multihead.modules.tutorial_heads import PerHeadMultiHeadAttention, SplitMultiHeadAttention
+from multihead.textbook.annotated import MultiHeadedAttention, attention, clones, subsequent_mask
+from multihead.textbook.raschka import CausalAttention, MultiHeadAttention
+from multihead.textbook.tutorial import PerHeadMultiHeadAttention, SplitMultiHeadAttention
 
 TOL = 1e-10
 H, D = 4, 16

@@ -17,15 +17,15 @@ Example:
     torch.Size([2, 6, 2])
 """
 
-from .modules.annotated import MultiHeadedAttention, attention, clones, subsequent_mask
-from .modules.textbook import (
+from .annotated import MultiHeadedAttention, attention, clones, subsequent_mask
+from .raschka import (
     CausalAttention,
     MultiHeadAttention,
     MultiHeadAttentionWrapper,
     SelfAttention_v1,
     SelfAttention_v2,
 )
-from .modules.tutorial_heads import (
+from .tutorial import (
     AttentionHead,
     PerHeadMultiHeadAttention,
     SplitMultiHeadAttention,

@@ -32,3 +32,28 @@ def test_unknown_kind_lists_known_ones():
 def test_inconsistent_head_counts(name, kv, match):
     with pytest.raises(ValueError, match=match):
         build_attention(name, embed_dim=16, num_heads=4, num_kv_heads=kv)
+
+
+def test_every_kind_is_registered_by_its_decorator_on_import():
+    assert set(list_attention_kinds()) == {
+        "mha", "gqa", "mqa", "moh", "dcmha", "talking_heads", "overlapping", "collaborative", "gated",
+    }  # fmt: skip
+
+
+def test_a_new_kind_registers_with_the_decorator_and_a_second_claim_is_refused():
+    from multihead.modules import registry
+
+    @registry.register_attention("scaled_mha_for_test")
+    def _build(*, embed_dim, num_heads, **options):
+        return MultiHeadAttention(embed_dim, num_heads, **options)
+
+    try:
+        assert "scaled_mha_for_test" in list_attention_kinds()
+        assert isinstance(build_attention("scaled_mha_for_test", embed_dim=8, num_heads=2), MultiHeadAttention)
+        assert registry.register_attention("scaled_mha_for_test")(_build) is _build  # the same builder again: fine
+        with pytest.raises(ValueError, match="'scaled_mha_for_test' is already registered by"):
+            registry.register_attention("scaled_mha_for_test")(lambda **kw: None)
+        with pytest.raises(TypeError, match="non-empty str"):
+            registry.register_attention("")
+    finally:
+        registry._KINDS.pop("scaled_mha_for_test", None)

@@ -30,15 +30,14 @@ modules with :func:`total_aux_loss`; a training loop adds
 ``model.aux_loss()`` to its loss.
 
 Kinds register themselves with ``@register_attention(name)`` in their own
-module; ``_MODULES`` names the module that defines each kind, imported the
-first time the kind is built. An unknown name raises ValueError listing the
-known ones.
+module, and that is the only way a name enters the registry: importing
+``multihead`` imports every kind's module (``multihead.modules``), so every
+kind is registered before anything can be built. An unknown name raises
+ValueError listing the known ones; a name registered twice is refused.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable, Iterable
 
 import torch
@@ -50,34 +49,26 @@ __all__ = ["build_attention", "register_attention", "list_attention_kinds", "tot
 
 Builder = Callable[..., nn.Module]
 _KINDS: dict[str, Builder] = {}
-# kind -> module that registers it (imported on first use)
-_MODULES: dict[str, str] = {
-    "moh": "multihead.modules.moh",
-    "dcmha": "multihead.modules.dcmha",
-    "talking_heads": "multihead.modules.dcmha",
-    "overlapping": "multihead.modules.overlapping",
-    "collaborative": "multihead.modules.collaborative",
-    "gated": "multihead.modules.gated",
-}
 
 
 def register_attention(name: str) -> Callable[[Builder], Builder]:
     """Decorator: register ``builder(*, embed_dim, num_heads, **options)``."""
 
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"an attention kind's name must be a non-empty str, got {name!r}")
+
     def deco(builder: Builder) -> Builder:
+        if name in _KINDS and _KINDS[name] is not builder:
+            raise ValueError(f"attention kind {name!r} is already registered by {_KINDS[name].__qualname__}")
         _KINDS[name] = builder
         return builder
 
     return deco
 
 
-def _available_modules() -> dict[str, str]:
-    return {k: m for k, m in _MODULES.items() if importlib.util.find_spec(m) is not None}
-
-
 def list_attention_kinds() -> list[str]:
     """The names ``build_attention`` accepts, sorted."""
-    return sorted(set(_KINDS) | set(_available_modules()))
+    return sorted(_KINDS)
 
 
 def build_attention(name: str, *, embed_dim: int, num_heads: int, **options) -> nn.Module:
@@ -87,8 +78,6 @@ def build_attention(name: str, *, embed_dim: int, num_heads: int, **options) -> 
         ValueError: unknown name (the message lists the known ones) or
             options the kind rejects.
     """
-    if name not in _KINDS and name in _available_modules():
-        importlib.import_module(_MODULES[name])
     if name not in _KINDS:
         raise ValueError(f"unknown attention kind {name!r}; known: {list_attention_kinds()}")
     return _KINDS[name](embed_dim=embed_dim, num_heads=num_heads, **options)

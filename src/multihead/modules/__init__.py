@@ -6,8 +6,8 @@ from .dcmha import DCMHA, TalkingHeadsAttention
 from .gated import GatedHeadAttention
 from .kv_cache import KVCache
 from .moh import MoHAttention
+from .norms import QKNorm
 from .overlapping import OverlappingHeadAttention
-from .qk_norm import QKNorm
 from .torch_compat import TorchMultiheadAttention
 
 __all__ = [

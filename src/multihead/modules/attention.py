@@ -36,7 +36,7 @@ from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
-from .qk_norm import RotaryQK
+from .rotary_qk import RotaryQK
 
 if TYPE_CHECKING:
     from .torch_compat import TorchMultiheadAttention
@@ -93,7 +93,7 @@ class MultiHeadAttention(RotaryQK, Observable, nn.Module):
             ``positions`` argument of ``forward``.
         qk_norm: RMS-normalise each query and key head over D with learned
             gains ``qk_norm.q_norm.weight`` and ``qk_norm.k_norm.weight``
-            [D] (``modules.qk_norm.QKNorm``; OLMo-2 / Qwen3 style).
+            [D] (``modules.norms.QKNorm``; OLMo-2 / Qwen3 style).
         device, dtype: of the parameters.
 
     Order inside forward: project -> qk_norm -> rope -> attention.

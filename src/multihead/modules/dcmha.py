@@ -57,8 +57,8 @@ from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
 from .observe import AttentionEvent, Observable
-from .qk_norm import RotaryQK
 from .registry import register_attention
+from .rotary_qk import RotaryQK
 
 __all__ = ["DCMHA", "TalkingHeadsAttention", "DynamicKVCache", "AUTO_CHUNK"]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from multihead.modules.qk_norm import HeadRMSNorm, QKNorm
+from multihead.modules.norms import HeadRMSNorm, QKNorm
 
 F64 = torch.float64
 
@@ -65,3 +65,10 @@ def test_errors():
         QKNorm(4, eps=-1.0)
     with pytest.raises(ValueError, match="head_dim=4"):
         QKNorm(4)(torch.randn(1, 1, 2, 5), torch.randn(1, 1, 2, 4))
+
+
+def test_the_former_qk_norm_module_gives_the_same_classes():
+    from multihead.modules import norms, qk_norm, rotary_qk
+
+    assert qk_norm.HeadRMSNorm is norms.HeadRMSNorm and qk_norm.QKNorm is norms.QKNorm
+    assert qk_norm.RotaryQK is rotary_qk.RotaryQK

@@ -1,0 +1,123 @@
+"""Per-head RMS normalisation of queries and keys (QK-norm).
+
+Each head vector of the queries and of the keys is RMS-normalised over its
+D channels before the scores are formed, with one learned gain per channel
+shared by all heads (one vector for q, one for k), as in OLMo-2, Gemma-3
+and Qwen3:
+
+    q [B, H, T, D] --q_norm--> q / sqrt(mean_D(q²) + eps) · q_norm.weight
+    k [B, G, S, D] --k_norm--> k / sqrt(mean_D(k²) + eps) · k_norm.weight
+
+Keeps the logits q·k/√D bounded whatever the scale of the projections
+(Dehghani et al. 2023, "Scaling Vision Transformers to 22B parameters";
+Henry et al. 2020, "Query-Key Normalization for Transformers").
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import nn
+
+from .._checks import positive_int
+
+__all__ = ["HeadRMSNorm", "QKNorm"]
+
+
+def _check_eps(eps: object) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0.0 <= float(eps) < math.inf):
+        raise ValueError(f"eps must be a finite float >= 0, got eps={eps!r}")
+    return float(eps)
+
+
+class HeadRMSNorm(nn.Module):
+    """RMSNorm over the last (head) dimension.
+
+    y = x / sqrt(mean(x², last dim) + eps) · weight. Half-precision inputs
+    (float16, bfloat16) are normalised and scaled in float32 and the result
+    is cast back; float32 and float64 inputs stay in their dtype.
+
+    Args:
+        head_dim: D.
+        eps: added to the mean square.
+        elementwise_affine: learn ``weight`` [D] (initialised to ones);
+            without it there is no parameter.
+        device, dtype: of the weight.
+
+    Raises:
+        TypeError / ValueError: head_dim not a positive int, eps negative
+            or not finite.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        eps: float = 1e-6,
+        elementwise_affine: bool = True,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = positive_int("head_dim", head_dim)
+        self.eps = _check_eps(eps)
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(head_dim, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise [..., D] over D; returns the same shape and dtype."""
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"last dimension must be head_dim={self.head_dim}, got shape {tuple(x.shape)}")
+        work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        y = work * torch.rsqrt(work.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            y = y * self.weight.to(work.dtype)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.head_dim}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class QKNorm(nn.Module):
+    """RMSNorm of queries and keys per head, with separate gains.
+
+    Args:
+        head_dim: D.
+        eps: added to the mean square.
+        elementwise_affine: learn ``q_norm.weight`` and ``k_norm.weight``,
+            each [D] and initialised to ones.
+        device, dtype: of the weights.
+
+    Example:
+        >>> import torch
+        >>> norm = QKNorm(8)
+        >>> q, k = norm(torch.randn(2, 4, 5, 8), torch.randn(2, 1, 5, 8))
+        >>> sorted(norm.state_dict())
+        ['k_norm.weight', 'q_norm.weight']
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        eps: float = 1e-6,
+        elementwise_affine: bool = True,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.q_norm = HeadRMSNorm(head_dim, eps, elementwise_affine, **factory)
+        self.k_norm = HeadRMSNorm(head_dim, eps, elementwise_affine, **factory)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalise q [B, H, T, D] and k [B, G, S, D]; returns (q, k), same shapes and dtypes.
+
+        Raises:
+            ValueError: a last dimension other than head_dim.
+        """
+        return self.q_norm(q), self.k_norm(k)

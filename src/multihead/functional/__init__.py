@@ -11,9 +11,11 @@ from .masks import (
     sliding_window_mask,
 )
 from .rope import apply_rope, rope_frequencies, rope_options
+from .softmax import masked_softmax
 
 __all__ = [
     "attention",
+    "masked_softmax",
     "apply_rope",
     "rope_frequencies",
     "rope_options",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .request import AttentionRequest
+from .softmax import masked_softmax
 
 __all__ = ["math_attention"]
 
@@ -47,18 +48,8 @@ def math_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
     if req.bias is not None:
         scores = scores + req.bias.to(compute)
 
-    visible = req.visible()
-    if visible is None:
-        probs = torch.softmax(scores, dim=-1)
-    else:
-        # Exclude with where (masked_fill), never by adding -inf: a NaN score
-        # at a hidden key is replaced, not propagated.
-        row_ok = visible.any(dim=-1, keepdim=True)  # (..., T, 1)
-        scores = scores.masked_fill(~visible, float("-inf"))
-        # Rows with nothing to attend to get finite scores, then zero weights:
-        # no NaN in the output or in any gradient.
-        scores = scores.masked_fill(~row_ok, 0.0)
-        probs = torch.softmax(scores, dim=-1).masked_fill(~row_ok, 0.0)
+    # Hidden keys excluded with where, empty rows all zeros (see masked_softmax).
+    probs = masked_softmax(scores, req.visible())  # (B, H, T, S)
 
     weights = probs if req.return_weights else None
     if req.dropout_p > 0.0:

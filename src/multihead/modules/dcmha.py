@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
-from ..functional import merge_masks
+from ..functional import masked_softmax, merge_masks
 from ..functional.nonfinite import split_nonfinite
 from ..functional.request import make_request
 from .attention import MultiHeadAttention, check_heads
@@ -309,12 +309,7 @@ class DCMHA(RotaryQK, Observable, nn.Module):
                 j = torch.arange(s1, device=q.device)[None, :]  # (1, s1)
                 rows = j <= i + offset
                 visible = rows if visible is None else visible & rows
-            if visible is None:
-                P = torch.softmax(L, dim=-1)
-            else:
-                row_ok = visible.any(dim=-1, keepdim=True)
-                L = L.masked_fill(~visible, float("-inf")).masked_fill(~row_ok, 0.0)
-                P = torch.softmax(L, dim=-1).masked_fill(~row_ok, 0.0)
+            P = masked_softmax(L, visible)  # (B, H, c, s1); rows seeing nothing are zeros
             P = self._compose(P, None if qwc is None else qwc[:, :, 1], None if kwc is None else kwc[:, :, 1], post_s)
             if visible is not None:
                 P = P.masked_fill(~visible, 0.0)

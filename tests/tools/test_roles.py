@@ -276,11 +276,9 @@ def test_classify_heads_errors_name_the_values():
         classify_heads(make_record(UNIFORM, tokens=TOKENS[:5]))
     with pytest.raises(ValueError, match="batch=1 out of range for layer 0 with B=1"):
         classify_heads(make_record(UNIFORM), batch=1)
-    with pytest.raises(ValueError, match=r"finite, non-negative weights, found 6 that are not, e.g. -0.5"):
-        classify_heads(make_record(UNIFORM - SELF * (0.5 + 1 / 6)))
     nan = UNIFORM.clone()
     nan[0, 0] = math.nan
-    with pytest.raises(ValueError, match=r"finite, non-negative weights, found 1 that are not, e.g. nan"):
+    with pytest.raises(ValueError, match=r"roles need finite weights, found 1 that are not, e.g. nan"):
         classify_heads(make_record(nan))
     with pytest.raises(ValueError, match=r"mask must be \[T, S\] = \[6, 6\] for layer 0, got \[5, 5\]"):
         classify_heads(make_record(UNIFORM), mask=causal_mask(5, 5))

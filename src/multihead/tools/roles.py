@@ -13,7 +13,16 @@ Rows used: a row counts when its weights are not all zero and its query sees
 at least two keys (query 0 of a causal model made no choice). Rows are
 divided by their sum (a no-op after softmax). A key is *visible* where
 ``mask`` allows it or, without a mask, where any head of the same call gives
-it non-zero weight (masks hide the same keys from every head). Scores about
+it non-zero weight (masks hide the same keys from every head).
+
+Signed weights: DCMHA and talking-heads attention mix heads after the
+softmax, so a row may hold negative entries (and still sum to 1). Every
+score reads the magnitudes: each used row is replaced by ``|w| / sum(|w|)``
+(a no-op for softmax rows), so masses stay in [0, 1], the normalised
+entropy in [0, 1], positional scores compare ``|w|`` and distances stay
+within [0, max |i - j|]. A row counts when some ``|w|`` is non-zero;
+``strongest_links`` ranks by ``|w|`` and reports the signed weight.
+Non-finite weights are refused. Scores about
 a set of keys average over the rows that can see one of them::
 
     causal, T = S = 4     previous-token score uses rows 1..3
@@ -186,7 +195,7 @@ def strongest_links(
     *,
     skip_special: bool = True,
 ) -> list[Link]:
-    """The ``k`` largest non-zero weights of one head as query -> key links.
+    """The ``k`` strongest non-zero weights (largest ``|w|``) of one head as links.
 
     Args:
         weights: [T, S] weights of one head.
@@ -198,7 +207,9 @@ def strongest_links(
             otherwise crowd out every other link.
 
     Returns:
-        links sorted by weight (largest first), ties by query then key index.
+        links sorted by ``|weight|`` (largest first), ties by query then key
+        index; ``Link.weight`` keeps the sign (signed weights come from
+        heads mixed after the softmax, e.g. DCMHA).
 
     Raises:
         TypeError: weights not a tensor, k not an int.
@@ -220,12 +231,12 @@ def strongest_links(
         keep = torch.tensor([not is_special(t) for t in key_tokens], dtype=torch.bool)
         w = torch.where(keep, w, torch.zeros_like(w))
     flat = w.reshape(-1)
-    # stable sort on the negated weights keeps row-major order among ties
-    order = torch.sort(-flat, stable=True).indices[:k]
+    # stable sort on the negated magnitudes keeps row-major order among ties
+    order = torch.sort(-flat.abs(), stable=True).indices[:k]
     return [
         Link(query_tokens[i // S], key_tokens[i % S], float(flat[i]), i // S, i % S)
         for i in order.tolist()
-        if flat[i] > 0
+        if flat[i] != 0
     ]
 
 
@@ -301,8 +312,14 @@ def _score_distance(P: torch.Tensor, rows: torch.Tensor) -> float:
 def _head_scores(
     A: torch.Tensor, visible: torch.Tensor, key_kinds: Mapping[str, torch.Tensor]
 ) -> tuple[dict[str, float], float | None, float | None]:
-    """Scores, entropy and distance of one head ``A`` [T, S] (float64)."""
+    """Scores, entropy and distance of one head ``A`` [T, S] (float64).
+
+    Signed weights are scored by magnitude: every score sees the used rows of
+    ``|A|`` divided by their sums, rows that are distributions over the keys
+    (see the module docstring), which keeps each score in its range.
+    """
     T, S = A.shape
+    A = A.abs()  # signed (post-softmax mixed) weights: score the magnitudes
     total = A.sum(dim=-1)
     use = (total > 0) & (visible.sum(dim=-1) >= 2)
     if not bool(use.any()):
@@ -356,6 +373,9 @@ def classify_heads(
     ``broad`` (mean normalised entropy, Clark et al. 2019); ``rare`` (mean
     mass on the ``rare_k`` rarest tokens, Voita et al. 2019). ``entropy`` and
     ``mean_distance`` (Vig & Belinkov 2019) are fields of ``HeadRoles``.
+    Negative weights (heads mixed after the softmax, as in DCMHA) are scored
+    by magnitude, each row as ``|w| / sum(|w|)``: fractions and masses stay
+    in [0, 1], ``broad`` in [0, 1], ``entropy`` in [0, log S].
 
     Args:
         record: from ``capture``; weights [B, H, T, S] per call.
@@ -377,7 +397,7 @@ def classify_heads(
 
     Raises:
         TypeError: record not an ``AttentionRecord``, a bad threshold type.
-        ValueError: weights not [B, H, T, S], not finite or negative;
+        ValueError: weights not [B, H, T, S] or not finite;
             batch out of range; token lists or mask not matching [T, S];
             an unknown role in thresholds; weight on a key the mask hides.
     """
@@ -400,10 +420,10 @@ def classify_heads(
         if batch >= B:
             raise ValueError(f"batch={batch} out of range for layer {entry.layer} with B={B}")
         W = w[batch].detach().double().cpu()  # (H, T, S)
-        bad = W[~torch.isfinite(W) | (W < 0)]
+        bad = W[~torch.isfinite(W)]
         if bad.numel():
             raise ValueError(
-                f"layer {entry.layer} ({entry.name}): roles need finite, non-negative weights, "
+                f"layer {entry.layer} ({entry.name}): roles need finite weights, "
                 f"found {bad.numel()} that are not, e.g. {float(bad[0]):.3g}"
             )
         qt = q_tokens if q_tokens is not None else [str(i) for i in range(T)]
@@ -430,16 +450,16 @@ def classify_heads(
 def _visible(mask: torch.Tensor | None, W: torch.Tensor, layer: int) -> torch.Tensor:
     """[T, S] bool: the keys each query may see (see the module docstring)."""
     if mask is None:
-        return (W > 0).any(dim=0)
+        return (W != 0).any(dim=0)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         raise TypeError(f"mask must be a bool torch.Tensor (True = may attend), got {mask!r:.80}")
     if tuple(mask.shape) != tuple(W.shape[1:]):
         raise ValueError(f"mask must be [T, S] = {list(W.shape[1:])} for layer {layer}, got {list(mask.shape)}")
     mask = mask.cpu()
-    hidden = W.masked_fill(mask, 0.0)
+    hidden = W.masked_fill(mask, 0.0).abs()
     if bool((hidden > 0).any()):
         raise ValueError(
-            f"layer {layer}: the mask hides keys that get weight (up to {float(hidden.max()):.3g}); "
+            f"layer {layer}: the mask hides keys that get weight (|w| up to {float(hidden.max()):.3g}); "
             "is it the mask the model used?"
         )
     return mask

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-from .paths import input_file, output_folder
+from .paths import output_folder
+from .tokens import load_tokenizer
 
 __all__ = [
     "run", "encode_prompt", "decode_tokens", "DEFAULT_PRESET", "DEFAULT_PROMPT", "DEFAULT_MAX_NEW_TOKENS",
@@ -27,19 +28,6 @@ DEFAULT_PROMPT = "Hello"
 DEFAULT_MAX_NEW_TOKENS = 50
 DEFAULT_TEMPERATURE = 1.0
 BYTE_VOCAB = 256
-
-
-def _load_tokenizer(path: str | None):
-    if path is None:
-        return None
-    from tokenizers import Tokenizer
-
-    input_file("--tokenizer", path, "a Hugging Face tokenizer.json")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises its own exception type for bad files
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"--tokenizer {path}: not a readable tokenizer.json ({reason})") from None
 
 
 def encode_prompt(prompt: str, vocab_size: int, tokenizer=None) -> list[int]:
@@ -145,7 +133,7 @@ def run(
         }  # fmt: skip
         _check_save_init(save_init, checkpoint, sampling)
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
-    tok = _load_tokenizer(tokenizer)  # before the model: a missing file is refused at once
+    tok = None if tokenizer is None else load_tokenizer(tokenizer)  # before the model: a missing file is refused at once
     if checkpoint is not None:
         model = load_checkpoint(checkpoint)
         source = f"checkpoint {checkpoint}"

@@ -29,7 +29,7 @@ import torch
 from ..tools.capture import AttentionRecord, capture
 from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format_roles, role_legend, strongest_links
 from .paths import input_file, output_folder
-from .tokens import Encoded, check_text, encode_bytes, encode_text, notices
+from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
 __all__ = ["DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Inspection", "inspect_text", "shown_links", "run"]
 
@@ -62,17 +62,6 @@ class Inspection:
     notices: list[str] = field(default_factory=list)
 
 
-def _load_tokenizer(path: str):
-    from tokenizers import Tokenizer
-
-    input_file("--tokenizer", path, "a Hugging Face tokenizer.json")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises its own exception type for bad files
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"--tokenizer {path}: not a readable tokenizer.json ({reason})") from None
-
-
 def _run_minilm(text: str, truncate: bool) -> tuple[AttentionRecord, Encoded, list[str]]:
     from ..models.minilm import load_minilm
 
@@ -89,7 +78,7 @@ def _run_minilm(text: str, truncate: bool) -> tuple[AttentionRecord, Encoded, li
 def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
     from ..models.checkpoint import load_checkpoint
 
-    tok = _load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
     model = load_checkpoint(checkpoint).eval()
     vocab, limit, name = model.config.vocab_size, model.config.context_length, f"the checkpoint {checkpoint}"
     if tok is not None:

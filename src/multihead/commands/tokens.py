@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Encoded", "check_text", "encode_text", "encode_bytes", "notices"]
+from .paths import input_file
+
+__all__ = ["Encoded", "check_text", "encode_text", "encode_bytes", "notices", "load_tokenizer"]
 
 UNKNOWN_SHARE = 0.25  # a notice when more than this share of the words became the unknown token
 
@@ -153,3 +155,20 @@ def notices(encoded: Encoded, *, model: str, language_note: str = "") -> list[st
             f"(unknown to the tokenizer){language_note}: roles and links on this text say little"
         )
     return out
+
+
+def load_tokenizer(path: str):
+    """A Hugging Face ``tokenizer.json`` given with ``--tokenizer``.
+
+    Raises:
+        ValueError: the file is missing, not a file, or not a readable tokenizer.
+    """
+    from tokenizers import Tokenizer
+
+
+    input_file("--tokenizer", path, "a Hugging Face tokenizer.json")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises its own exception type for bad files
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"--tokenizer {path}: not a readable tokenizer.json ({reason})") from None

@@ -163,7 +163,7 @@ def test_cached_decoding_equals_full_recomputation(prefill):
     x = torch.randn(2, 7, 12, dtype=F64)
     full = m(x, is_causal=True)
     cache = m.make_kv_cache(2, 7)
-    assert cache.k.shape == (2, 1, 7, 5 + 3) and cache.v.shape == (2, 1, 7, 3 * 4)
+    assert cache.k.shape == (2, 1, 7, 5 + 3) and cache.v.shape == (2, 3, 7, 4)  # one key head, H value heads
     steps = [m(x[:, :prefill], is_causal=True, kv_cache=cache)]
     for t in range(prefill, 7):
         steps.append(m(x[:, t : t + 1], is_causal=True, kv_cache=cache))
@@ -229,8 +229,10 @@ def test_construction_and_call_errors():
     m = CollaborativeAttention(8, 2, shared_dim=4)
     with pytest.raises(ValueError, match=r"\(B, T, 8\)"):
         m(torch.randn(2, 3, 7))
-    with pytest.raises(ValueError, match="self-attention"):
-        m(torch.randn(1, 2, 8), torch.randn(1, 2, 8), kv_cache=m.make_kv_cache(1, 4))
+    cache = m.make_kv_cache(1, 4)
+    m(torch.randn(1, 2, 8), kv_cache=cache)
+    with pytest.raises(ValueError, match="self-attention"):  # a self-attention cache refuses cross keys
+        m(torch.randn(1, 2, 8), torch.randn(1, 2, 8), kv_cache=cache)
     with pytest.raises(ValueError, match="rank"):
         m.compress(5)
     with pytest.raises(TypeError, match="MultiHeadAttention"):

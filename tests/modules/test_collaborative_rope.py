@@ -200,7 +200,7 @@ def test_parameters_state_dict_and_cost():
     assert m.qk_norm.q_norm.weight.shape == (12,)
     plain = CollaborativeAttention(16, 4, shared_dim=12)
     assert m.cost(5).parameters == sum(p.numel() for p in m.parameters()) == plain.cost(5).parameters + 2 * 12
-    assert "rope=" in repr(m)
+    assert "(rope): Rotary(" in repr(m)
 
 
 def test_errors():

@@ -192,7 +192,7 @@ def test_state_dict_parameters_cost_and_registry(kind):
     cost = m.cost(9, batch=2)
     assert cost.parameters == sum(p.numel() for p in m.parameters()) == plain.cost(9).parameters + 2 * 4
     assert cost.total_flops == plain.cost(9, batch=2).total_flops
-    assert "rope=" in repr(m)
+    assert "(rope): Rotary(" in repr(m)
 
 
 def test_observer_gets_rotated_q_and_k():

@@ -143,7 +143,7 @@ def test_cached_decoding_equals_recomputation_with_rope(num_kv_heads):
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-12)
     # the cache holds normalised, rotated keys
     q, k, v = m.project(x)
-    _, k = m.normalize_and_rotate(q, k)
+    _, k = m.position_qk(q, k, None, None)
     torch.testing.assert_close(cache.k[:, :, :9], k, rtol=0, atol=1e-12)
 
 
@@ -201,7 +201,7 @@ def test_state_dict_order_and_cost():
     cost = m.cost(7, causal=True)
     assert cost.parameters == sum(p.numel() for p in m.parameters()) == base.parameters + 2 * 6
     assert (cost.core_flops, cost.projection_flops) == (base.core_flops, base.projection_flops)
-    assert "rope=" in repr(m)
+    assert "(rope): Rotary(" in repr(m)
 
 
 def test_observer_sees_rotated_queries_and_keys():
@@ -212,7 +212,7 @@ def test_observer_sees_rotated_queries_and_keys():
     m(x)
     ev = events[0]
     q, k, _ = m.project(x)
-    q, k = m.normalize_and_rotate(q, k)  # the forward's own operations on the same shapes: bitwise
+    q, k = m.position_qk(q, k, None, None)  # the forward's own operations on the same shapes: bitwise
     torch.testing.assert_close(ev.q, q, rtol=0, atol=0)
     torch.testing.assert_close(ev.k, k, rtol=0, atol=0)
     g = m.gate_values()[:, None, None]
@@ -228,7 +228,7 @@ def test_builder_and_from_attention_pass_the_options():
     with torch.no_grad():
         mha.qk_norm.q_norm.weight.uniform_(0.5, 1.5)
     g = GatedHeadAttention.from_attention(mha)
-    assert g.rope == mha.rope and torch.equal(g.qk_norm.q_norm.weight, mha.qk_norm.q_norm.weight)
+    assert g.rope.options == mha.rope.options and torch.equal(g.qk_norm.q_norm.weight, mha.qk_norm.q_norm.weight)
     with torch.no_grad():
         g.log_alpha.fill_(3.0)  # all gates 1: the same as the MHA
     x = torch.randn(2, 5, 24, dtype=F64)

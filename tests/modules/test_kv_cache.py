@@ -188,10 +188,12 @@ def test_module_level_cache_errors():
     m = _module(num_kv_heads=2)
     x = torch.randn(2, 3, 12, dtype=F64)
     cache = m.make_kv_cache(2, 8)
-    with pytest.raises(ValueError, match="kv_cache is for self-attention"):
+    m(x, kv_cache=cache)  # a self-attention cache refuses cross-attention keys
+    with pytest.raises(ValueError, match="self-attention positions"):
         m(x, x, kv_cache=cache)
-    with pytest.raises(ValueError, match="kv_cache is for self-attention"):
+    with pytest.raises(ValueError, match="self-attention positions"):
         m(x, x, x, kv_cache=cache)
+    cache.reset()
     with pytest.raises(ValueError, match=re.escape("got k=(3, 2, 3, 3)")):
         m(torch.randn(3, 3, 12, dtype=F64), kv_cache=cache)  # batch 3, cache batch 2
     wrong = _module(num_kv_heads=1).make_kv_cache(2, 8)  # G = 1 cache, G = 2 layer

@@ -185,7 +185,7 @@ def test_parameters_state_dict_and_cost():
     assert keys[-2:] == ["qk_norm.q_norm.weight", "qk_norm.k_norm.weight"]
     c = m.cost(5)
     assert c.parameters == sum(p.numel() for p in m.parameters()) == base.cost(5).parameters + 2 * 6
-    assert "rope=" in repr(m)
+    assert "(rope): Rotary(" in repr(m)
     with pytest.raises(TypeError, match="qk_norm"):
         MoHAttention(20, 4, qk_norm=1)
     with pytest.raises((TypeError, ValueError)):
@@ -200,7 +200,7 @@ def test_observer_gets_rotated_q_and_k():
     m(x)
     handle.remove()
     q, k, _ = m.project(x)
-    q, k = m.normalize_and_rotate(q, k)
+    q, k = m.position_qk(q, k, None, None)
     close(events[0].q, q.detach())
     close(events[0].k, k.detach())
 

@@ -68,7 +68,7 @@ def test_errors():
 
 
 def test_the_former_qk_norm_module_gives_the_same_classes():
-    from multihead.modules import norms, qk_norm, rotary_qk
+    from multihead.modules import norms, qk_norm, rotary
 
     assert qk_norm.HeadRMSNorm is norms.HeadRMSNorm and qk_norm.QKNorm is norms.QKNorm
-    assert qk_norm.RotaryQK is rotary_qk.RotaryQK
+    assert qk_norm.Rotary is rotary.Rotary

@@ -145,7 +145,7 @@ def test_positions_need_rope_and_norm_gains_are_dw_wide():
     assert list(m.state_dict())[:4] == ["qkv_proj.weight", "qkv_proj.bias", "out_proj.weight", "out_proj.bias"]
     assert m.cost(5).parameters == sum(p.numel() for p in m.parameters())
     assert m.cost(5).kv_cache_bytes_per_token == 2 * H * m.wide_head_dim * 2
-    assert "rope=" in repr(make(1, rope=True))
+    assert "(rope): Rotary(" in repr(make(1, rope=True))
 
 
 # ---------------------------------------------------------------- (2) cache

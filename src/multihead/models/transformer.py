@@ -14,10 +14,10 @@ Each sublayer is wrapped in a residual connection, pre-norm ``x + drop(f(norm(x)
 LayerNorm after each stack) or post-norm ``norm(x + drop(f(x)))`` (the paper).
 
 Decoding with ``kv_caches`` (``make_kv_caches``): decoder self-attention appends to a
-static ``KVCache`` per layer; cross-attention keys/values are projected from the
-memory once per layer on the first call and reused on every later step (for the
-plain ``MultiHeadAttention``; other kinds, or a module with an observer registered,
-are called with key = value = memory on every step).
+static ``KVCache`` per layer; cross-attention fills one cache per layer with the
+memory's keys/values on the first call and reuses it on every later step, through
+the attention module's own API (``kv_cache`` with ``key``: ``modules.base``), so
+every kind, observers included, decodes the same way.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, non_negative_int, positive_int
-from ..functional import attention as attention_core
-from ..modules.attention import MultiHeadAttention
 from ..modules.kv_cache import KVCache
 from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
 
@@ -219,14 +217,14 @@ class DecoderLayer(nn.Module):
                                        for _ in range(3))
 
     def forward(self, x, memory, *, src_padding_mask=None, tgt_padding_mask=None, self_cache=None,
-                cross_kv=None, return_weights=False):
+                cross_cache=None, return_weights=False):
         """One decoder layer.
 
         Args:
             x: [B, T, C] decoder states. memory: [B, S, C] encoder output.
             src_padding_mask: [B, S] bool, True = real. tgt_padding_mask: [B, S_self] bool.
             self_cache: the layer's ``KVCache`` (decoding) or None.
-            cross_kv: memory keys/values (k, v [B, G, S, D]) projected once, or None.
+            cross_cache: the layer's cross-attention cache of ``memory`` (decoding), or None.
             return_weights: also return the cross-attention weights.
 
         Returns:
@@ -237,11 +235,8 @@ class DecoderLayer(nn.Module):
         kept = []
 
         def cross(h):
-            if cross_kv is not None:
-                out = _cross_attend_cached(self.cross_attn, h, cross_kv, src_padding_mask, return_weights)
-            else:
-                out = self.cross_attn(h, memory, memory, key_padding_mask=src_padding_mask,
-                                      return_weights=return_weights)
+            out = self.cross_attn(h, memory, memory, key_padding_mask=src_padding_mask, kv_cache=cross_cache,
+                                  return_weights=return_weights)
             if return_weights:
                 out, w = out
                 kept.append(w)
@@ -251,55 +246,26 @@ class DecoderLayer(nn.Module):
         return self.sublayers[2](x, self.ffn), (kept[0] if kept else None)
 
 
-def _can_cache_cross(attn: nn.Module) -> bool:
-    # Only the plain module: a subclass (a variant) may change how it attends, and an
-    # observed module must be called so its observers see every call.
-    return type(attn) is MultiHeadAttention and not attn.observed
-
-
-def _project_memory(attn: MultiHeadAttention, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-attention keys and values of ``memory`` [B, S, C]: k, v [B, G, S, D]."""
-    B, S, _ = memory.shape
-    G, D = attn.num_kv_heads, attn.head_dim
-    w = attn.projection_weights()
-    k = F.linear(memory, *w["k"]).view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
-    v = F.linear(memory, *w["v"]).view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
-    return k, v
-
-
-def _cross_attend_cached(attn: MultiHeadAttention, x, kv, src_padding_mask, return_weights):
-    """What ``attn(x, memory, memory, key_padding_mask=...)`` computes, with k, v projected already."""
-    B, T, _ = x.shape
-    H, D = attn.num_heads, attn.head_dim
-    q = F.linear(x, *attn.projection_weights()["q"]).view(B, T, H, D).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
-    mask = None if src_padding_mask is None else src_padding_mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
-    out = attention_core(q, *kv, attn_mask=mask, dropout_p=attn.dropout, training=attn.training,
-                         return_weights=return_weights)
-    if return_weights:
-        return attn.merge_heads(out[0]), out[1]
-    return attn.merge_heads(out)
-
-
 class DecoderCache:
     """Decoding state for ``Transformer.decode(..., kv_caches=...)``; from ``make_kv_caches``.
 
     Holds one self-attention ``KVCache`` per decoder layer (``cache[i]``) and, after
-    the first call, the cross-attention keys/values of the memory it was called with
-    (later calls must pass that same memory tensor). ``length`` is the number of
+    the first call, one cross-attention cache per layer holding the keys/values of the
+    memory it was called with (later calls must pass that same memory tensor). ``length`` is the number of
     target positions decoded so far; ``reset()`` forgets everything.
     """
 
     def __init__(self, self_attn: list[KVCache]) -> None:
         self.self_attn = list(self_attn)
         self.memory: torch.Tensor | None = None
-        self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+        self.cross: list[KVCache] | None = None
 
     @property
     def length(self) -> int:
         return self.self_attn[0].length
 
     def reset(self) -> None:
-        for cache in self.self_attn:
+        for cache in self.self_attn + (self.cross or []):
             cache.reset()
         self.memory, self.cross = None, None
 
@@ -448,17 +414,15 @@ class Transformer(nn.Module):
                 raise ValueError(f"kv_caches has {len(kv_caches)} layers, the decoder {len(self.decoder)}")
             if kv_caches.memory is None:
                 kv_caches.memory = memory
-                kv_caches.cross = [_project_memory(layer.cross_attn, memory) if _can_cache_cross(layer.cross_attn)
-                                   else None for layer in self.decoder]
+                kv_caches.cross = [layer.cross_attn.make_kv_cache(B, memory.shape[1]) for layer in self.decoder]
             elif memory is not kv_caches.memory:
                 raise ValueError("kv_caches hold another memory's keys/values; pass that memory or call reset()")
-            cross = [kv if _can_cache_cross(layer.cross_attn) else None
-                     for kv, layer in zip(kv_caches.cross, self.decoder)]
+            cross = kv_caches.cross
         x = self._embed(self.tgt_embed, tgt, offset)
         weights = []
         for i, layer in enumerate(self.decoder):
             x, w = layer(x, memory, src_padding_mask=src_mask, tgt_padding_mask=tgt_mask,
-                         self_cache=None if kv_caches is None else kv_caches[i], cross_kv=cross[i],
+                         self_cache=None if kv_caches is None else kv_caches[i], cross_cache=cross[i],
                          return_weights=return_cross_weights)
             weights.append(w)
         logits = self.out_proj(self.decoder_norm(x))  # (B, T, C) -> (B, T, V)

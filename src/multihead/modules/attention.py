@@ -30,13 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import dropout_probability, positive_int
-from ..functional import attention, merge_masks
-from .calls import check_call, default_alignment, rollback_on_error
+from .base import AttentionLayer, check_heads
 from .cost import AttentionCost, visible_pairs
-from .kv_cache import KVCache
-from .observe import AttentionEvent, Observable
-from .rotary_qk import RotaryQK
+from .registry import register_attention
 
 if TYPE_CHECKING:
     from .torch_compat import TorchMultiheadAttention
@@ -46,34 +42,7 @@ __all__ = ["MultiHeadAttention", "check_heads"]
 _SPLIT = ("q_proj", "k_proj", "v_proj")
 _NORMS = ("q_norm", "k_norm")
 
-
-def check_heads(
-    embed_dim: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None
-) -> tuple[int, int, int]:
-    """Validate head sizes; return (num_heads, num_kv_heads, head_dim).
-
-    Raises:
-        TypeError: a size that is not an int.
-        ValueError: non-positive sizes, embed_dim not divisible by num_heads
-            (when head_dim is not given), num_kv_heads not dividing num_heads.
-    """
-    positive_int("embed_dim", embed_dim)
-    positive_int("num_heads", num_heads)
-    if head_dim is None:
-        if embed_dim % num_heads != 0:
-            raise ValueError(
-                f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
-                "pass head_dim explicitly to decouple them"
-            )
-        head_dim = embed_dim // num_heads
-    positive_int("head_dim", head_dim)
-    G = num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
-    if G > num_heads or num_heads % G != 0:
-        raise ValueError(f"num_kv_heads={G} must divide num_heads={num_heads}")
-    return num_heads, G, head_dim
-
-
-class MultiHeadAttention(RotaryQK, Observable, nn.Module):
+class MultiHeadAttention(AttentionLayer):
     """Multi-head attention with grouped key/value heads, masks and a KV cache.
 
     Args:
@@ -129,14 +98,12 @@ class MultiHeadAttention(RotaryQK, Observable, nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
-        self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
+        super().__init__(
+            embed_dim, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, kdim=kdim, vdim=vdim, dropout=dropout
+        )
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
         if type(self).kind == MultiHeadAttention.kind:  # the family's per-instance name
             self.kind = "mha" if G == H else "mqa" if G == 1 else "gqa"
-        self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
-        self.vdim = embed_dim if vdim is None else positive_int("vdim", vdim)
-        self.dropout = dropout_probability(dropout)
         factory = {"device": device, "dtype": dtype}
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
         if self.fused:
@@ -145,8 +112,8 @@ class MultiHeadAttention(RotaryQK, Observable, nn.Module):
             self.q_proj = nn.Linear(embed_dim, H * D, bias=qkv_bias, **factory)
             self.k_proj = nn.Linear(self.kdim, G * D, bias=qkv_bias, **factory)
             self.v_proj = nn.Linear(self.vdim, G * D, bias=qkv_bias, **factory)
-        self.out_proj = nn.Linear(H * D, embed_dim, bias=out_bias, **factory)
-        self.init_rotary_qk(rope, qk_norm, D, **factory)
+        self.init_output(H * D, embed_dim, bias=out_bias, **factory)
+        self.init_positions(rope, qk_norm, D, **factory)
         self._register_load_state_dict_pre_hook(self._load_split_layout)
 
     # ------------------------------------------------------------------ weights
@@ -216,135 +183,6 @@ class MultiHeadAttention(RotaryQK, Observable, nn.Module):
         v = v.view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
         return q, k, v
 
-    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, D] head outputs -> [B, T, C] through ``out_proj``."""
-        B, H, T, D = out.shape
-        out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, H*D)
-        return self.out_proj(out)
-
-    def make_kv_cache(
-        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
-    ) -> KVCache:
-        """A cache sized for this layer: (batch_size, G, max_len, D)."""
-        ref = self.out_proj.weight
-        return KVCache(
-            batch_size,
-            self.num_kv_heads,
-            max_len,
-            self.head_dim,
-            dtype=dtype or ref.dtype,
-            device=device or ref.device,
-        )
-
-    # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        causal_alignment: str | None = None,
-        return_weights: bool = False,
-        kv_cache: KVCache | None = None,
-        backend: str = "auto",
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``query`` to ``key``/``value`` (self-attention when None).
-
-        Args:
-            query: [B, T, C].
-            key: [B, S, kdim], or None for self-attention.
-            value: [B, S, vdim], or None to use ``key``.
-            attn_mask: bool (True = may attend) or float (added), shaped
-                (T, S) or 4-D broadcastable to (B, H, T, S).
-            key_padding_mask: [B, S], bool with True = real key (may attend),
-                the polarity of Hugging Face's attention_mask and the
-                opposite of ``torch.nn.MultiheadAttention`` (use
-                ``functional.padding_mask_from_ignore`` to convert), or float
-                (added). Combined with ``attn_mask`` by AND on "may attend".
-            is_causal: hide future keys.
-            causal_alignment: "top_left" or "bottom_right"; defaults to
-                "bottom_right" with a KV cache and "top_left" otherwise.
-            return_weights: also return the exact weights [B, H, T, S].
-                While an observer is registered (``register_attention_observer``)
-                the weights are computed on every call and passed to it.
-            kv_cache: append this call's keys/values to the cache and attend
-                over everything cached (self-attention only). S is then the
-                cache length after the write.
-            backend: passed to ``functional.attention``.
-            positions: rope positions of the T queries, [T] or [B, T]
-                (integer or floating), e.g. ``cumsum(mask) - 1`` for a
-                left-padded batch; in self-attention (and with a cache)
-                also the positions of the new keys. Default: 0 .. T-1,
-                offset by the cache length before this call's write. In
-                cross-attention the keys are at 0 .. S-1. Only valid with
-                ``rope``.
-
-        Returns:
-            out [B, T, C], or (out, weights [B, H, T, S]).
-
-        Raises:
-            ValueError / TypeError: shapes, widths, masks, cache overflow
-                (before anything is written).
-        """
-        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
-        B = query.shape[0]
-        q, k, v = self.project(query, key, value)
-        q, k = self.rotate_call(q, k, query=query, key=key, kv_cache=kv_cache, positions=positions)
-        causal_alignment = default_alignment(causal_alignment, kv_cache)
-        observed = self.observed
-        with rollback_on_error(kv_cache):
-            if kv_cache is not None:
-                k, v = kv_cache.update(k, v)
-            S = k.shape[2]
-            mask = merge_masks(attn_mask, self._padding(key_padding_mask, B, S))
-            out = attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                is_causal=is_causal,
-                causal_alignment=causal_alignment,
-                dropout_p=self.dropout,
-                training=self.training,
-                return_weights=return_weights or observed,
-                backend=backend,
-            )
-        weights = None
-        if return_weights or observed:
-            out, weights = out
-        if observed:
-            self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment)
-        out = self.merge_heads(out)
-        return (out, weights) if return_weights else out
-
-    def notify_observers(
-        self,
-        weights: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        mask: torch.Tensor | None,
-        *,
-        is_causal: bool,
-        causal_alignment: str,
-    ) -> None:
-        """Hand one call's weights [B, H, T, S] and projected q/k to the observers."""
-        self._notify(
-            AttentionEvent(
-                weights=weights.detach(),
-                q=q.detach(),
-                k=k.detach(),
-                scale=self.head_dim**-0.5,
-                attn_mask=mask,
-                is_causal=is_causal,
-                causal_alignment=causal_alignment,
-                kind=self.kind,
-            )
-        )
-
     def cost(
         self,
         T: int,
@@ -369,24 +207,6 @@ class MultiHeadAttention(RotaryQK, Observable, nn.Module):
         params = sum(p.numel() for p in self.parameters())
         return AttentionCost(core, proj, params, 2 * G * D * bytes_per_element)
 
-    def aux_loss(self) -> torch.Tensor:
-        """The training loss term of the last forward: a 0-d zero (no such term),
-        on the device and dtype of ``out_proj.weight``."""
-        w = self.out_proj.weight
-        return torch.zeros((), device=w.device, dtype=w.dtype)
-
-    @staticmethod
-    def _padding(mask: torch.Tensor | None, B: int, S: int) -> torch.Tensor | None:
-        if mask is None:
-            return None
-        if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
-        if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
-            raise TypeError(f"key_padding_mask must be bool or floating, got dtype {mask.dtype}")
-        if tuple(mask.shape) != (B, S):
-            raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {tuple(mask.shape)}")
-        return mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
-
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> TorchMultiheadAttention:
         """Convert a ``torch.nn.MultiheadAttention`` into a drop-in equivalent.
@@ -401,15 +221,23 @@ class MultiHeadAttention(RotaryQK, Observable, nn.Module):
 
         return TorchMultiheadAttention.from_torch(module)
 
-    def extra_repr(self) -> str:
-        parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}"]
-        if self.num_kv_heads != self.num_heads:
-            parts.append(f"num_kv_heads={self.num_kv_heads}")
-        parts.append(f"head_dim={self.head_dim}")
-        if not self.fused:
-            parts.append(f"kdim={self.kdim}, vdim={self.vdim}")
-        if self.dropout:
-            parts.append(f"dropout={self.dropout}")
-        if self.rope is not None:
-            parts.append(f"rope={self.rope}")
-        return ", ".join(parts)
+
+@register_attention("mha")
+def _mha(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
+    if num_kv_heads not in (None, num_heads):
+        raise ValueError(f"'mha' has num_kv_heads == num_heads={num_heads}; got {num_kv_heads} (use 'gqa')")
+    return MultiHeadAttention(embed_dim, num_heads, **options)
+
+
+@register_attention("gqa")
+def _gqa(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
+    if num_kv_heads is None:
+        raise ValueError("'gqa' needs num_kv_heads (a divisor of num_heads)")
+    return MultiHeadAttention(embed_dim, num_heads, num_kv_heads=num_kv_heads, **options)
+
+
+@register_attention("mqa")
+def _mqa(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
+    if num_kv_heads not in (None, 1):
+        raise ValueError(f"'mqa' has one key/value head; got num_kv_heads={num_kv_heads}")
+    return MultiHeadAttention(embed_dim, num_heads, num_kv_heads=1, **options)

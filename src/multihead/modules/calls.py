@@ -8,7 +8,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_input", "check_call", "rollback_on_error", "rollback_all_on_error", "default_alignment"]
+__all__ = [
+    "check_input",
+    "check_call",
+    "check_cache_use",
+    "key_padding",
+    "rollback_on_error",
+    "rollback_all_on_error",
+    "default_alignment",
+]
 
 
 def check_input(name: str, x: object, width: int, query: torch.Tensor | None = None) -> torch.Tensor:
@@ -50,7 +58,7 @@ def check_call(
 
     Raises:
         TypeError / ValueError: as ``check_input``; value without key; key and
-            value lengths that differ; a cache with cross-attention.
+            value lengths that differ.
     """
     check_input("query", query, embed_dim)
     if key is not None:
@@ -61,8 +69,60 @@ def check_call(
         check_input("value", value, vdim, query)
         if value.shape[1] != key.shape[1]:
             raise ValueError(f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}")
-    if kv_cache is not None and key is not None:
-        raise ValueError("kv_cache is for self-attention: call with key=None and value=None")
+
+
+def check_cache_use(kv_cache: Any, key: torch.Tensor | None) -> bool:
+    """Check how one call uses ``kv_cache``; True when it reuses cross-attention keys.
+
+    Self-attention (``key`` None) appends to a self-attention cache.
+    Cross-attention (``key`` given) fills an empty cache with the keys of
+    ``key``, or reuses a cache that the same key tensor filled. In eager mode
+    the cache remembers the key tensor that filled it (``cross_source``).
+
+    Raises:
+        ValueError: a self-attention call on a cross-attention cache or the
+            reverse, or a filled cache used with another key tensor.
+    """
+    length = kv_cache.length
+    eager = not torch.compiler.is_compiling()
+    source = kv_cache.__dict__.get("cross_source") if eager else None
+    if key is None:
+        if source is not None:
+            raise ValueError("kv_cache holds cross-attention keys (filled by a call with key): pass that key")
+        return False
+    if length == 0:
+        if eager:
+            kv_cache.__dict__["cross_source"] = key
+        return False
+    if eager and source is None:
+        raise ValueError(
+            f"kv_cache holds {length} self-attention positions (calls with key=None); a cross-attention "
+            "cache is an empty one that a call with key fills"
+        )
+    if length != key.shape[1] or (eager and source is not key):
+        raise ValueError(
+            f"kv_cache holds the keys of another key tensor ({length} positions; key {tuple(key.shape)}): "
+            "pass the key tensor that filled it, or reset() the cache"
+        )
+    return True
+
+
+def key_padding(mask: object, B: int, S: int) -> torch.Tensor | None:
+    """A [B, S] key_padding_mask (bool True = real key, or float added) as (B, 1, 1, S).
+
+    Raises:
+        TypeError: not a tensor, or neither bool nor floating.
+        ValueError: a shape other than (B, S).
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise TypeError(f"key_padding_mask must be bool or floating, got dtype {mask.dtype}")
+    if tuple(mask.shape) != (B, S):
+        raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {tuple(mask.shape)}")
+    return mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
 
 
 def default_alignment(causal_alignment: str | None, kv_cache: Any) -> str:

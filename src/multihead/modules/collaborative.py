@@ -20,7 +20,7 @@ is passed as a stride-0 expanded view, never materialised, because the
 values keep H heads). The KV cache stores that one augmented key head plus
 the H value heads. ``from_mha`` re-parametrises a trained MHA exactly;
 ``compress`` shrinks D̃ by keeping the top singular directions of the
-per-head bilinear forms (see ``multihead.modules.collaborative_compress``).
+per-head bilinear forms (``multihead.modules.collaborative_compress``).
 
 Rope and QK-norm (options ``rope=`` / ``qk_norm=``, both off by default)::
 
@@ -45,21 +45,17 @@ modules that use them and always return modules without rope/qk_norm.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .._checks import dropout_probability, positive_int
-from ..functional import attention, merge_masks
-from ..functional.rope import apply_rope
-from .attention import MultiHeadAttention, check_heads
-from .calls import check_call, default_alignment, rollback_on_error
+from .._checks import positive_int
+from .attention import MultiHeadAttention
+from .base import AttentionLayer
+from .collaborative_compress import Compression, compress, from_mha
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
-from .observe import AttentionEvent, Observable
 from .registry import register_attention
-from .rotary_qk import RotaryQK
 
 __all__ = ["CollaborativeAttention", "Compression", "concatenate_mixing"]
 
@@ -76,7 +72,7 @@ def concatenate_mixing(num_heads: int, shared_dim: int, **factory) -> torch.Tens
     return m
 
 
-class CollaborativeAttention(RotaryQK, Observable, nn.Module):
+class CollaborativeAttention(AttentionLayer):
     """Multi-head attention whose heads share their query/key projections.
 
     Args:
@@ -105,7 +101,14 @@ class CollaborativeAttention(RotaryQK, Observable, nn.Module):
         device, dtype: of the parameters.
 
     Order inside forward: Q, K projections -> qk_norm -> mixing Q ⊙ m_h ->
-    rope -> append the content-bias channels -> attention.
+    rope -> append the content-bias channels -> attention. The forward is
+    ``AttentionLayer.forward`` (arguments, masks and cache as
+    :class:`MultiHeadAttention`; the output is [B, T, out_dim]).
+    ``return_weights`` gives the post-softmax probabilities P_h [B, H, T, S]
+    that mix the values (before dropout); observers receive them with ``q``
+    = [B, H, T, D̃+H] augmented queries, ``k`` = [B, 1, S, D̃+H] = [K | cb]
+    (after qk_norm and rope) and ``scale``, so scale · q·k reproduces the
+    scores before masking. The cache stores the rotated key head.
 
     Parameters: ``q_proj`` [D̃, C], ``k_proj`` [D̃, kdim], ``mixing`` [H, D̃],
     ``content_bias`` [H, kdim] (all bias-free), ``v_proj`` [H·Dv, vdim],
@@ -118,12 +121,6 @@ class CollaborativeAttention(RotaryQK, Observable, nn.Module):
     """
 
     kind = "collaborative"
-
-    def aux_loss(self) -> torch.Tensor:
-        """The training loss term of the last forward: a 0-d zero (this kind has
-        none), on the device and dtype of ``out_proj.weight``."""
-        w = self.out_proj.weight
-        return torch.zeros((), device=w.device, dtype=w.dtype)
 
     def __init__(
         self,
@@ -145,14 +142,10 @@ class CollaborativeAttention(RotaryQK, Observable, nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        H, _, Dv = check_heads(embed_dim, num_heads, None, head_dim)
-        self.embed_dim, self.num_heads, self.head_dim = embed_dim, H, Dv
+        super().__init__(embed_dim, num_heads, head_dim=head_dim, kdim=kdim, vdim=vdim, dropout=dropout)
+        H, Dv = self.num_heads, self.head_dim
         self.shared_dim = embed_dim if shared_dim is None else positive_int("shared_dim", shared_dim)
-        self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
-        self.vdim = embed_dim if vdim is None else positive_int("vdim", vdim)
         self.out_dim = embed_dim if out_dim is None else positive_int("out_dim", out_dim)
-        self.dropout = dropout_probability(dropout)
         if scale is None:
             scale = 1.0 / math.sqrt(self.shared_dim / H)
         elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
@@ -167,14 +160,14 @@ class CollaborativeAttention(RotaryQK, Observable, nn.Module):
         self.content_bias = nn.Linear(self.kdim, H, bias=False, **factory)
         self.mixing = nn.Parameter(torch.empty(H, Dt, **factory))
         self.v_proj = nn.Linear(self.vdim, H * Dv, bias=qkv_bias, **factory)
-        self.out_proj = nn.Linear(H * Dv, self.out_dim, bias=out_bias, **factory)
+        self.init_output(H * Dv, self.out_dim, bias=out_bias, **factory)
         with torch.no_grad():
             if mixing_init == "normal":
                 self.mixing.normal_(0.0, 0.2)
             else:
                 self.mixing.copy_(concatenate_mixing(H, Dt))
         try:
-            self.init_rotary_qk(rope, qk_norm, Dt, **factory)
+            self.init_positions(rope, qk_norm, Dt, **factory)
         except ValueError as err:
             raise ValueError(f"{err} [collaborative rope rotates the shared_dim={Dt} query/key channels]") from None
 
@@ -190,11 +183,12 @@ class CollaborativeAttention(RotaryQK, Observable, nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project to the augmented per-head queries, the one key head and values.
 
-        With ``qk_norm`` the shared Q and K are RMS-normalised over D̃ before
-        the mixing; with ``rope`` the mixed queries Q ⊙ m_h and the keys K
-        are rotated at ``positions`` / ``key_positions`` ([T] / [S] or
-        [B, T] / [B, S]; default 0 .. T-1 / 0 .. S-1). The content-bias
-        channels are never normalised or rotated.
+        ``to_heads`` followed by ``position_qk``: with ``qk_norm`` the shared
+        Q and K are RMS-normalised over D̃ before the mixing; with ``rope``
+        the mixed queries Q ⊙ m_h and the keys K are rotated at
+        ``positions`` / ``key_positions`` ([T] / [S] or [B, T] / [B, S];
+        default 0 .. T-1 / 0 .. S-1). The content-bias channels are never
+        normalised or rotated.
 
         Args:
             query: [B, T, C]; key: [B, S, kdim] or None (self-attention);
@@ -205,134 +199,54 @@ class CollaborativeAttention(RotaryQK, Observable, nn.Module):
             q [B, H, T, D̃+H] = [Q ⊙ m_h | e_h], k [B, 1, S, D̃+H] = [K | cb],
             v [B, H, S, Dv]; scale · q_h · k_j is score_h[i, j].
         """
+        q, k, v, _ = self.to_heads(query, key, value)
+        q, k = self.position_qk(q, k, positions, key_positions)
+        return q, k, v
+
+    def to_heads(self, query, key=None, value=None):
+        """The shared query Q [B, 1, T, D̃], the key head [K | cb] [B, 1, S, D̃+H]
+        and the values [B, H, S, Dv], before qk_norm, mixing and rope."""
         H, Dv = self.num_heads, self.head_dim
         key = query if key is None else key
         value = key if value is None else value
-        B, T, _ = query.shape
-        S = key.shape[1]
+        B, S = query.shape[0], key.shape[1]
         Q = self.q_proj(query).unsqueeze(1)  # (B, T, D̃) -> (B, 1, T, D̃)
         K = self.k_proj(key).unsqueeze(1)  # (B, S, D̃) -> (B, 1, S, D̃)
-        if self.qk_norm is not None:
-            Q, K = self.qk_norm(Q, K)  # RMS over D̃ of the shared query / key
-        q = Q * self.mixing[None, :, None, :]  # (B, 1, T, D̃) -> (B, H, T, D̃)
-        if self.rope is not None:
-            q = apply_rope(q, positions, **self.rope)  # rotate Q ⊙ m_h, after the mixing
-            K = apply_rope(K, key_positions, **self.rope)
-        onehot = torch.eye(H, dtype=q.dtype, device=q.device)[None, :, None, :]  # (1, H, 1, H)
-        q = torch.cat([q, onehot.expand(B, H, T, H)], dim=-1)  # (B, H, T, D̃ + H)
         cb = self.content_bias(key).unsqueeze(1)  # (B, S, H) -> (B, 1, S, H)
-        k = torch.cat([K, cb], dim=-1)  # (B, 1, S, D̃ + H)
         v = self.v_proj(value).view(B, S, H, Dv).transpose(1, 2)  # (B, S, H*Dv) -> (B, H, S, Dv)
-        return q, k, v
+        return Q, torch.cat([K, cb], dim=-1), v, None
 
-    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, Dv] head outputs -> [B, T, out_dim] through ``out_proj``."""
-        B, H, T, Dv = out.shape
-        out = out.transpose(1, 2).reshape(B, T, H * Dv)  # (B, H, T, Dv) -> (B, T, H*Dv)
-        return self.out_proj(out)
+    def position_qk(self, q, k, q_pos, k_pos):
+        """Shared Q [B, 1, T, D̃] and [K | cb] -> qk_norm over D̃ -> mixing
+        Q ⊙ m_h -> rope -> q [B, H, T, D̃+H] = [Q ⊙ m_h | e_h], k [B, 1, S, D̃+H]."""
+        B, _, T, Dt = q.shape
+        H = self.num_heads
+        if self.qk_norm is not None or self.rope is not None:
+            K, cb = k.split([Dt, H], dim=-1)
+            if self.qk_norm is not None:
+                q, K = self.qk_norm(q, K)  # RMS over D̃ of the shared query / key
+            q = q * self.mixing[None, :, None, :]  # (B, 1, T, D̃) -> (B, H, T, D̃)
+            if self.rope is not None:
+                q, K = self.rope(q, q_pos), self.rope(K, k_pos)  # rotate Q ⊙ m_h, after the mixing
+            k = torch.cat([K, cb], dim=-1)
+        else:
+            q = q * self.mixing[None, :, None, :]  # (B, 1, T, D̃) -> (B, H, T, D̃)
+        onehot = torch.eye(H, dtype=q.dtype, device=q.device)[None, :, None, :]  # (1, H, 1, H)
+        return torch.cat([q, onehot.expand(B, H, T, H)], dim=-1), k  # (B, H, T, D̃ + H)
 
     def make_kv_cache(self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None) -> KVCache:
         """A cache holding ONE augmented key head [B, 1, max_len, D̃+H] and the
-        values flattened to [B, 1, max_len, H·Dv]."""
+        H value heads [B, H, max_len, Dv]."""
         ref = self.out_proj.weight
         return KVCache(
-            batch_size,
-            1,
-            max_len,
-            self.shared_dim + self.num_heads,
-            value_dim=self.num_heads * self.head_dim,
-            dtype=dtype or ref.dtype,
-            device=device or ref.device,
-        )
+            batch_size, 1, max_len, self.shared_dim + self.num_heads, value_dim=self.head_dim,
+            value_heads=self.num_heads, dtype=dtype or ref.dtype, device=device or ref.device,
+        )  # fmt: skip
 
-    # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        causal_alignment: str | None = None,
-        return_weights: bool = False,
-        kv_cache: KVCache | None = None,
-        backend: str = "auto",
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``query`` to ``key``/``value`` (self-attention when None).
-
-        Args: as :meth:`MultiHeadAttention.forward`: attn_mask bool (True =
-        may attend) or float (added to the scaled scores), (T, S) or 4-D;
-        key_padding_mask [B, S] (True = real key, or float added);
-        causal_alignment defaults to "bottom_right" with a cache;
-        kv_cache from :meth:`make_kv_cache` (self-attention only);
-        positions: rope positions of the T queries, [T] or [B, T] (also of
-        the new keys in self-attention); default 0 .. T-1 offset by the
-        cache length before this call's write; cross-attention keys sit at
-        0 .. S-1; only valid with ``rope``. The cache stores rotated keys.
-
-        Returns:
-            out [B, T, out_dim], or (out, weights [B, H, T, S]): the
-            post-softmax probabilities P_h that mix the values (before dropout).
-            Observers receive the same weights, with ``q`` = [B, H, T, D̃+H]
-            augmented queries, ``k`` = [B, 1, S, D̃+H] = [K | cb] (after
-            qk_norm and rope) and ``scale``, so scale · q·k reproduces the
-            scores before masking.
-
-        Raises:
-            ValueError / TypeError: shapes, widths, masks, cache overflow
-                (before anything is written).
-        """
-        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
-        B = query.shape[0]
-        q_pos = k_pos = None
-        if self.rope is not None or positions is not None:
-            q_pos, k_pos = self.call_positions(positions, query, key, kv_cache)  # cross-attention keys at 0 .. S-1
-        q, k, v = self.project(query, key, value, positions=q_pos, key_positions=k_pos)
-        H, Dv = self.num_heads, self.head_dim
-        causal_alignment = default_alignment(causal_alignment, kv_cache)
-        observed = self.observed
-        with rollback_on_error(kv_cache):
-            if kv_cache is not None:
-                T_new = v.shape[2]
-                flat = v.transpose(1, 2).reshape(B, 1, T_new, H * Dv)  # (B, H, T, Dv) -> (B, 1, T, H*Dv)
-                k, flat = kv_cache.update(k, flat)
-                v = flat[:, 0].unflatten(-1, (H, Dv)).transpose(1, 2)  # (B, L, H*Dv) -> (B, H, L, Dv)
-            S = k.shape[2]
-            mask = merge_masks(attn_mask, MultiHeadAttention._padding(key_padding_mask, B, S))
-            out = attention(
-                q,
-                k.expand(B, H, S, k.shape[-1]),  # one key head, stride 0 over heads
-                v,
-                attn_mask=mask,
-                is_causal=is_causal,
-                causal_alignment=causal_alignment,
-                scale=self.scale,
-                dropout_p=self.dropout,
-                training=self.training,
-                return_weights=return_weights or observed,
-                backend=backend,
-            )
-        weights = None
-        if return_weights or observed:
-            out, weights = out
-        if observed:
-            self._notify(
-                AttentionEvent(
-                    weights=weights.detach(),
-                    q=q.detach(),
-                    k=k.detach(),
-                    scale=self.scale,
-                    attn_mask=mask,
-                    is_causal=is_causal,
-                    causal_alignment=causal_alignment,
-                    kind=self.kind,
-                )
-            )
-        out = self.merge_heads(out)
-        return (out, weights) if return_weights else out
+    def core(self, q, k, v, extra, **call):
+        """``functional.attention`` with the one key head as a stride-0 view over the H heads."""
+        B, H, _, _ = q.shape
+        return super().core(q, k.expand(B, H, k.shape[2], k.shape[-1]), v, extra, **call)
 
     # ------------------------------------------------------------------ accounting
     def cost(
@@ -384,177 +298,20 @@ class CollaborativeAttention(RotaryQK, Observable, nn.Module):
 
     @classmethod
     def from_mha(cls, mha: MultiHeadAttention, shared_dim: int | None = None) -> CollaborativeAttention:
-        """Re-parametrise a trained ``MultiHeadAttention`` as collaborative heads.
-
-        With ``shared_dim=None`` the result is exact (the paper's concatenate
-        case): D̃ = H·D, W_Q and W_K copied (GQA key heads repeated to H),
-        CONCATENATE mixing, ``content_bias[h] = b_Q,h · W_K,h`` and
-        ``scale = 1/sqrt(D)``; the key bias b_K is dropped (it only adds a
-        per-row constant, which cancels in the softmax). Values and the output
-        projection are copied. With ``shared_dim=r`` the exact module is then
-        compressed with :meth:`compress` (see there; use it directly to get
-        the error too). The result has no rope and no qk_norm.
-
-        Raises:
-            TypeError: not a MultiHeadAttention.
-            ValueError: ``mha`` uses rope or qk_norm (per-head rotations and
-                norms over D do not re-parametrise exactly onto D̃ channels).
-        """
-        if not isinstance(mha, MultiHeadAttention):
-            raise TypeError(f"from_mha needs a MultiHeadAttention, got {type(mha).__name__}")
-        if mha.rope is not None or mha.qk_norm is not None:
-            raise ValueError("from_mha needs a MultiHeadAttention without rope and qk_norm (not exactly convertible)")
-        H, G, D = mha.num_heads, mha.num_kv_heads, mha.head_dim
-        w = mha.projection_weights()
-        (Wq, bq), (Wk, _), (Wv, bv) = w["q"], w["k"], w["v"]
-        Wo, bo = mha.out_proj.weight, mha.out_proj.bias
-        ref = Wo
-        mod = cls(
-            mha.embed_dim,
-            H,
-            shared_dim=H * D,
-            head_dim=D,
-            kdim=mha.kdim,
-            vdim=mha.vdim,
-            qkv_bias=bv is not None,
-            out_bias=bo is not None,
-            dropout=mha.dropout,
-            scale=D**-0.5,
-            mixing_init="concatenate",
-            device=ref.device,
-            dtype=ref.dtype,
-        )
-        R = H // G
-        with torch.no_grad():
-            Wk_h = Wk.view(G, D, mha.kdim).repeat_interleave(R, dim=0)  # (G, D, kdim) -> (H, D, kdim)
-            Wv_h = Wv.view(G, D, mha.vdim).repeat_interleave(R, dim=0)  # (G, D, vdim) -> (H, D, vdim)
-            mod.q_proj.weight.copy_(Wq)
-            mod.k_proj.weight.copy_(Wk_h.reshape(H * D, mha.kdim))
-            if bq is None:
-                mod.content_bias.weight.zero_()
-            else:
-                mod.content_bias.weight.copy_(torch.einsum("hd,hdr->hr", bq.view(H, D), Wk_h))
-            mod.v_proj.weight.copy_(Wv_h.reshape(H * D, mha.vdim))
-            if bv is not None:
-                mod.v_proj.bias.copy_(bv.view(G, D).repeat_interleave(R, dim=0).reshape(H * D))
-            mod.out_proj.weight.copy_(Wo)
-            if bo is not None:
-                mod.out_proj.bias.copy_(bo)
-        mod.train(mha.training)
-        if shared_dim is not None:
-            return mod.compress(shared_dim).module
-        return mod
+        """Re-parametrise a trained ``MultiHeadAttention`` as collaborative heads
+        (``collaborative_compress.from_mha``: exact with ``shared_dim=None``,
+        compressed to ``shared_dim`` otherwise; no rope, no qk_norm)."""
+        return from_mha(cls, mha, shared_dim)
 
     def compress(self, rank: int, *, query: torch.Tensor | None = None, **forward_kwargs) -> Compression:
-        """Shrink D̃ to ``rank`` by keeping the top singular directions.
-
-        Each head's bilinear form A_h = W_Qᵀ diag(m_h) W_K [C, kdim] is
-        decomposed by SVD, A_h = Σ_i σ_{h,i} u_{h,i} v_{h,i}ᵀ. The ``rank``
-        largest σ over ALL heads are kept; each kept triplet becomes one
-        shared channel: query row √σ·uᵀ, key row √σ·vᵀ, mixing one-hot on its
-        head. The stacked error ‖A − Â‖_F² is the sum of the dropped σ², so
-        it never increases with ``rank``; for a module from :meth:`from_mha`
-        (rank A_h ≤ D) ``rank = H·D`` is exact. Values, content bias, output
-        projection and ``scale`` are kept (unlike the official
-        ``swap_to_collaborative``, which rescales the logits by sqrt(D/D̃)).
-
-        Args:
-            rank: the new D̃, 1 … shared_dim.
-            query: optional inputs [B, T, C]; with them the output error of
-                the compressed module is measured (``forward_kwargs`` are
-                passed to both calls, e.g. ``is_causal=True``).
-
-        Returns:
-            Compression(module, product_error, output_error); the module
-            has no rope and no qk_norm.
-
-        Raises:
-            ValueError: rank outside 1 … shared_dim, or this module uses rope
-                or qk_norm (the SVD of A_h ignores both, so it would not
-                approximate the module's function).
-        """
-        positive_int("rank", rank)
-        if self.rope is not None or self.qk_norm is not None:
-            raise ValueError("compress needs a module without rope and qk_norm; they are not part of A_h")
-        if rank > self.shared_dim:
-            raise ValueError(f"rank must lie in 1 … shared_dim={self.shared_dim}, got rank={rank}")
-        H = self.num_heads
-        with torch.no_grad():
-            A = self.head_products()  # (H, C, kdim)
-            U, sig, Vh = torch.linalg.svd(A, full_matrices=False)  # (H, C, n), (H, n), (H, n, kdim)
-            n = sig.shape[1]
-            top = torch.argsort(sig.reshape(-1), descending=True, stable=True)[:rank]
-            heads, idx = top // n, top % n
-            root = sig[heads, idx].sqrt()  # (rank,)
-            Wq = U[heads, :, idx] * root[:, None]  # (rank, C)
-            Wk = Vh[heads, idx, :] * root[:, None]  # (rank, kdim)
-            mixing = torch.zeros(H, rank, dtype=A.dtype, device=A.device)
-            mixing[heads, torch.arange(rank, device=A.device)] = 1.0
-            ref = self.out_proj.weight
-            small = type(self)(
-                self.embed_dim,
-                H,
-                shared_dim=rank,
-                head_dim=self.head_dim,
-                kdim=self.kdim,
-                vdim=self.vdim,
-                qkv_bias=self.v_proj.bias is not None,
-                out_bias=self.out_proj.bias is not None,
-                out_dim=self.out_dim,
-                dropout=self.dropout,
-                scale=self.scale,
-                mixing_init="concatenate",
-                device=ref.device,
-                dtype=ref.dtype,
-            )
-            small.load_state_dict({**self.state_dict(), "q_proj.weight": Wq, "k_proj.weight": Wk, "mixing": mixing})
-            small.train(self.training)
-            product_error = _relative(A, small.head_products())
-            output_error = None
-            if query is not None:
-                y, y_small = self(query, **forward_kwargs), small(query, **forward_kwargs)
-                output_error = _relative(y, y_small)
-        return Compression(small, product_error, output_error)
+        """Shrink D̃ to ``rank`` by keeping the top singular directions of the
+        per-head forms A_h (``collaborative_compress.compress``); returns
+        ``Compression(module, product_error, output_error)``."""
+        return compress(self, rank, query=query, **forward_kwargs)
 
     def extra_repr(self) -> str:
-        parts = [
-            f"embed_dim={self.embed_dim}",
-            f"num_heads={self.num_heads}",
-            f"shared_dim={self.shared_dim}",
-            f"head_dim={self.head_dim}",
-        ]
-        if (self.kdim, self.vdim) != (self.embed_dim, self.embed_dim):
-            parts.append(f"kdim={self.kdim}, vdim={self.vdim}")
-        if self.out_dim != self.embed_dim:
-            parts.append(f"out_dim={self.out_dim}")
-        if self.dropout:
-            parts.append(f"dropout={self.dropout}")
-        if self.rope is not None:
-            parts.append(f"rope={self.rope}")
-        return ", ".join(parts)
-
-
-def _relative(exact: torch.Tensor, approx: torch.Tensor) -> float:
-    """‖exact − approx‖_F / ‖exact‖_F (0 when both are 0)."""
-    num, den = float(torch.linalg.norm(exact - approx)), float(torch.linalg.norm(exact))
-    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
-
-
-@dataclass(frozen=True)
-class Compression:
-    """What :meth:`CollaborativeAttention.compress` returns.
-
-    Attributes:
-        module: the compressed CollaborativeAttention (D̃ = rank).
-        product_error: ‖A − Â‖_F / ‖A‖_F over the stacked per-head forms
-            A_h = W_Qᵀ diag(m_h) W_K (0 when A = 0).
-        output_error: ‖y − ŷ‖_F / ‖y‖_F on the given inputs (0 when y = 0),
-            or None without inputs.
-    """
-
-    module: CollaborativeAttention
-    product_error: float
-    output_error: float | None
+        out = f", out_dim={self.out_dim}" if self.out_dim != self.embed_dim else ""
+        return f"{super().extra_repr()}, shared_dim={self.shared_dim}{out}"
 
 
 @register_attention("collaborative")

@@ -48,57 +48,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import dropout_probability, positive_int
-from ..functional import masked_softmax, merge_masks
-from ..functional.nonfinite import split_nonfinite
-from ..functional.request import make_request
-from .attention import MultiHeadAttention, check_heads
-from .calls import check_call, default_alignment, rollback_on_error
+from .._checks import positive_int
+from .base import AttentionLayer
 from .cost import AttentionCost, visible_pairs
+from .dcmha_core import DynamicKVCache, composed_attention
 from .kv_cache import KVCache
-from .observe import AttentionEvent, Observable
 from .registry import register_attention
-from .rotary_qk import RotaryQK
 
 __all__ = ["DCMHA", "TalkingHeadsAttention", "DynamicKVCache", "AUTO_CHUNK"]
 
 AUTO_CHUNK = 256  # queries per block when chunk_size is None and T > AUTO_CHUNK
 
 
-class DynamicKVCache(KVCache):
-    """KV cache that also keeps each key token's key-side composition weights.
-
-    Attributes:
-        kw: [B, S_max, 2, 2R + 1, H]: per cached token, for pre (0) and post
-            (1) composition, rows [w1 (R) | w2 (R) | dd (1)] over heads.
-    """
-
-    def __init__(self, batch_size: int, num_heads: int, max_len: int, head_dim: int, rank: int, **kw) -> None:
-        super().__init__(batch_size, num_heads, max_len, head_dim, **kw)
-        B, H, S = self.k.shape[0], self.k.shape[1], self.max_len
-        self.register_buffer(
-            "kw", torch.zeros(B, S, 2, 2 * rank + 1, H, dtype=self.k.dtype, device=self.k.device), persistent=False
-        )
-
-    def update(self, k: torch.Tensor, v: torch.Tensor, kw: torch.Tensor | None = None):
-        """Append keys, values and key-side weights; return all three cached so far.
-
-        Raises:
-            ValueError: shapes that do not match, or a write past capacity
-                (raised before anything is written).
-        """
-        if kw is None:
-            raise ValueError("DynamicKVCache.update needs the key-side weights kw")
-        want = (self.kw.shape[0], k.shape[2], *self.kw.shape[2:])
-        if tuple(kw.shape) != want:
-            raise ValueError(f"kw must be {want}, got {tuple(kw.shape)}")
-        start = self.length
-        k_all, v_all = super().update(k, v)
-        self.kw[:, start : self.length] = kw.detach()
-        return k_all, v_all, self.kw[:, : self.length]
-
-
-class DCMHA(RotaryQK, Observable, nn.Module):
+class DCMHA(AttentionLayer):
     """Dynamically composable multi-head attention.
 
     Args:
@@ -125,6 +87,15 @@ class DCMHA(RotaryQK, Observable, nn.Module):
             ``qk_norm.k_norm.weight`` [D] (DCFormer's ``use_qk_norm``),
             before rope.
         device, dtype: of the parameters.
+
+    The forward is ``AttentionLayer.forward`` (arguments, masks and cache as
+    :class:`MultiHeadAttention`, widths C; key tokens also generate the
+    key-side weights, and :meth:`make_kv_cache` stores them). ``backend`` is
+    "auto" or "math" (the composed core has one path; "sdpa" is refused).
+    ``return_weights`` gives P' [B, H, T, S], the post-composed
+    probabilities that multiply the values (not renormalised, may be
+    negative; 0 at hidden keys); observers get the same, with the
+    normalised, rotated q and k.
 
     Parameters (official DCFormer layout): ``dw1`` [C, 4, K], ``qkw``
     [4, K, 2R, H], ``dd`` [C, 4, H] with slots 0 = pre/query, 1 = pre/key,
@@ -154,9 +125,8 @@ class DCMHA(RotaryQK, Observable, nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        H, _, D = check_heads(embed_dim, num_heads, None, head_dim)
-        self.embed_dim, self.num_heads, self.head_dim = embed_dim, H, D
+        super().__init__(embed_dim, num_heads, head_dim=head_dim, dropout=dropout)
+        H, D = self.num_heads, self.head_dim
         self.rank = positive_int("rank", rank)
         self.dynamic_hidden_dim = 4 * H if dynamic_hidden_dim is None else positive_int(
             "dynamic_hidden_dim", dynamic_hidden_dim
@@ -165,10 +135,9 @@ class DCMHA(RotaryQK, Observable, nn.Module):
             raise ValueError("dynamic=False and static=False leave nothing to compose; use 'mha'")
         self.dynamic, self.static, self.residual = bool(dynamic), bool(static), bool(residual)
         self.chunk_size = None if chunk_size is None else positive_int("chunk_size", chunk_size)
-        self.dropout = dropout_probability(dropout)
         factory = {"device": device, "dtype": dtype}
         self.qkv_proj = nn.Linear(embed_dim, 3 * H * D, bias=qkv_bias, **factory)
-        self.out_proj = nn.Linear(H * D, embed_dim, bias=out_bias, **factory)
+        self.init_output(H * D, embed_dim, bias=out_bias, **factory)
         if self.static:
             init = torch.zeros if residual else (lambda *s, **f: torch.eye(H, **f))
             self.pre_static = nn.Parameter(init(H, H, **factory))
@@ -179,15 +148,10 @@ class DCMHA(RotaryQK, Observable, nn.Module):
             self.dw1 = nn.Parameter(torch.randn(C, 4, K, **factory) * math.sqrt(2 / (C + K)))
             self.qkw = nn.Parameter(torch.randn(4, K, 2 * R, H, **factory) * (0.02 / (math.sqrt(4 * H) * (H + 2))))
             self.dd = nn.Parameter(torch.randn(C, 4, H, **factory) * (0.05 * math.sqrt(2 / (H + C))))
-        self.init_rotary_qk(rope, qk_norm, D, **factory)
+        self.init_positions(rope, qk_norm, D, **factory)
 
     kind = "dcmha"
-
-    def aux_loss(self) -> torch.Tensor:
-        """The training loss term of the last forward: a 0-d zero (this kind has
-        none), on the device and dtype of ``out_proj.weight``."""
-        w = self.out_proj.weight
-        return torch.zeros((), device=w.device, dtype=w.dtype)
+    backends = ("auto", "math")  # composition needs the scores themselves: no fused kernel
 
     # ------------------------------------------------------------------ pieces
     def project(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None):
@@ -206,10 +170,13 @@ class DCMHA(RotaryQK, Observable, nn.Module):
         v = v.view(B, S, H, D).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
         return q, k, v
 
-    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, D] -> [B, T, C] through ``out_proj``."""
-        B, H, T, D = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(B, T, H * D))  # (B, H, T, D) -> (B, T, H*D)
+    def to_heads(self, query, key=None, value=None):
+        """q, k, v and the composition weights: ``extra`` = {"qw": from the query
+        tokens, "kw": from the key tokens} ([B, L, 2, 2R + 1, H] or None)."""
+        q, k, v = self.project(query, key, value)
+        qw = self.dynamic_weights(query, "query")
+        kw = self.dynamic_weights(query if key is None else key, "key")
+        return q, k, v, {"qw": qw, "kw": kw}
 
     def dynamic_weights(self, x: torch.Tensor, side: str) -> torch.Tensor | None:
         """Composition weights of ``side`` ("query": slots 0, 2; "key": 1, 3).
@@ -232,101 +199,25 @@ class DCMHA(RotaryQK, Observable, nn.Module):
         gate = torch.tanh(torch.einsum("blc,cjn->bljn", x, self.dd[:, first::2]))  # (B, L, 2, H)
         return torch.cat([w1, w2, gate.unsqueeze(3)], dim=3)
 
-    def _compose(self, A: torch.Tensor, qw, kw, static) -> torch.Tensor:
-        """A [B, H, c, s] -> A'; qw [B, c, 2R+1, H], kw [B, s, 2R+1, H] or None."""
-        R = self.rank
-        out = A if self.residual else None
-        terms = []
-        if static is not None:
-            terms.append(torch.einsum("bnts,nm->bmts", A, static))
-        if qw is not None:
-            gate = qw[:, :, 2 * R].transpose(1, 2).unsqueeze(-1) + kw[:, :, 2 * R].transpose(1, 2).unsqueeze(-2)
-            terms.append(A * gate)  # (B, H, c, 1) + (B, H, 1, s): diag(qdd_t + kdd_s)
-            h = torch.einsum("bnts,btin->bits", A, qw[:, :, :R])  # (B, R, c, s)
-            terms.append(torch.einsum("bits,btim->bmts", h, qw[:, :, R : 2 * R]))
-            h = torch.einsum("bnts,bsin->bits", A, kw[:, :, :R])
-            terms.append(torch.einsum("bits,bsim->bmts", h, kw[:, :, R : 2 * R]))
-        for t in terms:
-            out = t if out is None else out + t
-        return out
-
     def _chunk(self, T: int) -> int:
         if self.chunk_size is not None:
             return self.chunk_size
         return AUTO_CHUNK if T > AUTO_CHUNK else max(T, 1)
 
     # ------------------------------------------------------------------ core
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        qw: torch.Tensor | None,
-        kw: torch.Tensor | None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        causal_alignment: str = "top_left",
-        return_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The composed attention core over blocks of queries.
+    def attend(self, q, k, v, qw, kw, **call) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The composed attention core (``dcmha_core.composed_attention``).
 
         Args:
             q: [B, H, T, D]; k: [B, H, S, D]; v: [B, H, S, Dv].
             qw: [B, T, 2, 2R+1, H] query-side and kw: [B, S, 2, 2R+1, H]
                 key-side weights from :meth:`dynamic_weights` (None: static).
-            attn_mask: bool (True = may attend) or float (added after
-                pre-Compose), (T, S) or 4-D broadcastable to (B, H, T, S).
+            call: attn_mask, is_causal, causal_alignment, return_weights.
 
         Returns:
             (out [B, H, T, Dv], weights P' [B, H, T, S] or None).
         """
-        req = make_request(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
-            scale=None, dropout_p=self.dropout, training=self.training, return_weights=return_weights,
-        )  # fmt: skip
-        req, fixup = split_nonfinite(req)
-        B, H, _, T, S, Dv = req.shape
-        offset = 0 if causal_alignment == "top_left" else S - T
-        causal = not req.causal_is_trivial
-        pre_s = getattr(self, "pre_static", None)
-        post_s = getattr(self, "post_static", None)
-        outs, weights = [], []
-        chunk = self._chunk(T)
-        for t0 in range(0, T, chunk):
-            t1 = min(T, t0 + chunk)
-            s1 = min(S, max(0, t1 + offset)) if causal else S  # later keys are hidden from every row
-            qc = req.q[:, :, t0:t1] * req.scale  # the query is scaled before the product
-            L = qc @ req.k[:, :, :s1].transpose(-1, -2)  # (B, H, c, s1)
-            qwc = None if qw is None else qw[:, t0:t1]
-            kwc = None if kw is None else kw[:, :s1]
-            L = self._compose(L, None if qwc is None else qwc[:, :, 0], None if kwc is None else kwc[:, :, 0], pre_s)
-            if req.bias is not None:
-                L = L + _rows(req.bias, T, t0, t1, s1)
-            visible = None if req.allowed is None else _rows(req.allowed, T, t0, t1, s1)
-            if causal:
-                i = torch.arange(t0, t1, device=q.device)[:, None]  # (c, 1)
-                j = torch.arange(s1, device=q.device)[None, :]  # (1, s1)
-                rows = j <= i + offset
-                visible = rows if visible is None else visible & rows
-            P = masked_softmax(L, visible)  # (B, H, c, s1); rows seeing nothing are zeros
-            P = self._compose(P, None if qwc is None else qwc[:, :, 1], None if kwc is None else kwc[:, :, 1], post_s)
-            if visible is not None:
-                P = P.masked_fill(~visible, 0.0)
-            if req.return_weights:
-                weights.append(F.pad(P, (0, S - s1)))
-            if req.dropout_p > 0.0:
-                P = F.dropout(P, p=req.dropout_p, training=True)
-            outs.append(P @ req.v[:, :, :s1])  # (B, H, c, Dv)
-        if T == 0:
-            out = q.new_zeros(B, H, 0, Dv)
-            w = q.new_zeros(B, H, 0, S) if req.return_weights else None
-        else:
-            out = torch.cat(outs, dim=2)
-            w = torch.cat(weights, dim=2) if req.return_weights else None
-        if fixup is not None:
-            out, w = fixup(out, w)
-        return out, w
+        return composed_attention(self, q, k, v, qw, kw, **call)
 
     # ------------------------------------------------------------------ forward
     def make_kv_cache(
@@ -339,82 +230,16 @@ class DCMHA(RotaryQK, Observable, nn.Module):
             return KVCache(batch_size, self.num_heads, max_len, self.head_dim, **kw)
         return DynamicKVCache(batch_size, self.num_heads, max_len, self.head_dim, self.rank, **kw)
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        causal_alignment: str | None = None,
-        return_weights: bool = False,
-        kv_cache: KVCache | None = None,
-        backend: str = "auto",
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``query`` to ``key``/``value`` with composed heads.
+    def write_cache(self, cache: KVCache, k, v, extra):
+        """Keys, values and (dynamic) the key-side weights of every cached token."""
+        if not self.dynamic:
+            return super().write_cache(cache, k, v, extra)
+        k, v, kw = cache.update(k, v, extra["kw"])
+        return k, v, {**extra, "kw": kw}
 
-        Args:
-            query: [B, T, C]; key: [B, S, C] or None (self-attention); its
-                tokens also generate the key-side weights; value: [B, S, C]
-                or None (= key).
-            attn_mask, key_padding_mask, is_causal, causal_alignment,
-            kv_cache: as ``MultiHeadAttention.forward`` (the cache from
-                :meth:`make_kv_cache` also stores key-side weights).
-            return_weights: also return P' [B, H, T, S], the post-composed
-                probabilities that multiply the values (not renormalised,
-                may be negative; 0 at hidden keys). Observers get the same.
-            backend: "auto" or "math" (the composed core has one path;
-                "sdpa" raises ValueError: scores must be materialised).
-            positions: rope positions of the T queries, [T] or [B, T]; in
-                self-attention (and with a cache) also those of the new
-                keys. Default 0 .. T-1, offset by the cache length before
-                this call's write; cross-attention keys are at 0 .. S-1.
-                Only valid with ``rope``. qk_norm and rope act on q and k
-                right after the projection, before the cache write; the
-                observers get the normalised, rotated q and k.
-
-        Returns:
-            out [B, T, C], or (out, weights [B, H, T, S]).
-
-        Raises:
-            ValueError / TypeError: shapes, widths, masks, backend, cache
-                overflow (before anything is written).
-        """
-        if backend not in ("auto", "math"):
-            raise ValueError(
-                f"backend={backend!r}: {self.kind} composes scores across heads, so it needs explicit "
-                "scores; use 'auto' or 'math'"
-            )
-        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.embed_dim, vdim=self.embed_dim)
-        q, k, v = self.project(query, key, value)
-        q, k = self.rotate_call(q, k, query=query, key=key, kv_cache=kv_cache, positions=positions)
-        qw = self.dynamic_weights(query, "query")
-        kw = self.dynamic_weights(query if key is None else key, "key")
-        causal_alignment = default_alignment(causal_alignment, kv_cache)
-        observed = self.observed
-        with rollback_on_error(kv_cache):
-            if kv_cache is not None:
-                if self.dynamic:
-                    k, v, kw = kv_cache.update(k, v, kw)
-                else:
-                    k, v = kv_cache.update(k, v)
-            mask = merge_masks(attn_mask, MultiHeadAttention._padding(key_padding_mask, query.shape[0], k.shape[2]))
-            out, weights = self.attend(
-                q, k, v, qw, kw, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
-                return_weights=return_weights or observed,
-            )  # fmt: skip
-        if observed:
-            self._notify(
-                AttentionEvent(
-                    weights=weights.detach(), q=q.detach(), k=k.detach(), scale=self.head_dim**-0.5,
-                    attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment, kind=self.kind,
-                )
-            )  # fmt: skip
-        out = self.merge_heads(out)
-        return (out, weights) if return_weights else out
+    def core(self, q, k, v, extra, *, backend, **call):
+        """:meth:`attend` with this call's composition weights (one path for any backend)."""
+        return self.attend(q, k, v, extra["qw"], extra["kw"], **call)
 
     def cost(
         self, T: int, S: int | None = None, *, batch: int = 1, causal: bool = False, bytes_per_element: int = 2
@@ -451,20 +276,11 @@ class DCMHA(RotaryQK, Observable, nn.Module):
         return AttentionCost(core, proj, params, cache * bytes_per_element)
 
     def extra_repr(self) -> str:
-        parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}", f"head_dim={self.head_dim}"]
+        parts = [super().extra_repr()]
         if self.dynamic:
             parts.append(f"rank={self.rank}, dynamic_hidden_dim={self.dynamic_hidden_dim}")
         parts.append(f"static={self.static}, residual={self.residual}, chunk_size={self.chunk_size}")
-        if self.rope is not None:
-            parts.append(f"rope={self.rope}")
         return ", ".join(parts)
-
-
-def _rows(mask: torch.Tensor, T: int, t0: int, t1: int, s1: int) -> torch.Tensor:
-    """Rows t0:t1 and keys :s1 of a mask broadcastable to (B, H, T, S)."""
-    if mask.shape[-2] == T:
-        mask = mask[..., t0:t1, :]
-    return mask[..., :s1]
 
 
 class TalkingHeadsAttention(DCMHA):

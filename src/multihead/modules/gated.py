@@ -44,11 +44,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..functional import attention, merge_masks
 from .attention import MultiHeadAttention
-from .calls import check_call, default_alignment, rollback_on_error
 from .cost import AttentionCost
-from .kv_cache import KVCache
 from .registry import register_attention
 
 __all__ = ["GatedHeadAttention", "concrete_penalty"]
@@ -216,70 +213,34 @@ class GatedHeadAttention(MultiHeadAttention):
         return self.l0_coef * self.open_probabilities().sum()
 
     # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        causal_alignment: str | None = None,
-        return_weights: bool = False,
-        kv_cache: KVCache | None = None,
-        backend: str = "auto",
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Gated attention from ``query`` to ``key``/``value`` (self-attention when None).
+    def to_heads(self, query, key=None, value=None):
+        """As :meth:`MultiHeadAttention.project`, plus this call's gates [H] in
+        ``extra["gates"]``: in training one ``torch.rand(H)`` draw, before any
+        attention dropout; deterministic in eval.
 
-        Arguments, masks, cache and errors are those of
-        :meth:`MultiHeadAttention.forward` (``positions`` included: rope
-        positions of the queries, and of the new keys in self-attention;
-        only valid with ``rope``). With ``qk_norm`` / ``rope`` the projected
-        q [B, H, T, D] and k [B, G, S, D] are RMS-normalised and then rotated
-        over D right after ``project``, before the KV-cache write; observers
-        receive these q and k. The gate multiplies each head's
-        output after attention dropout and before ``out_proj``. In training
-        mode each call samples new gates (so cached decoding equals
-        recomputation only in eval mode) and records ``aux_loss()``.
-
-        Returns:
-            out [B, T, C], or (out, weights [B, H, T, S]) where weights =
-            g_h * softmax probabilities: the weights that mix the values into
-            the gated head (each row sums to g_h, or 0 when fully masked).
-            Observers receive the same gated weights.
+        The forward (``AttentionLayer.forward``) is that of
+        :class:`MultiHeadAttention` (arguments, masks, cache, rope/qk_norm on
+        q [B, H, T, D] and k [B, G, S, D] before the cache write). The gate
+        multiplies each head's output after attention dropout and before
+        ``out_proj``; ``return_weights`` and observers get the gated weights
+        g_h · softmax probabilities (each row sums to g_h, or 0 when fully
+        masked). In training each call samples new gates (so cached decoding
+        equals recomputation only in eval mode) and records ``aux_loss()``.
         """
-        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
-        B = query.shape[0]
         q, k, v = self.project(query, key, value)
-        q, k = self.rotate_call(q, k, query=query, key=key, kv_cache=kv_cache, positions=positions)
-        g = self.gates()  # training: one torch.rand(H) draw, before any attention dropout
-        causal_alignment = default_alignment(causal_alignment, kv_cache)
-        observed = self.observed
-        with rollback_on_error(kv_cache):
-            if kv_cache is not None:
-                k, v = kv_cache.update(k, v)
-            S = k.shape[2]
-            mask = merge_masks(attn_mask, self._padding(key_padding_mask, B, S))
-            out = attention(
-                q, k, v, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
-                dropout_p=self.dropout, training=self.training,
-                return_weights=return_weights or observed, backend=backend,
-            )  # fmt: skip
-        weights = None
-        if return_weights or observed:
-            out, weights = out
+        return q, k, v, {"gates": self.gates()}
+
+    def core(self, q, k, v, extra, **call):
+        """The attention core, then head h's output and weights scaled by g_h."""
+        out, weights = super().core(q, k, v, extra, **call)
+        g = extra["gates"]
         self.last_gates = g.detach()
         self._aux_loss = self.l0_penalty() if self.training else None
         g = g.to(out.dtype)[:, None, None]  # (H,) -> (H, 1, 1), broadcast over (B, H, T, D)
         out = out * g  # (B, H, T, D): head h scaled by g_h
         if weights is not None:
             weights = weights * g  # (B, H, T, S): the weights that mix the values
-        if observed:
-            self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment)
-        out = self.merge_heads(out)
-        return (out, weights) if return_weights else out
+        return out, weights
 
     def cost(
         self,

@@ -47,13 +47,15 @@ class KVCache(nn.Module):
         max_len: S_max, the capacity in tokens.
         head_dim: D of the keys.
         value_dim: D of the values (defaults to ``head_dim``).
+        value_heads: heads of the values (defaults to ``num_kv_heads``; a kind
+            with one shared key head and H value heads sets it).
         dtype, device: of the buffers.
 
     The cache is an inference device: writes are detached, so no gradient
     flows through cached keys and values.
 
     Attributes:
-        k: [B, G, S_max, D] key buffer; v: [B, G, S_max, Dv] value buffer.
+        k: [B, G, S_max, D] key buffer; v: [B, Gv, S_max, Dv] value buffer.
         length: number of positions written so far (a Python int; see
             the module docstring for how ``torch.compile`` treats it).
         batch_size: B.
@@ -67,6 +69,7 @@ class KVCache(nn.Module):
         head_dim: int,
         *,
         value_dim: int | None = None,
+        value_heads: int | None = None,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
@@ -76,10 +79,11 @@ class KVCache(nn.Module):
         S = positive_int("max_len", max_len)
         D = positive_int("head_dim", head_dim)
         Dv = D if value_dim is None else positive_int("value_dim", value_dim)
+        Gv = G if value_heads is None else positive_int("value_heads", value_heads)
         self.max_len = S
         self.length = 0
         self.register_buffer("k", torch.zeros(B, G, S, D, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(B, G, S, Dv, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(B, Gv, S, Dv, dtype=dtype, device=device), persistent=False)
 
     @property
     def length(self) -> int:
@@ -108,6 +112,7 @@ class KVCache(nn.Module):
     def reset(self) -> None:
         """Forget every cached position (the buffers are reused)."""
         self.length = 0
+        self.__dict__.pop("cross_source", None)  # the key tensor a cross-attention call filled it from
 
     def check_append(self, batch_size: int, T: int) -> None:
         """Raise unless ``T`` positions of a batch of ``batch_size`` can be appended.
@@ -134,10 +139,10 @@ class KVCache(nn.Module):
 
         Args:
             k: [B, G, T, D] new keys.
-            v: [B, G, T, Dv] new values.
+            v: [B, Gv, T, Dv] new values.
 
         Returns:
-            (keys [B, G, length, D], values [B, G, length, Dv]) after the write,
+            (keys [B, G, length, D], values [B, Gv, length, Dv]) after the write,
             views into the buffers.
 
         Raises:
@@ -145,15 +150,15 @@ class KVCache(nn.Module):
                 capacity (raised before anything is written).
         """
         B, G, _, D = self.k.shape
-        Dv = self.v.shape[-1]
+        Gv, Dv = self.v.shape[1], self.v.shape[-1]
         if k.dim() != 4 or v.dim() != 4 or k.shape[2] != v.shape[2]:
             raise ValueError(
                 f"k and v must be (B, G, T, D) with equal T; got k={tuple(k.shape)}, v={tuple(v.shape)}"
             )
         T = k.shape[2]
-        if (k.shape[0], k.shape[1], k.shape[3]) != (B, G, D) or (v.shape[0], v.shape[1], v.shape[3]) != (B, G, Dv):
+        if (k.shape[0], k.shape[1], k.shape[3]) != (B, G, D) or (v.shape[0], v.shape[1], v.shape[3]) != (B, Gv, Dv):
             raise ValueError(
-                f"cache holds k (B={B}, G={G}, D={D}) and v (D={Dv}); "
+                f"cache holds k (B={B}, G={G}, D={D}) and v (G={Gv}, D={Dv}); "
                 f"got k={tuple(k.shape)}, v={tuple(v.shape)}"
             )
         start = self.length

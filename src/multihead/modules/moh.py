@@ -52,16 +52,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import dropout_probability, non_negative_int
-from ..functional import attention, merge_masks
-from ..functional.masks import check_alignment
-from .attention import check_heads
-from .calls import check_call, default_alignment, rollback_on_error
+from .._checks import non_negative_int
+from ..functional import attention
+from .base import AttentionLayer
 from .cost import AttentionCost, visible_pairs
-from .kv_cache import KVCache
-from .observe import AttentionEvent, Observable
+from .moh_sparse import check_mask, sparse_heads
 from .registry import register_attention
-from .rotary_qk import RotaryQK
 
 __all__ = ["MoHAttention", "load_balancing_loss"]
 
@@ -69,7 +65,7 @@ ROUTERS = ("learned", "query_norm")
 PATHS = ("sparse", "dense")
 
 
-class MoHAttention(RotaryQK, Observable, nn.Module):
+class MoHAttention(AttentionLayer):
     """Multi-head attention whose heads are mixed per token by a router.
 
     Gates (learned router, the MoH-DiT/ViT one), for token x and E = H - hs::
@@ -127,6 +123,7 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
     """
 
     kind = "moh"
+    forward_options = ("path",)
 
     def __init__(
         self,
@@ -148,8 +145,8 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
+        super().__init__(embed_dim, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dropout=dropout)
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
         hs = H // 2 if shared_heads is None else non_negative_int("shared_heads", shared_heads)
         if hs > H:
             raise ValueError(f"shared_heads={hs} exceeds num_heads={H}")
@@ -173,18 +170,16 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         ):
             raise ValueError(f"aux_loss_coeff must be a finite float >= 0, got aux_loss_coeff={aux_loss_coeff!r}")
         self.path = self._check_path(path)
-        self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
         self.shared_heads, self.routed_heads, self.num_candidates = hs, hr, E
         self.router, self.aux_loss_coeff = router, float(aux_loss_coeff)
-        self.dropout = dropout_probability(dropout)
         factory = {"device": device, "dtype": dtype}
         self.qkv_proj = nn.Linear(embed_dim, (H + 2 * G) * D, bias=qkv_bias, **factory)
-        self.out_proj = nn.Linear(H * D, embed_dim, bias=out_bias, **factory)
+        self.init_output(H * D, embed_dim, bias=out_bias, **factory)
         learned = router == "learned"
         self.routed_gate = nn.Linear(embed_dim, E, bias=False, **factory) if learned and hr else None
         self.mix_gate = nn.Linear(embed_dim, 2, bias=False, **factory) if learned and hr and hs else None
         self.shared_gate = nn.Linear(embed_dim, hs, bias=False, **factory) if learned and hs > 1 else None
-        self.init_rotary_qk(rope, qk_norm, D, **factory)
+        self.init_positions(rope, qk_norm, D, **factory)
         self.last_balance_loss: torch.Tensor | None = None
 
     @staticmethod
@@ -278,86 +273,31 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         ce = chosen.reshape(-1, E).to(p.dtype).mean(0)
         return E * (me * ce).sum()
 
-    def make_kv_cache(
-        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
-    ) -> KVCache:
-        """A cache sized for this layer: (batch_size, G, max_len, D) for every head
-        (any later query may choose any head, so keys/values of all heads are kept)."""
-        ref = self.out_proj.weight
-        return KVCache(
-            batch_size, self.num_kv_heads, max_len, self.head_dim, dtype=dtype or ref.dtype, device=device or ref.device
-        )
-
     # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        causal_alignment: str | None = None,
-        return_weights: bool = False,
-        kv_cache: KVCache | None = None,
-        backend: str = "auto",
-        path: str | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``query`` to ``key``/``value`` (self-attention when None).
-
-        Arguments as ``MultiHeadAttention.forward`` (key/value width C;
-        the router reads the query tokens), plus ``path`` ("sparse" or
-        "dense", default ``self.path``) and ``positions`` (rope positions
-        of the T queries, [T] or [B, T]; in self-attention also of the new
-        keys; default 0 .. T-1 offset by the cache length; cross-attention
-        keys at 0 .. S-1; only valid with ``rope``). Routing reads the
-        projected q before qk_norm/rope; the core, the cache and observers
-        get the normalised and rotated q and k.
-
-        Returns:
-            out [B, T, C], or (out, weights [B, H, T, S]) where weights[b, h, t]
-            = gates[b, t, h] · softmax probabilities of head h: the weights
-            that mix the values (rows of routed heads a token did not choose
-            are 0). Observers receive the same weights. Asking for weights
-            (or registering an observer) runs the dense path.
-
-        Raises:
-            ValueError / TypeError: shapes, widths, masks, path, cache overflow
-                (before anything is written).
-        """
-        C = self.embed_dim
-        check_call(query, key, value, kv_cache, embed_dim=C, kdim=C, vdim=C)
-        B, T, _ = query.shape
-        path = self._check_path(self.path if path is None else path)
-        causal_alignment = check_alignment(default_alignment(causal_alignment, kv_cache))
+    def to_heads(self, query, key=None, value=None):
+        """q, k, v and the routing of this call: ``extra`` = {"gates" [B, T, H],
+        "chosen" [B, T, E] or None} from :meth:`route` on the projected q
+        (before qk_norm and rope, as MoH-LLaMA3 routes before RoPE). In
+        training with the learned router, also sets ``last_balance_loss``."""
         q, k, v = self.project(query, key, value)
-        gates, chosen, p = self.route(query, q)  # routes on the raw projected q (MoH-LLaMA3: before RoPE)
-        q, k = self.rotate_call(q, k, query=query, key=key, kv_cache=kv_cache, positions=positions)
+        gates, chosen, p = self.route(query, q)
+        B, T, _ = query.shape
         self.last_balance_loss = None
         if self.training and p is not None and B * T:  # chosen is None when hr == E: every head chosen
-            self.last_balance_loss = self.balance_loss(p, torch.ones_like(p, dtype=torch.bool) if chosen is None else chosen)
-        observed = self.observed
-        with rollback_on_error(kv_cache):
-            if kv_cache is not None:
-                k, v = kv_cache.update(k, v)
-            S = k.shape[2]
-            _check_mask(attn_mask, B, self.num_heads, T, S)
-            mask = merge_masks(attn_mask, _padding(key_padding_mask, B, S))
-            mixed, weights = self.mix_heads(
-                q, k, v, gates, chosen, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
-                return_weights=return_weights or observed, backend=backend, path=path,
-            )
-        if observed:
-            self._notify(
-                AttentionEvent(
-                    weights=weights.detach(), q=q.detach(), k=k.detach(), scale=self.head_dim**-0.5,
-                    attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment, kind=self.kind,
-                )
-            )
-        out = self.out_proj(mixed.reshape(B, T, self.num_heads * self.head_dim))  # (B, T, H, D) -> (B, T, H*D) -> (B, T, C)
-        return (out, weights) if return_weights else out
+            every = torch.ones_like(p, dtype=torch.bool) if chosen is None else chosen
+            self.last_balance_loss = self.balance_loss(p, every)
+        return q, k, v, {"gates": gates, "chosen": chosen}
+
+    def core(self, q, k, v, extra, *, attn_mask, backend, return_weights, path=None, **call):
+        """:meth:`mix_heads` with this call's gates; ``path`` defaults to ``self.path``."""
+        path = self._check_path(self.path if path is None else path)
+        B, H, T, _ = q.shape
+        check_mask(attn_mask, B, H, T, k.shape[2])
+        mixed, weights = self.mix_heads(
+            q, k, v, extra["gates"], extra["chosen"], attn_mask=attn_mask, return_weights=return_weights,
+            backend=backend, path=path, **call,
+        )  # fmt: skip
+        return mixed.transpose(1, 2), weights  # (B, T, H, D) -> (B, H, T, D)
 
     def mix_heads(
         self,
@@ -393,7 +333,7 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         )
         B, _, T, _ = q.shape
         if path == "sparse" and chosen is not None and not return_weights and B * T * k.shape[2]:
-            return self._sparse_heads(q, k, v, gates, chosen, attn_mask, core), None
+            return sparse_heads(q, k, v, gates, chosen, attn_mask, core, shared_heads=self.shared_heads), None
         return self._dense_heads(q, k, v, gates, attn_mask, core, return_weights)
 
     def _dense_heads(self, q, k, v, gates, mask, core, want_weights):
@@ -404,36 +344,6 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         if weights is not None:
             weights = weights * g
         return (out * g).transpose(1, 2), weights  # (B, H, T, D) -> (B, T, H, D)
-
-    def _sparse_heads(self, q, k, v, gates, chosen, mask, core):
-        """Shared heads in one call; the routed heads in one call over only the rows that chose them."""
-        B, H, T, D = q.shape
-        S, G, hs, E = k.shape[2], self.num_kv_heads, self.shared_heads, self.num_candidates
-        r = H // G  # query heads per key/value head
-        parts = []
-        if hs:
-            ks, vs = _kv_for(k, v, 0, hs, r)
-            out = attention(q[:, :hs], ks, vs, attn_mask=_head_slice(mask, 0, hs), **core)  # (B, hs, T, D)
-            parts.append(out * gates[..., :hs].transpose(1, 2).unsqueeze(-1))  # (B, T, hs) -> (B, hs, T, 1)
-        counts = chosen.sum(1)  # (B, E): rows that chose each routed head
-        # rows per routed head, padded to the largest (batch row, head); inside
-        # torch.compile to T (no host sync: the extra padding rows are zeroed below)
-        M = T if torch.compiler.is_compiling() else int(counts.max())
-        # per (b, e): the positions that chose e first, in token order, then the others (padding)
-        order = torch.argsort((~chosen).to(torch.uint8), dim=1, stable=True)  # (B, T, E)
-        tok = order[:, :M].transpose(1, 2)  # (B, M, E) -> (B, E, M), distinct within each (b, e)
-        valid = torch.arange(M, device=q.device) < counts.unsqueeze(-1)  # (B, E, M); False = padding row
-        at = tok.unsqueeze(-1).expand(B, E, M, D)
-        rows = q[:, hs:].gather(2, at)  # (B, E, T, D) -> (B, E, M, D)
-        ks, vs = _kv_for(k, v, hs, H, r)
-        offset = 0 if core["causal_alignment"] == "top_left" else S - T
-        row_mask = _row_mask(_head_slice(mask, hs, H), tok, S, offset if core["is_causal"] else None)
-        out = attention(rows, ks, vs, attn_mask=row_mask, **{**core, "is_causal": False})  # (B, E, M, D)
-        gate = gates[..., hs:].transpose(1, 2).gather(2, tok).unsqueeze(-1)  # (B, T, E) -> (B, E, M, 1)
-        # padding rows sit on tokens that did not choose the head: writing 0 there is a no-op
-        vals = torch.where(valid.unsqueeze(-1), out * gate, 0.0)
-        parts.append(q.new_zeros(B, E, T, D).scatter(2, at, vals))  # unchosen (token, head) pairs stay 0
-        return torch.cat(parts, dim=1).transpose(1, 2)  # (B, H, T, D) -> (B, T, H, D)
 
     # ------------------------------------------------------------------ cost
     def cost(
@@ -485,68 +395,6 @@ class MoHAttention(RotaryQK, Observable, nn.Module):
         if self.rope is not None:
             parts.append(f"rope={self.rope}")
         return ", ".join(parts)
-
-
-def _check_mask(mask: object, B: int, H: int, T: int, S: int) -> None:
-    """Validate an attn_mask as ``functional.attention`` does (its rows are gathered here)."""
-    if mask is None:
-        return
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(mask).__name__}")
-    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
-        raise TypeError(f"attn_mask must be bool (True = may attend) or floating (added), got dtype {mask.dtype}")
-    accepted = f"accepted: (T, S) = ({T}, {S}) or 4-D broadcastable to (B, H, T, S) = ({B}, {H}, {T}, {S})"
-    if mask.dim() == 2 and tuple(mask.shape) == (T, S):
-        return
-    if mask.dim() == 4 and all(g in (1, w) for g, w in zip(mask.shape, (B, H, T, S))):
-        return
-    raise ValueError(f"attn_mask has shape {tuple(mask.shape)}; {accepted}")
-
-
-def _padding(mask: torch.Tensor | None, B: int, S: int) -> torch.Tensor | None:
-    if mask is None:
-        return None
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
-        raise TypeError(f"key_padding_mask must be bool or floating, got dtype {mask.dtype}")
-    if tuple(mask.shape) != (B, S):
-        raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {tuple(mask.shape)}")
-    return mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
-
-
-def _head_slice(mask: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:
-    """The part of a (T, S) or 4-D mask that applies to heads lo..hi-1."""
-    if mask is None or mask.dim() != 4 or mask.shape[1] == 1:
-        return mask
-    return mask[:, lo:hi]
-
-
-def _kv_for(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys/values [B, G', S, D] serving query heads lo..hi-1 (r query heads per key/value head)."""
-    if lo % r == 0 and hi % r == 0:
-        return k[:, lo // r : hi // r], v[:, lo // r : hi // r]  # whole groups: keep GQA
-    idx = torch.arange(lo, hi, device=k.device) // r  # a group is cut: one key/value head per query head
-    return k[:, idx], v[:, idx]
-
-
-def _row_mask(mask: torch.Tensor | None, tok: torch.Tensor, S: int, offset: int | None):
-    """Mask broadcastable to [B, E, M, S] for the gathered query rows ``tok`` [B, E, M].
-
-    The user/padding mask rows are gathered at the original positions; with
-    ``offset`` (causal) a row at position t may see keys j <= t + offset.
-    """
-    B, E, M = tok.shape
-    out = None
-    if mask is not None:
-        m4 = mask if mask.dim() == 4 else mask[None, None]  # (T, S) -> (1, 1, T, S)
-        if m4.shape[2] > 1:  # rows differ by query position: gather them
-            m4 = m4.expand(B, E, -1, S).gather(2, tok.unsqueeze(-1).expand(B, E, M, S))  # (B, E, M, S)
-        out = m4
-    if offset is not None:
-        keys = torch.arange(S, device=tok.device)
-        out = merge_masks(out, keys <= (tok + offset).unsqueeze(-1))  # (B, E, M, S)
-    return out
 
 
 def load_balancing_loss(model: nn.Module) -> torch.Tensor:

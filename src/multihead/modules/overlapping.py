@@ -38,15 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import dropout_probability, non_negative_int
-from ..functional import attention, merge_masks
-from .attention import MultiHeadAttention, check_heads
-from .calls import check_call, default_alignment, rollback_on_error
+from .._checks import non_negative_int
+from .base import AttentionLayer
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
-from .observe import AttentionEvent, Observable
 from .registry import register_attention
-from .rotary_qk import RotaryQK
 
 __all__ = ["OverlappingHeadAttention", "overlapped_heads"]
 
@@ -67,7 +63,7 @@ def overlapped_heads(padded: torch.Tensor, num_heads: int, head_dim: int, overla
     return heads.transpose(1, 2)  # (B, N, H, Dw) -> (B, H, N, Dw)
 
 
-class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
+class OverlappingHeadAttention(AttentionLayer):
     """Attention whose heads overlap their neighbours by ``overlap`` channels.
 
     Args:
@@ -97,7 +93,12 @@ class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
     ``out_proj`` (C, H·(D + 2·ov)); with ``qk_norm`` also the two [Dw] gains.
 
     Order inside forward: project -> pad -> overlapping heads (Dw wide) ->
-    qk_norm -> rope -> attention.
+    qk_norm -> rope -> attention. The forward is ``AttentionLayer.forward``
+    (arguments, masks and cache as :class:`MultiHeadAttention`, keys and
+    values of width C). ``return_weights`` gives, per head, the
+    probabilities softmax(q̃_i k̃_iᵀ · D^(-1/2)) that mix the widened values;
+    observers receive them with the widened q̃ [B, H, T, Dw], k̃ [B, H, S, Dw]
+    (after qk_norm and rope) and scale D^(-1/2).
 
     Raises:
         ValueError: invalid sizes, overlap, dropout, num_kv_heads or rope
@@ -107,12 +108,6 @@ class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
     """
 
     kind = "overlapping"
-
-    def aux_loss(self) -> torch.Tensor:
-        """The training loss term of the last forward: a 0-d zero (this kind has
-        none), on the device and dtype of ``out_proj.weight``."""
-        w = self.out_proj.weight
-        return torch.zeros((), device=w.device, dtype=w.dtype)
 
     def __init__(
         self,
@@ -130,27 +125,25 @@ class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        H, _, D = check_heads(embed_dim, num_heads, None, head_dim)
+        super().__init__(embed_dim, num_heads, head_dim=head_dim, dropout=dropout)
+        H, D = self.num_heads, self.head_dim
         if num_kv_heads is not None and num_kv_heads != H:
             raise ValueError(
                 f"'overlapping' has no grouped key/value heads: num_kv_heads={num_kv_heads} "
                 f"must be None or num_heads={H}"
             )
-        self.embed_dim, self.num_heads, self.head_dim = embed_dim, H, D
-        self.num_kv_heads = H
         self.overlap = non_negative_int("overlap", overlap)
-        self.dropout = dropout_probability(dropout)
+        self.scale = D**-0.5  # the paper keeps the un-widened scale
         factory = {"device": device, "dtype": dtype}
         self.qkv_proj = nn.Linear(embed_dim, 3 * H * D, bias=qkv_bias, **factory)
-        self.out_proj = nn.Linear(H * self.wide_head_dim, embed_dim, bias=out_bias, **factory)
         Dw = self.wide_head_dim
+        self.init_output(H * Dw, embed_dim, bias=out_bias, **factory)
         if (rope is True or (isinstance(rope, dict) and rope.get("rotary_dim") is None)) and Dw % 2:
             raise ValueError(
                 f"rope rotates the widened heads of width Dw = D + 2*overlap = {D} + 2*{self.overlap} = {Dw}, "
                 f"which is odd; pass rope={{'rotary_dim': <even int <= {Dw}>}}"
             )
-        self.init_rotary_qk(rope, qk_norm, Dw, **factory)
+        self.init_positions(rope, qk_norm, Dw, **factory)
 
     @property
     def _per_head_cache(self) -> bool:
@@ -192,11 +185,22 @@ class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
         """[B, N, H·D + 2ov] padded projection -> [B, H, N, Dw] overlapping heads (a view)."""
         return overlapped_heads(padded, self.num_heads, self.head_dim, self.overlap)
 
-    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, Dw] head outputs -> [B, T, C] through ``out_proj``."""
-        B, H, T, Dw = out.shape
-        out = out.transpose(1, 2).reshape(B, T, H * Dw)  # (B, H, T, Dw) -> (B, T, H*Dw), head-major
-        return self.out_proj(out)
+    def to_heads(self, query, key=None, value=None):
+        """Overlapping heads q, k, v [B, H, N, Dw] (views of the padded rows); with
+        the row cache (rope and qk_norm off) ``extra["rows"]`` = the padded key
+        and value rows [B, S, H·D + 2ov] the cache stores."""
+        q, k, v = self.project(query, key, value)
+        extra = None if self._per_head_cache else {"rows": (k, v)}
+        return self.heads(q), self.heads(k), self.heads(v), extra  # (B, N, H*D + 2ov) -> (B, H, N, Dw)
+
+    def write_cache(self, cache: KVCache, k, v, extra):
+        """Per-head rows with rope/qk_norm on; otherwise the padded rows, read
+        back as overlapping heads."""
+        if extra is None:
+            return super().write_cache(cache, k, v, extra)
+        k_rows, v_rows = extra["rows"]
+        k_rows, v_rows = cache.update(k_rows.unsqueeze(1), v_rows.unsqueeze(1))  # (B, T, W) -> (B, 1, T, W)
+        return self.heads(k_rows.squeeze(1)), self.heads(v_rows.squeeze(1)), extra  # (B, 1, S, W) -> (B, H, S, Dw)
 
     def make_kv_cache(
         self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
@@ -227,109 +231,6 @@ class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
             dtype=dtype or ref.dtype,
             device=device or ref.device,
         )
-
-    # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        causal_alignment: str | None = None,
-        return_weights: bool = False,
-        kv_cache: KVCache | None = None,
-        backend: str = "auto",
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``query`` to ``key``/``value`` over overlapping heads.
-
-        Args:
-            query: [B, T, C].
-            key: [B, S, C], or None for self-attention.
-            value: [B, S, C], or None to use ``key``.
-            attn_mask: bool (True = may attend) or float (added), (T, S) or
-                4-D broadcastable to (B, H, T, S).
-            key_padding_mask: [B, S], bool True = real key, or float (added);
-                combined with ``attn_mask`` by AND on "may attend".
-            is_causal: hide future keys.
-            causal_alignment: "top_left" or "bottom_right"; defaults to
-                "bottom_right" with a KV cache and "top_left" otherwise.
-            return_weights: also return the weights [B, H, T, S]: per head,
-                the post-softmax probabilities of the widened heads,
-                softmax(q̃_i k̃_iᵀ · D^(-1/2)), which mix the widened values
-                ṽ_i. Observers receive the same weights, with the widened
-                q̃ [B, H, T, Dw] and k̃ [B, H, S, Dw] and scale D^(-1/2)
-                (after qk_norm and rope when those are on).
-            kv_cache: from :meth:`make_kv_cache`; self-attention only.
-            backend: passed to ``functional.attention``.
-            positions: rope positions of the T queries, [T] or [B, T]; in
-                self-attention (and with a cache) also of the new keys.
-                Default: 0 .. T-1, offset by the cache length before this
-                call's write. In cross-attention the keys are at 0 .. S-1.
-                Only valid with ``rope``.
-
-        Returns:
-            out [B, T, C], or (out, weights [B, H, T, S]).
-
-        Raises:
-            ValueError / TypeError: shapes, widths, masks, cache overflow
-                (before anything is written).
-        """
-        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.embed_dim, vdim=self.embed_dim)
-        B = query.shape[0]
-        q, k, v = self.project(query, key, value)
-        causal_alignment = default_alignment(causal_alignment, kv_cache)
-        observed = self.observed
-        rotary = self._per_head_cache or positions is not None
-        if rotary:
-            q, k, v = self.heads(q), self.heads(k), self.heads(v)  # (B, N, H*D + 2ov) -> (B, H, N, Dw)
-            q_pos, k_pos = self.call_positions(positions, query, key, kv_cache)  # cross-attention keys at 0 .. S-1
-            q, k = self.normalize_and_rotate(q, k, positions=q_pos, key_positions=k_pos)  # on Dw-wide heads
-        with rollback_on_error(kv_cache):
-            if rotary:
-                if kv_cache is not None:
-                    k, v = kv_cache.update(k, v)  # per-head cache: (B, H, T, Dw) -> (B, H, S, Dw)
-            else:
-                if kv_cache is not None:
-                    k, v = kv_cache.update(k.unsqueeze(1), v.unsqueeze(1))  # (B, T, W) -> (B, 1, T, W)
-                    k, v = k.squeeze(1), v.squeeze(1)  # (B, 1, S, W) -> (B, S, W)
-                q, k, v = self.heads(q), self.heads(k), self.heads(v)  # (B, N, H*D + 2ov) -> (B, H, N, Dw)
-            S = k.shape[2]
-            mask = merge_masks(attn_mask, MultiHeadAttention._padding(key_padding_mask, B, S))
-            out = attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                is_causal=is_causal,
-                causal_alignment=causal_alignment,
-                scale=self.head_dim**-0.5,
-                dropout_p=self.dropout,
-                training=self.training,
-                return_weights=return_weights or observed,
-                backend=backend,
-            )
-        weights = None
-        if return_weights or observed:
-            out, weights = out
-        if observed:
-            self._notify(
-                AttentionEvent(
-                    weights=weights.detach(),
-                    q=q.detach(),
-                    k=k.detach(),
-                    scale=self.head_dim**-0.5,
-                    attn_mask=mask,
-                    is_causal=is_causal,
-                    causal_alignment=causal_alignment,
-                    kind=self.kind,
-                )
-            )
-        out = self.merge_heads(out)
-        return (out, weights) if return_weights else out
 
     def cost(
         self,
@@ -362,18 +263,7 @@ class OverlappingHeadAttention(RotaryQK, Observable, nn.Module):
         return AttentionCost(core, proj, params, 2 * row * bytes_per_element)
 
     def extra_repr(self) -> str:
-        parts = [
-            f"embed_dim={self.embed_dim}",
-            f"num_heads={self.num_heads}",
-            f"head_dim={self.head_dim}",
-            f"overlap={self.overlap}",
-        ]
-        if self.dropout:
-            parts.append(f"dropout={self.dropout}")
-        if self.rope is not None:
-            parts.append(f"rope={self.rope}")
-        return ", ".join(parts)
-
+        return f"{super().extra_repr()}, overlap={self.overlap}"
 
 @register_attention("overlapping")
 def _overlapping(*, embed_dim: int, num_heads: int, **options) -> OverlappingHeadAttention:

@@ -1,7 +1,7 @@
-"""Former home of the QK-norm and rope options: ``HeadRMSNorm`` and ``QKNorm``
-live in ``multihead.modules.norms``, ``RotaryQK`` in ``multihead.modules.rotary_qk``."""
+"""Old import path: ``HeadRMSNorm`` and ``QKNorm`` live in ``multihead.modules.norms``,
+``Rotary`` (the rope submodule of every attention layer) in ``multihead.modules.rotary``."""
 
 from .norms import HeadRMSNorm, QKNorm
-from .rotary_qk import RotaryQK
+from .rotary import Rotary
 
-__all__ = ["HeadRMSNorm", "QKNorm", "RotaryQK"]
+__all__ = ["HeadRMSNorm", "QKNorm", "Rotary"]

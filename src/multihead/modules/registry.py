@@ -43,8 +43,6 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
-
 __all__ = ["build_attention", "register_attention", "list_attention_kinds", "total_aux_loss"]
 
 Builder = Callable[..., nn.Module]
@@ -98,23 +96,3 @@ def total_aux_loss(modules: Iterable[nn.Module], like: torch.Tensor) -> torch.Te
         total = total + m.aux_loss()
     return total
 
-
-@register_attention("mha")
-def _mha(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
-    if num_kv_heads not in (None, num_heads):
-        raise ValueError(f"'mha' has num_kv_heads == num_heads={num_heads}; got {num_kv_heads} (use 'gqa')")
-    return MultiHeadAttention(embed_dim, num_heads, **options)
-
-
-@register_attention("gqa")
-def _gqa(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
-    if num_kv_heads is None:
-        raise ValueError("'gqa' needs num_kv_heads (a divisor of num_heads)")
-    return MultiHeadAttention(embed_dim, num_heads, num_kv_heads=num_kv_heads, **options)
-
-
-@register_attention("mqa")
-def _mqa(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
-    if num_kv_heads not in (None, 1):
-        raise ValueError(f"'mqa' has one key/value head; got num_kv_heads={num_kv_heads}")
-    return MultiHeadAttention(embed_dim, num_heads, num_kv_heads=1, **options)

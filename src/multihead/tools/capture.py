@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from ..functional.masks import causal_mask
-from ..modules.observe import AttentionEvent, Observable
+from ..modules.base import AttentionLayer
+from ..modules.observe import AttentionEvent
 
 __all__ = ["LayerAttention", "AttentionRecord", "capture", "attention_modules"]
 
@@ -170,7 +171,7 @@ def _from_json_floats(data) -> torch.Tensor:
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of every observable attention module, in model order."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, Observable)]
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, AttentionLayer)]
 
 
 def _scores(event: AttentionEvent) -> torch.Tensor:

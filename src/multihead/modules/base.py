@@ -1,0 +1,333 @@
+"""The attention layer every kind is built on: one forward, hooks for what differs.
+
+    forward(query [B, T, C], key [B, S, kdim] | None, value | None)
+      check_call                          shapes, widths, dtypes, cache use
+      q, k, v, extra = to_heads(...)      [kind] project, plus per-call extras
+      q, k = position_qk(q, k, ...)       qk_norm -> rope (self.qk_norm, self.rope)
+      with rollback_on_error(kv_cache):   a failing call leaves the cache as it was
+          k, v, extra = write_cache(...)  [kind layout] append, read everything cached
+          mask = attn_mask AND key_padding_mask
+          out, weights = core(...)        [kind] default: functional.attention
+      observers <- AttentionEvent(weights, q, k, mask, ...)
+      return merge_heads(out)             (B, H, T, Dv) -> (B, T, H*Dv) -> out_proj
+
+A kind subclasses :class:`AttentionLayer` and supplies:
+
+* ``project(query, key, value) -> (q, k, v)``: q [B, H, T, D],
+  k [B, G, S, D], v [B, G, S, Dv]; and ``to_heads`` when a call needs more
+  than that (a dict of extras its core or cache reads: routing gates,
+  dynamic weights);
+* ``core(q, k, v, extra, ...)`` when it is not ``functional.attention``;
+* ``make_kv_cache`` / ``write_cache`` when its cache layout is its own;
+* ``cost()``, and ``aux_loss()`` when it has a training loss term.
+
+``__init__`` calls ``super().__init__`` (sizes, dropout, observers), creates
+its projections, then ``init_output`` (``out_proj``) and ``init_positions``
+(``rope``/``qk_norm``). ``docs/adding-a-kind.md`` walks through a new kind.
+
+Cross-attention with a cache: ``kv_cache`` given together with ``key``
+holds the keys/values of that ``key`` tensor (an encoder's memory). The
+first call projects them and fills the cache; later calls with the same key
+tensor read them back and project only the queries (``key[:, :0]``, zero
+keys, goes through ``project``). Cross-attention keys sit at rope positions
+0 .. S-1, and the queries at 0 .. T-1 unless ``positions`` says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .._checks import dropout_probability, positive_int
+from ..functional import attention, merge_masks
+from ..functional.masks import check_alignment
+from .calls import check_cache_use, check_call, default_alignment, key_padding, rollback_on_error
+from .kv_cache import KVCache
+from .norms import QKNorm
+from .observe import AttentionEvent, Observer
+from .rotary import Rotary, query_positions
+
+__all__ = ["AttentionLayer", "check_heads"]
+
+
+def check_heads(
+    embed_dim: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None
+) -> tuple[int, int, int]:
+    """Validate head sizes; return (num_heads, num_kv_heads, head_dim).
+
+    Raises:
+        TypeError: a size that is not an int.
+        ValueError: non-positive sizes, embed_dim not divisible by num_heads
+            (when head_dim is not given), num_kv_heads not dividing num_heads.
+    """
+    positive_int("embed_dim", embed_dim)
+    positive_int("num_heads", num_heads)
+    if head_dim is None:
+        if embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
+                "pass head_dim explicitly to decouple them"
+            )
+        head_dim = embed_dim // num_heads
+    positive_int("head_dim", head_dim)
+    G = num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+    if G > num_heads or num_heads % G != 0:
+        raise ValueError(f"num_kv_heads={G} must divide num_heads={num_heads}")
+    return num_heads, G, head_dim
+
+
+class AttentionLayer(nn.Module):
+    """Base of every attention kind: sizes, observers, cache handling and THE forward.
+
+    Args:
+        embed_dim: C, the width of queries (and outputs unless the kind says).
+        num_heads: H query heads.
+        num_kv_heads: G key/value heads (None: H).
+        head_dim: D (default C // H).
+        kdim, vdim: widths of key and value inputs (default C).
+        dropout: on the attention weights in training mode.
+
+    Class attributes a kind sets:
+        kind: its registry name.
+        backends: the ``backend`` values its core accepts (None: any that
+            ``functional.attention`` accepts).
+        forward_options: names of extra keyword arguments of ``forward``
+            that go to its ``core`` (e.g. MoH's ``path``).
+
+    Attributes:
+        rope: a ``Rotary`` or None; qk_norm: a ``QKNorm`` or None.
+        scale: the score multiplier (None: 1/sqrt of the query width).
+        out_proj: the output projection (``init_output``).
+    """
+
+    kind = "attention"
+    backends: tuple[str, ...] | None = None
+    forward_options: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
+        self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
+        self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
+        self.vdim = embed_dim if vdim is None else positive_int("vdim", vdim)
+        self.dropout = dropout_probability(dropout)
+        self.scale: float | None = None
+        self.rope: Rotary | None = None
+        self.qk_norm: QKNorm | None = None
+        self._attention_observers: OrderedDict[int, Observer] = OrderedDict()
+
+    # ------------------------------------------------------------------ building
+    def init_output(self, in_features: int, out_features: int, *, bias: bool, device=None, dtype=None) -> None:
+        """Create ``out_proj`` [out_features, in_features] (the merged heads -> output)."""
+        self.out_proj = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+
+    def init_positions(self, rope: bool | dict, qk_norm: bool, dim: int, *, device=None, dtype=None) -> None:
+        """Create ``self.rope`` (``Rotary``) and ``self.qk_norm`` (``QKNorm`` over
+        ``dim`` channels), each None when off.
+
+        Raises:
+            TypeError / ValueError: a non-bool ``qk_norm`` or invalid rope options.
+        """
+        self.rope = Rotary.from_option(rope, dim)
+        if not isinstance(qk_norm, bool):
+            raise TypeError(f"qk_norm must be a bool, got qk_norm={qk_norm!r}")
+        self.qk_norm = QKNorm(dim, device=device, dtype=dtype) if qk_norm else None
+
+    # ------------------------------------------------------------------ observers
+    @property
+    def observed(self) -> bool:
+        """True while at least one observer is registered."""
+        return bool(self._attention_observers)
+
+    def register_attention_observer(self, observer: Observer) -> RemovableHandle:
+        """Call ``observer(module, event)`` after every forward until removed.
+
+        While one is registered the layer computes its exact weights (the
+        weights that mix the values) on every call.
+
+        Returns:
+            a handle whose ``remove()`` unregisters the observer.
+        """
+        if not callable(observer):
+            raise TypeError(f"observer must be callable, got {type(observer).__name__}")
+        handle = RemovableHandle(self._attention_observers)
+        self._attention_observers[handle.id] = observer
+        return handle
+
+    def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str) -> None:
+        """Hand one call's weights [B, H, T, S] and its q/k to the observers."""
+        event = AttentionEvent(
+            weights=weights.detach(), q=q.detach(), k=k.detach(),
+            scale=self.head_dim**-0.5 if self.scale is None else self.scale,
+            attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment, kind=self.kind,
+        )  # fmt: skip
+        for observer in list(self._attention_observers.values()):
+            observer(self, event)
+
+    # ------------------------------------------------------------------ hooks
+    def project(self, query, key=None, value=None):
+        """[kind] q [B, H, T, D], k [B, G, S, D], v [B, G, S, Dv] from the inputs."""
+        raise NotImplementedError(f"{type(self).__name__} must implement project()")
+
+    def to_heads(self, query, key=None, value=None):
+        """(q, k, v, extra) for one call: ``project`` and the kind's per-call
+        extras (a dict its core or cache reads, or None)."""
+        q, k, v = self.project(query, key, value)
+        return q, k, v, None
+
+    def position_qk(self, q: torch.Tensor, k: torch.Tensor, q_pos, k_pos) -> tuple[torch.Tensor, torch.Tensor]:
+        """qk_norm, then rope at the queries' and keys' positions (each only if on)."""
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
+        if self.rope is not None:
+            q, k = self.rope(q, q_pos), self.rope(k, k_pos)
+        return q, k
+
+    def write_cache(self, cache: KVCache, k, v, extra):
+        """Append this call's keys/values; return everything cached (and the extras)."""
+        k, v = cache.update(k, v)
+        return k, v, extra
+
+    def core(self, q, k, v, extra, *, attn_mask, is_causal, causal_alignment, return_weights, backend):
+        """[kind] (out [B, H, T, Dv], weights [B, H, T, S] or None); default ``functional.attention``."""
+        out = attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
+            scale=self.scale, dropout_p=self.dropout, training=self.training,
+            return_weights=return_weights, backend=backend,
+        )  # fmt: skip
+        return out if return_weights else (out, None)
+
+    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, Dv] head outputs -> [B, T, out] through ``out_proj``."""
+        B, H, T, Dv = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, H * Dv))  # (B, H, T, Dv) -> (B, T, H*Dv)
+
+    def make_kv_cache(self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None):
+        """A cache sized for this layer: keys and values (batch_size, G, max_len, D)."""
+        ref = self.out_proj.weight
+        return KVCache(
+            batch_size, self.num_kv_heads, max_len, self.head_dim, dtype=dtype or ref.dtype, device=device or ref.device
+        )
+
+    def aux_loss(self) -> torch.Tensor:
+        """The training loss term of the last forward: a 0-d zero for kinds without
+        one, on the device and dtype of ``out_proj.weight``."""
+        w = self.out_proj.weight
+        return torch.zeros((), device=w.device, dtype=w.dtype)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        causal_alignment: str | None = None,
+        return_weights: bool = False,
+        kv_cache: KVCache | None = None,
+        backend: str = "auto",
+        positions: torch.Tensor | None = None,
+        **options,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` to ``key``/``value`` (self-attention when None).
+
+        Args:
+            query: [B, T, C].
+            key: [B, S, kdim], or None for self-attention.
+            value: [B, S, vdim], or None to use ``key``.
+            attn_mask: bool (True = may attend) or float (added), shaped
+                (T, S) or 4-D broadcastable to (B, H, T, S).
+            key_padding_mask: [B, S], bool with True = real key (Hugging
+                Face's polarity, the opposite of ``torch.nn.MultiheadAttention``;
+                ``functional.padding_mask_from_ignore`` converts) or float
+                (added). Combined with ``attn_mask`` by AND on "may attend".
+            is_causal: hide future keys.
+            causal_alignment: "top_left" or "bottom_right"; defaults to
+                "bottom_right" with a self-attention cache, else "top_left".
+            return_weights: also return the weights that mix the values
+                [B, H, T, S] (each kind's docstring says what they are).
+            kv_cache: from :meth:`make_kv_cache`. Self-attention: append this
+                call's keys/values and attend over everything cached.
+                Cross-attention (``key`` given): the cache holds the keys of
+                ``key``; the first call fills it, later calls with the same
+                key tensor reuse it (see the module docstring).
+            backend: passed to the core (``functional.attention``).
+            positions: rope positions of the T queries, [T] or [B, T]; in
+                self-attention also of the new keys. Default 0 .. T-1,
+                offset by the cache length before this call's write;
+                cross-attention keys are at 0 .. S-1. Only valid with rope.
+            options: the kind's ``forward_options`` (passed to its core).
+
+        Returns:
+            out [B, T, out], or (out, weights).
+
+        Raises:
+            ValueError / TypeError: shapes, widths, masks, backend, options,
+                cache overflow or a cache of other keys (before anything is
+                written; a call that fails leaves the cache as it was).
+        """
+        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
+        self._check_forward_options(backend, options)
+        cross = key is not None
+        causal_alignment = check_alignment(default_alignment(causal_alignment, None if cross else kv_cache))
+        if kv_cache is not None and check_cache_use(kv_cache, key):
+            key, value = key[:, :0], None if value is None else value[:, :0]  # cached: project no keys
+        q, k, v, extra = self.to_heads(query, key, value)
+        q_pos = k_pos = None
+        if self.rope is not None or positions is not None:
+            offset = 0 if kv_cache is None or cross else kv_cache.length
+            q_pos = query_positions(
+                positions, rope=self.rope, B=query.shape[0], T=query.shape[1], offset=offset, device=query.device
+            )
+            k_pos = None if cross else q_pos  # cross-attention keys at 0 .. S-1
+        q, k = self.position_qk(q, k, q_pos, k_pos)
+        observed = self.observed
+        with rollback_on_error(kv_cache):
+            if kv_cache is not None:
+                k, v, extra = self.write_cache(kv_cache, k, v, extra)
+            mask = merge_masks(attn_mask, key_padding(key_padding_mask, query.shape[0], k.shape[2]))
+            out, weights = self.core(
+                q, k, v, extra, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
+                return_weights=return_weights or observed, backend=backend, **options,
+            )  # fmt: skip
+        if observed:
+            self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment)
+        out = self.merge_heads(out)
+        return (out, weights) if return_weights else out
+
+    def extra_repr(self) -> str:
+        parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}"]
+        if self.num_kv_heads != self.num_heads:
+            parts.append(f"num_kv_heads={self.num_kv_heads}")
+        parts.append(f"head_dim={self.head_dim}")
+        if (self.kdim, self.vdim) != (self.embed_dim, self.embed_dim):
+            parts.append(f"kdim={self.kdim}, vdim={self.vdim}")
+        if self.dropout:
+            parts.append(f"dropout={self.dropout}")
+        return ", ".join(parts)
+
+    def _check_forward_options(self, backend: str, options: dict) -> None:
+        if self.backends is not None and backend not in self.backends:
+            raise ValueError(
+                f"backend={backend!r}: {self.kind} supports backend in {list(self.backends)}"
+            )
+        unknown = sorted(set(options) - set(self.forward_options))
+        if unknown:
+            extra = f"; its own: {list(self.forward_options)}" if self.forward_options else ""
+            raise TypeError(f"{type(self).__name__}.forward() got unexpected keyword argument(s) {unknown}{extra}")

@@ -19,6 +19,7 @@ from . import convert, functional, models, reference, textbook, tools
 from .functional import attention
 from .modules import (
     DCMHA,
+    AttentionLayer,
     CollaborativeAttention,
     GatedHeadAttention,
     MoHAttention,
@@ -39,6 +40,7 @@ __all__ = [
     "tools",
     "reference",
     "textbook",
+    "AttentionLayer",
     "MultiHeadAttention",
     "MoHAttention",
     "DCMHA",

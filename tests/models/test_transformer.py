@@ -154,6 +154,8 @@ def test_incremental_decode_with_caches_matches_full_decode():
     for t in range(5, b.tgt.shape[1]):
         parts.append(model.decode(b.tgt[:, t : t + 1], memory, src_padding_mask=b.src_padding_mask, kv_caches=caches))
     assert caches.length == b.tgt.shape[1]
+    # each layer's cross-attention cache holds the memory's keys, filled once and reused
+    assert [c.length for c in caches.cross] == [memory.shape[1]] * len(model.decoder)
     torch.testing.assert_close(torch.cat(parts, dim=1), full)
     with pytest.raises(ValueError, match="another memory"):
         model.decode(b.tgt[:, :1], memory.clone(), kv_caches=caches)

@@ -338,9 +338,7 @@ class GPT(nn.Module):
             std = 0.02 / math.sqrt(2 * self.config.num_layers)
             for block in self.blocks:
                 nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=std)
-                out_proj = getattr(block.attn, "out_proj", None)
-                if isinstance(out_proj, nn.Linear):
-                    nn.init.normal_(out_proj.weight, mean=0.0, std=std)
+                nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=std)  # every AttentionLayer has one
 
     def num_parameters(self) -> int:
         """Parameters counted once (the tied LM head is not counted twice)."""

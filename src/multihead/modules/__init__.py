@@ -1,6 +1,10 @@
-"""nn.Modules, one file per attention kind."""
+"""nn.Modules: ``base.AttentionLayer`` (the forward every kind shares) and one
+file per attention kind beside it (attention.py: mha/gqa/mqa, moh.py,
+dcmha.py, collaborative.py, overlapping.py, gated.py). Importing this package
+registers every kind."""
 
 from .attention import MultiHeadAttention
+from .base import AttentionLayer
 from .collaborative import CollaborativeAttention
 from .dcmha import DCMHA, TalkingHeadsAttention
 from .gated import GatedHeadAttention
@@ -8,9 +12,11 @@ from .kv_cache import KVCache
 from .moh import MoHAttention
 from .norms import QKNorm
 from .overlapping import OverlappingHeadAttention
+from .rotary import Rotary
 from .torch_compat import TorchMultiheadAttention
 
 __all__ = [
+    "AttentionLayer",
     "MultiHeadAttention",
     "KVCache",
     "TorchMultiheadAttention",
@@ -21,4 +27,5 @@ __all__ = [
     "CollaborativeAttention",
     "GatedHeadAttention",
     "QKNorm",
+    "Rotary",
 ]

@@ -27,11 +27,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .base import AttentionLayer, check_heads
 from .cost import AttentionCost, visible_pairs
+from .projections import fused_qkv, split_heads
 from .registry import register_attention
 
 if TYPE_CHECKING:
@@ -162,26 +162,13 @@ class MultiHeadAttention(AttentionLayer):
             q [B, H, T, D], k [B, G, S, D], v [B, G, S, D].
         """
         H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
-        B, T, _ = query.shape
-        if key is None and self.fused:
-            qkv = self.qkv_proj(query)  # (B, T, (H + 2G) * D)
-            q, k, v = qkv.split([H * D, G * D, G * D], dim=-1)
+        if self.fused:
+            q, k, v = fused_qkv(self.qkv_proj, query, key, value, (H * D, G * D, G * D))
         else:
-            w = self.projection_weights()
             key = query if key is None else key
             value = key if value is None else value
-            q = F.linear(query, *w["q"])
-            if value is key and self.fused:
-                W, b = self.qkv_proj.weight, self.qkv_proj.bias
-                kv_rows = slice(H * D, (H + 2 * G) * D)
-                k, v = F.linear(key, W[kv_rows], None if b is None else b[kv_rows]).split(G * D, dim=-1)
-            else:
-                k, v = F.linear(key, *w["k"]), F.linear(value, *w["v"])
-        S = k.shape[1]
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
-        k = k.view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
-        v = v.view(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
-        return q, k, v
+            q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        return split_heads(q, H), split_heads(k, G), split_heads(v, G)
 
     def cost(
         self,

@@ -53,6 +53,7 @@ from .base import AttentionLayer
 from .cost import AttentionCost, visible_pairs
 from .dcmha_core import DynamicKVCache, composed_attention
 from .kv_cache import KVCache
+from .projections import fused_qkv, split_heads
 from .registry import register_attention
 
 __all__ = ["DCMHA", "TalkingHeadsAttention", "DynamicKVCache", "AUTO_CHUNK"]
@@ -156,19 +157,9 @@ class DCMHA(AttentionLayer):
     # ------------------------------------------------------------------ pieces
     def project(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None):
         """q [B, H, T, D], k and v [B, H, S, D] from the inputs (key=None: self)."""
-        H, D = self.num_heads, self.head_dim
-        W, b = self.qkv_proj.weight, self.qkv_proj.bias
-        rows = [slice(i * H * D, (i + 1) * H * D) for i in range(3)]
-        key = query if key is None else key
-        value = key if value is None else value
-        q, k, v = (
-            F.linear(x, W[r], None if b is None else b[r]) for x, r in zip((query, key, value), rows)
-        )
-        B, T, S = query.shape[0], query.shape[1], key.shape[1]
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
-        k = k.view(B, S, H, D).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
-        v = v.view(B, S, H, D).transpose(1, 2)  # (B, S, H*D) -> (B, H, S, D)
-        return q, k, v
+        HD = self.num_heads * self.head_dim
+        q, k, v = fused_qkv(self.qkv_proj, query, key, value, (HD, HD, HD))
+        return tuple(split_heads(t, self.num_heads) for t in (q, k, v))
 
     def to_heads(self, query, key=None, value=None):
         """q, k, v and the composition weights: ``extra`` = {"qw": from the query

@@ -8,30 +8,14 @@ never computed for it::
     token n:  [ w0·g_s ............ ]       [ 0   w1·g_r   0   w1·g_r   0 ... ]
     y[n] = out_proj( concat_h gates[n, h] · o_h[n] )
 
-Sparse path (default): keys and values are projected for every token and
-head (a key may be read by any query), but the attention core of the routed
-heads runs only over the (b, t) query rows that chose them::
+Two paths compute the same gated outputs (``multihead.modules.moh_paths``):
+the sparse path (default) runs the routed heads only over the query rows
+that chose them, so the attention-core work scales with (hs + hr) / H; the
+dense path (``path="dense"``, the official code's) computes every head and
+multiplies by its gate. Both agree to 1e-10 in float64.
 
-    routed head e:  rows of the tokens that chose e, in token order
-                    (B, E, M, D)  <- gather q[:, hs + e, t]; M = most rows any
-                                     (batch row, head) got; shorter lists are
-                                     padded with tokens that did not choose e
-    attention(rows, k, v) in ONE call over all routed heads; causal, padding
-    and user masks rebuilt per gathered row from its original position t
-    (row at t sees keys j <= t + offset)
-    scatter gate · out back to (B, E, T, D); unchosen pairs and padding stay 0
-
-so the attention-core FLOPs and time scale with (hs + hr) / H (plus the
-padding to M). The shared heads run as one ordinary call. With
-``is_causal`` the gathered rows carry an explicit per-row mask, so the
-kernel cannot skip the hidden upper triangle as the fused causal kernel does
-for the shared heads and the dense path: the causal saving is smaller. The
-dense path (``path="dense"``: every head computed, then multiplied by its
-gate, as the official code does) is kept for equality tests; both agree to
-1e-10 in float64.
-
-Rope / QK-norm (``rope=``, ``qk_norm=``; the ``RotaryQK`` mixin), on the
-head dim D of every query head [B, H, T, D] and key head [B, G, S, D]::
+Rope / QK-norm (``rope=``, ``qk_norm=``: the layer's ``rope`` and
+``qk_norm`` submodules), on the head dim D of every query head [B, H, T, D] and key head [B, G, S, D]::
 
     project -> route (on the raw projected q) -> qk_norm -> rope
             -> KV-cache write (rotated keys) -> dense or sparse core
@@ -49,14 +33,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._checks import non_negative_int
-from ..functional import attention
 from .base import AttentionLayer
 from .cost import AttentionCost, visible_pairs
-from .moh_sparse import check_mask, sparse_heads
+from .moh_paths import check_mask, dense_heads, sparse_heads
+from .projections import fused_qkv, split_heads
 from .registry import register_attention
 
 __all__ = ["MoHAttention", "load_balancing_loss"]
@@ -95,6 +78,16 @@ class MoHAttention(AttentionLayer):
     training loop adds to its loss (models sum it over layers);
     ``load_balancing_loss(model)`` instead averages over layers, as the
     official training loops do.
+
+    The forward is ``AttentionLayer.forward`` (arguments, masks and cache as
+    :class:`MultiHeadAttention`, key/value width C; the router reads the
+    query tokens) with one more keyword, ``path`` ("sparse" or "dense",
+    default ``self.path``). ``return_weights`` gives weights[b, h, t] =
+    gates[b, t, h] · the softmax probabilities of head h, the weights that
+    mix the values (rows of routed heads a token did not choose are 0);
+    observers receive the same. Asking for weights (or registering an
+    observer) runs the dense path. The cache keeps keys/values of every head
+    (any later query may choose any head).
 
     Args:
         embed_dim: C. num_heads: H.
@@ -208,21 +201,8 @@ class MoHAttention(AttentionLayer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, H, T, D], k and v [B, G, S, D] from query [B, T, C] (and key/value [B, S, C])."""
         H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
-        B, T, _ = query.shape
-        if key is None:
-            q, k, v = self.qkv_proj(query).split([H * D, G * D, G * D], dim=-1)
-        else:
-            W, b = self.qkv_proj.weight, self.qkv_proj.bias
-            rows = (slice(0, H * D), slice(H * D, (H + G) * D), slice((H + G) * D, (H + 2 * G) * D))
-            q, k, v = (
-                F.linear(x, W[r], None if b is None else b[r])
-                for x, r in zip((query, key, key if value is None else value), rows)
-            )
-        S = k.shape[1]
-        q = q.reshape(B, T, H, D).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
-        k = k.reshape(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
-        v = v.reshape(B, S, G, D).transpose(1, 2)  # (B, S, G*D) -> (B, G, S, D)
-        return q, k, v
+        q, k, v = fused_qkv(self.qkv_proj, query, key, value, (H * D, G * D, G * D))
+        return split_heads(q, H), split_heads(k, G), split_heads(v, G)
 
     def route(
         self, x: torch.Tensor, q: torch.Tensor
@@ -334,16 +314,7 @@ class MoHAttention(AttentionLayer):
         B, _, T, _ = q.shape
         if path == "sparse" and chosen is not None and not return_weights and B * T * k.shape[2]:
             return sparse_heads(q, k, v, gates, chosen, attn_mask, core, shared_heads=self.shared_heads), None
-        return self._dense_heads(q, k, v, gates, attn_mask, core, return_weights)
-
-    def _dense_heads(self, q, k, v, gates, mask, core, want_weights):
-        """Every head on every token, then gated: (B, T, H, D) and gated weights."""
-        res = attention(q, k, v, attn_mask=mask, return_weights=want_weights, **core)
-        out, weights = res if want_weights else (res, None)
-        g = gates.transpose(1, 2).unsqueeze(-1)  # (B, T, H) -> (B, H, T, 1)
-        if weights is not None:
-            weights = weights * g
-        return (out * g).transpose(1, 2), weights  # (B, H, T, D) -> (B, T, H, D)
+        return dense_heads(q, k, v, gates, attn_mask, core, return_weights)
 
     # ------------------------------------------------------------------ cost
     def cost(

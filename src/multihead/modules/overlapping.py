@@ -42,6 +42,7 @@ from .._checks import non_negative_int
 from .base import AttentionLayer
 from .cost import AttentionCost, visible_pairs
 from .kv_cache import KVCache
+from .projections import fused_qkv
 from .registry import register_attention
 
 __all__ = ["OverlappingHeadAttention", "overlapped_heads"]
@@ -161,21 +162,7 @@ class OverlappingHeadAttention(AttentionLayer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project and zero-pad: q [B, T, H·D + 2ov], k and v [B, S, H·D + 2ov]."""
         HD = self.num_heads * self.head_dim
-        W, b = self.qkv_proj.weight, self.qkv_proj.bias
-        if key is None:
-            q, k, v = self.qkv_proj(query).split(HD, dim=-1)  # (B, T, 3*H*D) -> 3 x (B, T, H*D)
-        else:
-            value = key if value is None else value
-
-            def rows(i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-                sl = slice(i * HD, (i + 1) * HD)
-                return W[sl], None if b is None else b[sl]
-
-            q = F.linear(query, *rows(0))
-            if value is key:
-                k, v = F.linear(key, W[HD:], None if b is None else b[HD:]).split(HD, dim=-1)
-            else:
-                k, v = F.linear(key, *rows(1)), F.linear(value, *rows(2))
+        q, k, v = fused_qkv(self.qkv_proj, query, key, value, (HD, HD, HD))
         ov = self.overlap
         if ov:
             q, k, v = (F.pad(t, (ov, ov)) for t in (q, k, v))  # (B, N, H*D) -> (B, N, H*D + 2ov)

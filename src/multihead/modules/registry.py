@@ -1,14 +1,16 @@
 """Attention kinds by name: ``build_attention("gqa", embed_dim=..., num_heads=...)``.
 
 Models choose their attention by name (``GPTConfig(attention="mqa")``), so
-the same model compares attention kinds. Every kind returns an
-``nn.Module`` with the interface of ``MultiHeadAttention``:
+the same model compares attention kinds. Every kind is a subclass of
+``base.AttentionLayer`` and so has the same interface:
 
     forward(query, key=None, value=None, *, attn_mask=None,
             key_padding_mask=None, is_causal=False, return_weights=False,
-            kv_cache=None) -> out [B, T, C] (or (out, weights))
+            kv_cache=None, positions=None) -> out [B, T, C] (or (out, weights))
     make_kv_cache(batch_size, max_len) -> cache for ``kv_cache=``
     aux_loss() -> the training loss term of the last forward, 0-d
+    cost(T, S) -> FLOPs, parameters, cache bytes
+    out_proj -> the output projection (models initialise it)
     kind -> the registry name (a str attribute)
 
 ``kind`` is a class attribute of every attention class (``MoHAttention.kind

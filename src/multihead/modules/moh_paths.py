@@ -1,7 +1,28 @@
-"""The sparse path of Mixture-of-Head attention: only chosen (token, head) pairs.
+"""The two paths of Mixture-of-Head attention: dense (every head, then gated)
+and sparse (only chosen (token, head) pairs); ``MoHAttention.mix_heads``
+chooses one.
 
-``MoHAttention.mix_heads(path="sparse")`` calls :func:`sparse_heads`; see
-``multihead.modules.moh`` for the layout of the gathered rows.
+Sparse path (default): keys and values are projected for every token and
+head (a key may be read by any query), but the attention core of the routed
+heads runs only over the (b, t) query rows that chose them::
+
+    routed head e:  rows of the tokens that chose e, in token order
+                    (B, E, M, D)  <- gather q[:, hs + e, t]; M = most rows any
+                                     (batch row, head) got; shorter lists are
+                                     padded with tokens that did not choose e
+    attention(rows, k, v) in ONE call over all routed heads; causal, padding
+    and user masks rebuilt per gathered row from its original position t
+    (row at t sees keys j <= t + offset)
+    scatter gate · out back to (B, E, T, D); unchosen pairs and padding stay 0
+
+so the attention-core FLOPs and time scale with (hs + hr) / H (plus the
+padding to M). The shared heads run as one ordinary call. With
+``is_causal`` the gathered rows carry an explicit per-row mask, so the
+kernel cannot skip the hidden upper triangle as the fused causal kernel does
+for the shared heads and the dense path: the causal saving is smaller. The
+dense path (``path="dense"``: every head computed, then multiplied by its
+gate, as the official code does) is kept for equality tests; both agree to
+1e-10 in float64.
 """
 
 from __future__ import annotations
@@ -10,7 +31,17 @@ import torch
 
 from ..functional import attention, merge_masks
 
-__all__ = ["sparse_heads", "check_mask", "head_slice", "kv_for", "row_mask"]
+__all__ = ["dense_heads", "sparse_heads", "check_mask", "head_slice", "kv_for", "row_mask"]
+
+
+def dense_heads(q, k, v, gates, mask, core, want_weights):
+    """Every head on every token, then gated: (B, T, H, D) and gated weights [B, H, T, S] or None."""
+    res = attention(q, k, v, attn_mask=mask, return_weights=want_weights, **core)
+    out, weights = res if want_weights else (res, None)
+    g = gates.transpose(1, 2).unsqueeze(-1)  # (B, T, H) -> (B, H, T, 1)
+    if weights is not None:
+        weights = weights * g
+    return (out * g).transpose(1, 2), weights  # (B, H, T, D) -> (B, T, H, D)
 
 
 def sparse_heads(q, k, v, gates, chosen, mask, core, *, shared_heads: int):

@@ -167,6 +167,9 @@ def test_cross_attention_cache_is_filled_once_and_reused(kind):
     assert_paths_agree(second, m(y[:, 2:], memory, memory))
     with pytest.raises(ValueError, match="another key tensor"):
         m(y, memory.clone(), kv_cache=cache)
+    with pytest.raises(ValueError, match="holds cross-attention keys"):
+        m(y, kv_cache=cache)  # a self-attention call on it
+    assert cache.length == 6
 
 
 def test_observers_see_the_weights_and_the_scores_q_and_k(kind):

@@ -11,7 +11,8 @@
       observers <- AttentionEvent(weights, q, k, mask, ...)
       return merge_heads(out)             (B, H, T, Dv) -> (B, T, H*Dv) -> out_proj
 
-A kind subclasses :class:`AttentionLayer` and supplies:
+A kind subclasses :class:`AttentionLayer` and supplies (``project`` and
+``cost`` are abstract: a class without them cannot be built):
 
 * ``project(query, key, value) -> (q, k, v)``: q [B, H, T, D],
   k [B, G, S, D], v [B, G, S, Dv]; and ``to_heads`` when a call needs more
@@ -35,6 +36,7 @@ keys, goes through ``project``). Cross-attention keys sit at rope positions
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from collections import OrderedDict
 
 import torch
@@ -79,7 +81,7 @@ def check_heads(
     return num_heads, G, head_dim
 
 
-class AttentionLayer(nn.Module):
+class AttentionLayer(nn.Module, metaclass=ABCMeta):
     """Base of every attention kind: sizes, observers, cache handling and THE forward.
 
     Args:
@@ -99,7 +101,8 @@ class AttentionLayer(nn.Module):
 
     Attributes:
         rope: a ``Rotary`` or None; qk_norm: a ``QKNorm`` or None.
-        scale: the score multiplier (None: 1/sqrt of the query width).
+        scale: the score multiplier (None: 1/sqrt of the query width, the
+            default of ``functional.attention``).
         out_proj: the output projection (``init_output``).
     """
 
@@ -171,16 +174,21 @@ class AttentionLayer(nn.Module):
         """Hand one call's weights [B, H, T, S] and its q/k to the observers."""
         event = AttentionEvent(
             weights=weights.detach(), q=q.detach(), k=k.detach(),
-            scale=self.head_dim**-0.5 if self.scale is None else self.scale,
+            scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale,
             attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment, kind=self.kind,
         )  # fmt: skip
         for observer in list(self._attention_observers.values()):
             observer(self, event)
 
     # ------------------------------------------------------------------ hooks
+    @abstractmethod
     def project(self, query, key=None, value=None):
-        """[kind] q [B, H, T, D], k [B, G, S, D], v [B, G, S, Dv] from the inputs."""
-        raise NotImplementedError(f"{type(self).__name__} must implement project()")
+        """[kind] q [B, H, T, D], k [B, G, S, D], v [B, G, S, Dv] from the inputs
+        (S may be 0: a cross-attention call that reuses cached keys)."""
+
+    @abstractmethod
+    def cost(self, T: int, S: int | None = None, *, batch: int = 1, causal: bool = False, bytes_per_element: int = 2):
+        """[kind] ``modules.cost.AttentionCost`` of one call (T queries, S keys)."""
 
     def to_heads(self, query, key=None, value=None):
         """(q, k, v, extra) for one call: ``project`` and the kind's per-call
@@ -283,9 +291,12 @@ class AttentionLayer(nn.Module):
                 written; a call that fails leaves the cache as it was).
         """
         check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
-        self._check_forward_options(backend, options)
+        if options or self.backends is not None:
+            self._check_forward_options(backend, options)
+        if causal_alignment is not None:
+            check_alignment(causal_alignment)
         cross = key is not None
-        causal_alignment = check_alignment(default_alignment(causal_alignment, None if cross else kv_cache))
+        causal_alignment = default_alignment(causal_alignment, None if cross else kv_cache)
         if kv_cache is not None and check_cache_use(kv_cache, key):
             key, value = key[:, :0], None if value is None else value[:, :0]  # cached: project no keys
         q, k, v, extra = self.to_heads(query, key, value)

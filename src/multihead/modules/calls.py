@@ -83,13 +83,13 @@ def check_cache_use(kv_cache: Any, key: torch.Tensor | None) -> bool:
         ValueError: a self-attention call on a cross-attention cache or the
             reverse, or a filled cache used with another key tensor.
     """
-    length = kv_cache.length
     eager = not torch.compiler.is_compiling()
     source = kv_cache.__dict__.get("cross_source") if eager else None
     if key is None:
         if source is not None:
             raise ValueError("kv_cache holds cross-attention keys (filled by a call with key): pass that key")
         return False
+    length = kv_cache.length
     if length == 0:
         if eager:
             kv_cache.__dict__["cross_source"] = key

@@ -77,14 +77,14 @@ def check_cache_use(kv_cache: Any, key: torch.Tensor | None) -> bool:
     Self-attention (``key`` None) appends to a self-attention cache.
     Cross-attention (``key`` given) fills an empty cache with the keys of
     ``key``, or reuses a cache that the same key tensor filled. In eager mode
-    the cache remembers the key tensor that filled it (``cross_source``).
+    the cache remembers the key tensor that filled it (``KVCache.cross_source``).
 
     Raises:
         ValueError: a self-attention call on a cross-attention cache or the
             reverse, or a filled cache used with another key tensor.
     """
     eager = not torch.compiler.is_compiling()
-    source = kv_cache.__dict__.get("cross_source") if eager else None
+    source = getattr(kv_cache, "cross_source", None) if eager else None
     if key is None:
         if source is not None:
             raise ValueError("kv_cache holds cross-attention keys (filled by a call with key): pass that key")
@@ -92,7 +92,7 @@ def check_cache_use(kv_cache: Any, key: torch.Tensor | None) -> bool:
     length = kv_cache.length
     if length == 0:
         if eager:
-            kv_cache.__dict__["cross_source"] = key
+            kv_cache.cross_source = key
         return False
     if eager and source is None:
         raise ValueError(

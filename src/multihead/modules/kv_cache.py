@@ -59,6 +59,8 @@ class KVCache(nn.Module):
         length: number of positions written so far (a Python int; see
             the module docstring for how ``torch.compile`` treats it).
         batch_size: B.
+        cross_source: the key tensor a cross-attention call filled the cache
+            from (None for a self-attention cache; set in eager mode).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class KVCache(nn.Module):
         Gv = G if value_heads is None else positive_int("value_heads", value_heads)
         self.max_len = S
         self.length = 0
+        self.cross_source: torch.Tensor | None = None
         self.register_buffer("k", torch.zeros(B, G, S, D, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(B, Gv, S, Dv, dtype=dtype, device=device), persistent=False)
 
@@ -112,7 +115,7 @@ class KVCache(nn.Module):
     def reset(self) -> None:
         """Forget every cached position (the buffers are reused)."""
         self.length = 0
-        self.__dict__.pop("cross_source", None)  # the key tensor a cross-attention call filled it from
+        self.cross_source = None
 
     def check_append(self, batch_size: int, T: int) -> None:
         """Raise unless ``T`` positions of a batch of ``batch_size`` can be appended.

@@ -13,9 +13,10 @@ Official name -> multihead name (``MoHAttention``)::
     wg_1.weight (hs, C)                 ->  attention.shared_gate   (hs > 1)
 
 The official layer appends its load-balance loss to a class-level list in
-training mode; here the layer sets ``module.aux_loss`` instead (the same
+training mode; here the layer sets ``last_balance_loss`` instead (the same
 value, except that the official selection frequencies are float32 whatever
-the model dtype; here they use the model dtype).
+the model dtype; here they use the model dtype), and ``aux_loss()`` returns
+it times ``aux_loss_coeff``.
 """
 
 from __future__ import annotations

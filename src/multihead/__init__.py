@@ -27,9 +27,9 @@ from .modules import (
     OverlappingHeadAttention,
     TalkingHeadsAttention,
 )
+from .modules.compat.torch_nn import TorchMultiheadAttention
 from .modules.kv_cache import KVCache
 from .modules.registry import build_attention, list_attention_kinds, register_attention
-from .modules.torch_compat import TorchMultiheadAttention
 
 __version__ = "0.1.0"
 

@@ -68,7 +68,7 @@ def test_errors():
 
 
 def test_the_former_qk_norm_module_gives_the_same_classes():
-    from multihead.modules import norms, qk_norm, rotary
+    from multihead.modules import norms, qk_norm, rope
 
     assert qk_norm.HeadRMSNorm is norms.HeadRMSNorm and qk_norm.QKNorm is norms.QKNorm
-    assert qk_norm.Rotary is rotary.Rotary
+    assert qk_norm.Rotary is rope.Rotary

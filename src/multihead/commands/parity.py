@@ -13,7 +13,7 @@ from torch import nn
 
 from .. import reference
 from ..functional import causal_mask
-from ..modules.attention import MultiHeadAttention
+from ..modules.kinds.mha import MultiHeadAttention
 
 __all__ = ["parity_errors", "parity_table"]
 

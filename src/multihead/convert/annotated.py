@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
-from ..modules.attention import MultiHeadAttention
+from ..modules.kinds.mha import MultiHeadAttention
 
 __all__ = ["AnnotatedTransformerAttention", "from_official", "to_official"]
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..functional import attention
-from ..modules.collaborative import CollaborativeAttention
+from ..modules.kinds.collaborative import CollaborativeAttention
 
 __all__ = ["OfficialCollaborativeAttention", "from_official", "to_official"]
 

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ..functional import causal_mask, sliding_window_mask
-from ..modules.dcmha import DCMHA
+from ..modules.kinds.dcmha import DCMHA
 
 __all__ = ["DCFormerAttention", "from_official", "rope_rotate_half"]
 

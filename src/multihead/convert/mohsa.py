@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .._checks import dropout_probability, non_negative_int, positive_int
-from ..modules.overlapping import OverlappingHeadAttention
+from ..modules.kinds.overlapping import OverlappingHeadAttention
 
 __all__ = ["MOHSAViTAttention", "from_official", "to_official", "vit_layer_state_dict"]
 

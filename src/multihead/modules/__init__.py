@@ -1,19 +1,30 @@
-"""nn.Modules: ``base.AttentionLayer`` (the forward every kind shares) and one
-file per attention kind beside it (attention.py: mha/gqa/mqa, moh.py,
-dcmha.py, collaborative.py, overlapping.py, gated.py). Importing this package
-registers every kind."""
+"""nn.Modules of attention.
 
-from .attention import MultiHeadAttention
+    base.py        AttentionLayer: the forward every kind shares
+    kinds/         one file per attention kind (importing it registers every kind)
+    kv_cache.py    the cache classes; norms.py, rope.py: the qk_norm / rope submodules
+    observe.py     observer events; cost.py: cost conventions; registry.py: kinds by name
+    projections.py, calls.py: pieces the kinds share
+    compat/        the torch.nn.MultiheadAttention drop-in
+
+The old module paths (``modules.attention``, ``modules.moh``, ...,
+``modules.torch_compat``) re-export their names from ``kinds/`` and ``compat/``.
+"""
+
 from .base import AttentionLayer
-from .collaborative import CollaborativeAttention
-from .dcmha import DCMHA, TalkingHeadsAttention
-from .gated import GatedHeadAttention
+from .compat import TorchMultiheadAttention
+from .kinds import (
+    DCMHA,
+    CollaborativeAttention,
+    GatedHeadAttention,
+    MoHAttention,
+    MultiHeadAttention,
+    OverlappingHeadAttention,
+    TalkingHeadsAttention,
+)
 from .kv_cache import KVCache
-from .moh import MoHAttention
 from .norms import QKNorm
-from .overlapping import OverlappingHeadAttention
-from .rotary import Rotary
-from .torch_compat import TorchMultiheadAttention
+from .rope import Rotary
 
 __all__ = [
     "AttentionLayer",

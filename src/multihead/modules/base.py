@@ -50,7 +50,7 @@ from .calls import check_cache_use, check_call, default_alignment, key_padding, 
 from .kv_cache import KVCache
 from .norms import QKNorm
 from .observe import AttentionEvent, Observer
-from .rotary import Rotary, query_positions
+from .rope import Rotary, query_positions
 
 __all__ = ["AttentionLayer", "check_heads"]
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from .._checks import positive_int
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "DynamicKVCache"]
 
 # Traceable config patch (recent torch); without it the length is a
 # constant to dynamo and every new length recompiles.
@@ -175,3 +175,36 @@ class KVCache(nn.Module):
     def extra_repr(self) -> str:
         B, G, S, D = self.k.shape
         return f"batch_size={B}, num_kv_heads={G}, max_len={S}, head_dim={D}, length={self.length}"
+
+
+class DynamicKVCache(KVCache):
+    """KV cache that also keeps each key token's key-side composition weights.
+
+    Attributes:
+        kw: [B, S_max, 2, 2R + 1, H]: per cached token, for pre (0) and post
+            (1) composition, rows [w1 (R) | w2 (R) | dd (1)] over heads.
+    """
+
+    def __init__(self, batch_size: int, num_heads: int, max_len: int, head_dim: int, rank: int, **kw) -> None:
+        super().__init__(batch_size, num_heads, max_len, head_dim, **kw)
+        B, H, S = self.k.shape[0], self.k.shape[1], self.max_len
+        self.register_buffer(
+            "kw", torch.zeros(B, S, 2, 2 * rank + 1, H, dtype=self.k.dtype, device=self.k.device), persistent=False
+        )
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, kw: torch.Tensor | None = None):
+        """Append keys, values and key-side weights; return all three cached so far.
+
+        Raises:
+            ValueError: shapes that do not match, or a write past capacity
+                (raised before anything is written).
+        """
+        if kw is None:
+            raise ValueError("DynamicKVCache.update needs the key-side weights kw")
+        want = (self.kw.shape[0], k.shape[2], *self.kw.shape[2:])
+        if tuple(kw.shape) != want:
+            raise ValueError(f"kw must be {want}, got {tuple(kw.shape)}")
+        start = self.length
+        k_all, v_all = super().update(k, v)
+        self.kw[:, start : self.length] = kw.detach()
+        return k_all, v_all, self.kw[:, : self.length]

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .._checks import positive_int
-from .attention import MultiHeadAttention
+from ..._checks import positive_int
+from .mha import MultiHeadAttention
 
 if TYPE_CHECKING:
     from .collaborative import CollaborativeAttention

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..functional import attention, merge_masks
+from ...functional import attention, merge_masks
 
 __all__ = ["dense_heads", "sparse_heads", "check_mask", "head_slice", "kv_for", "row_mask"]
 

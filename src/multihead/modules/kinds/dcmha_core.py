@@ -1,8 +1,7 @@
 """The composed attention core of DCMHA and Talking-Heads, over blocks of queries.
 
-``DCMHA.attend`` calls :func:`composed_attention`; ``DynamicKVCache`` is the
-cache of a dynamic DCMHA (keys, values and the key-side composition weights).
-See ``multihead.modules.dcmha`` for the semantics.
+``DCMHA.attend`` calls :func:`composed_attention`; see
+``multihead.modules.kinds.dcmha`` for the semantics.
 
     for each block of <= chunk queries t0 .. t1 (and the keys they may see):
         L  = (q·scale) kᵀ  -> compose(slots 0, 1) -> + float mask -> masked softmax = P
@@ -16,48 +15,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ..functional import masked_softmax
-from ..functional.nonfinite import split_nonfinite
-from ..functional.request import make_request
-from .kv_cache import KVCache
+from ...functional import masked_softmax
+from ...functional.nonfinite import split_nonfinite
+from ...functional.request import make_request
 
 if TYPE_CHECKING:
     from .dcmha import DCMHA
 
-__all__ = ["DynamicKVCache", "compose", "composed_attention"]
-
-
-class DynamicKVCache(KVCache):
-    """KV cache that also keeps each key token's key-side composition weights.
-
-    Attributes:
-        kw: [B, S_max, 2, 2R + 1, H]: per cached token, for pre (0) and post
-            (1) composition, rows [w1 (R) | w2 (R) | dd (1)] over heads.
-    """
-
-    def __init__(self, batch_size: int, num_heads: int, max_len: int, head_dim: int, rank: int, **kw) -> None:
-        super().__init__(batch_size, num_heads, max_len, head_dim, **kw)
-        B, H, S = self.k.shape[0], self.k.shape[1], self.max_len
-        self.register_buffer(
-            "kw", torch.zeros(B, S, 2, 2 * rank + 1, H, dtype=self.k.dtype, device=self.k.device), persistent=False
-        )
-
-    def update(self, k: torch.Tensor, v: torch.Tensor, kw: torch.Tensor | None = None):
-        """Append keys, values and key-side weights; return all three cached so far.
-
-        Raises:
-            ValueError: shapes that do not match, or a write past capacity
-                (raised before anything is written).
-        """
-        if kw is None:
-            raise ValueError("DynamicKVCache.update needs the key-side weights kw")
-        want = (self.kw.shape[0], k.shape[2], *self.kw.shape[2:])
-        if tuple(kw.shape) != want:
-            raise ValueError(f"kw must be {want}, got {tuple(kw.shape)}")
-        start = self.length
-        k_all, v_all = super().update(k, v)
-        self.kw[:, start : self.length] = kw.detach()
-        return k_all, v_all, self.kw[:, : self.length]
+__all__ = ["compose", "composed_attention"]
 
 
 def compose(A: torch.Tensor, qw, kw, static, *, rank: int, residual: bool) -> torch.Tensor:

@@ -332,3 +332,47 @@ def test_dropout_zero_in_training_is_bitwise_eval_and_draws_no_random_numbers(ba
     tr = m.train()(x, key_padding_mask=kpm, is_causal=True, backend=backend)
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(ev, tr)
+
+
+# ---------------------------------------------------------------- rope / qk_norm (beyond tests/modules/test_contract.py)
+def test_rope_on_odd_head_dim_and_one_key_value_head_matches_numpy():
+    from support.kinds import numpy_forward
+
+    m = _module(4, embed_dim=15, num_heads=3, num_kv_heads=1, rope={"rotary_dim": 2, "interleaved": True},
+                qk_norm=True)  # D = 5  # fmt: skip
+    x = torch.randn(2, 7, 15, dtype=F64)
+    _assert_ref(m(x, is_causal=True), numpy_forward(m, x, is_causal=True)[0])
+
+
+def test_gradcheck_with_rope_and_qk_norm():
+    m = _module(5, embed_dim=8, num_heads=2, num_kv_heads=1, rope={"rotary_dim": 2}, qk_norm=True)
+    x = torch.randn(1, 3, 8, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: m(t, is_causal=True), (x,))
+    m(x).sum().backward()
+    assert m.qk_norm.q_norm.weight.grad is not None and m.qk_norm.k_norm.weight.grad is not None
+
+
+def test_flat_hugging_face_norm_names_load():
+    m = MultiHeadAttention(24, 4, num_kv_heads=2, rope=True, qk_norm=True)
+    sd = {k.replace("qk_norm.", ""): torch.full_like(v, 2.0) if "norm" in k else v for k, v in m.state_dict().items()}
+    other = MultiHeadAttention(24, 4, num_kv_heads=2, rope=True, qk_norm=True)
+    other.load_state_dict(sd)  # Hugging Face's flat q_norm.weight / k_norm.weight (Qwen3, OLMo-2)
+    assert torch.equal(other.qk_norm.k_norm.weight, torch.full((6,), 2.0))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [(dict(rope={"rotary_dim": 5}), ValueError, "rotary_dim=5"), (dict(rope={"rotary_dim": 8}), ValueError, "head_dim=6"),
+     (dict(rope="yes"), TypeError, "rope")],
+)
+def test_rope_construction_errors_name_the_values(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        MultiHeadAttention(24, 4, **kwargs)
+
+
+def test_positions_of_a_wrong_type_are_refused():
+    m, x = MultiHeadAttention(24, 4, rope=True), torch.randn(2, 5, 24)
+    with pytest.raises(TypeError, match="torch.bool"):
+        m(x, positions=torch.ones(5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="list"):
+        m(x, positions=[0, 1, 2, 3, 4])

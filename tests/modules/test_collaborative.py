@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from support.modules import random_module
-from support.paths import assert_cached_generation_agrees
+from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
 from multihead.modules.collaborative import CollaborativeAttention, concatenate_mixing
 from multihead.modules.registry import build_attention
@@ -294,3 +294,34 @@ def test_gpt_generates_the_same_tokens_with_and_without_cache():
     idx = torch.randint(0, 256, (2, 5))
     a = assert_cached_generation_agrees(model, idx, 6)
     assert a.shape == (2, 11)
+
+
+# ---------------------------------------------------------------- rope / qk_norm (beyond tests/modules/test_contract.py)
+def test_rope_rotates_the_shared_channels_only_and_the_cache_keeps_the_bias_channels():
+    """qk_norm and rope act on the D̃ shared channels (gains [D̃]); the H
+    content-bias channels of the cached key head are the raw content bias."""
+    m = make(embed_dim=16, num_heads=4, shared_dim=12, rope=True, qk_norm=True)
+    assert m.qk_norm.q_norm.weight.shape == (12,)
+    x = torch.randn(2, 6, 16, dtype=F64)
+    cache = m.make_kv_cache(2, 6)
+    m(x[:, :4], is_causal=True, kv_cache=cache)
+    m(x[:, 4:], is_causal=True, kv_cache=cache)
+    _, k, _ = m.project(x)  # [rope(norm(K)) | cb] at positions 0 .. 5
+    assert_paths_agree(cache.k, k)  # written in two calls vs one
+    assert_paths_agree(cache.k[..., 12:], m.content_bias(x).unsqueeze(1))
+    assert not torch.allclose(cache.k[..., :12], m.qk_norm.k_norm(m.k_proj(x)).unsqueeze(1))  # rotated
+
+
+def test_rope_option_errors_and_conversions_without_them():
+    with pytest.raises(ValueError, match="shared_dim=7"):
+        CollaborativeAttention(16, 4, shared_dim=7, rope=True)
+    CollaborativeAttention(16, 4, shared_dim=7, rope={"rotary_dim": 6})  # an even rotary_dim is fine
+    with pytest.raises(ValueError, match="rotary_dim"):
+        CollaborativeAttention(16, 4, shared_dim=8, rope={"rotary_dim": 10})
+    with pytest.raises(ValueError, match="rope and qk_norm"):
+        CollaborativeAttention(16, 4, rope=True).compress(4)
+    from multihead import MultiHeadAttention
+
+    with pytest.raises(ValueError, match="rope and qk_norm"):
+        CollaborativeAttention.from_mha(MultiHeadAttention(16, 4, rope=True))
+    assert CollaborativeAttention.from_mha(MultiHeadAttention(16, 4)).rope is None

@@ -1,6 +1,6 @@
-"""Attention modules under torch.compile(fullgraph=True): every kind from
-``build_attention`` and ``MultiHeadAttention``'s call variants trace without a
-graph break, give the eager numbers, and write the same KV cache.
+"""Attention modules under torch.compile(fullgraph=True): ``MultiHeadAttention``'s
+call variants trace without a graph break, give the eager numbers, and write
+the same KV cache (every kind from ``build_attention``: tests/modules/test_contract.py).
 
 Graph breaks are counted with ``torch._dynamo.explain``, whose run of the
 captured graph (op by op, as ``backend="eager"``) also gives the compiled
@@ -14,12 +14,11 @@ import torch
 from support.compile import explain_and_run
 from torch._dynamo.testing import CompileCounter
 
-from multihead import MultiHeadAttention, build_attention, list_attention_kinds
+from multihead import MultiHeadAttention
 
 pytestmark = pytest.mark.slow
 
 C, H = 16, 4
-OPTIONS = {"gqa": {"num_kv_heads": 2}}
 
 
 @pytest.fixture(autouse=True)
@@ -38,52 +37,11 @@ def _inputs(B=2, T=5):
     return x, nxt, keep
 
 
-def _kind_calls(attn):
-    """Forward with a padding mask and no cache, then prefill and one decoding step."""
-
-    def run(x, nxt, keep, cache):
-        padded = attn(x, is_causal=True, key_padding_mask=keep)
-        prefill = attn(x, is_causal=True, kv_cache=cache)
-        step = attn(nxt, is_causal=True, kv_cache=cache)
-        return padded, prefill, step
-
-    return run
-
-
-def _build(kind, **extra):
-    torch.manual_seed(0)
-    return build_attention(kind, embed_dim=C, num_heads=H, **OPTIONS.get(kind, {}), **extra)
-
-
 def _assert_same_cache(got, want):
     """Same length and buffers (both started as zeros, so whole buffers compare)."""
     assert got.length == want.length
     for name, buf in want.named_buffers():
         torch.testing.assert_close(getattr(got, name), buf)
-
-
-@pytest.mark.parametrize("kind", list_attention_kinds())
-def test_every_kind_compiles_without_graph_breaks_to_the_eager_numbers(kind):
-    attn = _build(kind).eval()
-    x, nxt, keep = _inputs()
-    got_cache, want_cache = attn.make_kv_cache(2, 8), attn.make_kv_cache(2, 8)
-    with torch.no_grad():
-        explained, got = explain_and_run(_kind_calls(attn), x, nxt, keep, got_cache)
-        want = _kind_calls(attn)(x, nxt, keep, want_cache)
-    assert explained.graph_break_count == 0, explained.break_reasons
-    assert explained.graph_count == 1
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
-    _assert_same_cache(got_cache, want_cache)
-
-
-@pytest.mark.parametrize("kind", ["moh", "gated"])
-def test_training_forward_traces_without_graph_breaks(kind):
-    """The kinds whose training forward differs: MoH's balance loss, the gates' sampling."""
-    attn = _build(kind).train()
-    x, _, keep = _inputs()
-    explained = torch._dynamo.explain(lambda x, keep: attn(x, is_causal=True, key_padding_mask=keep))(x, keep)
-    assert explained.graph_break_count == 0, explained.break_reasons
 
 
 # ----------------------------------------------------------- MultiHeadAttention

@@ -403,3 +403,36 @@ def test_gpt_by_name_generates_the_same_with_and_without_cache():
     loss = logits.logsumexp(-1).mean() + concrete_penalty(model, 0.1)
     loss.backward()
     assert model.blocks[0].attn.log_alpha.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------- rope / qk_norm (beyond tests/modules/test_contract.py)
+def test_options_off_are_bitwise_unchanged_in_training():
+    """Sampled gates from the same seed: the same operations on the same shapes, bitwise."""
+    plain = _module(embed_dim=30, num_kv_heads=1).train()
+    off = GatedHeadAttention(30, 5, num_kv_heads=1, rope=False, qk_norm=False, dtype=F64).train()
+    off.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 7, 30, dtype=F64)
+    torch.manual_seed(5)
+    a, wa = plain(x, is_causal=True, return_weights=True)
+    torch.manual_seed(5)
+    b, wb = off(x, is_causal=True, return_weights=True)
+    assert torch.equal(a, b) and torch.equal(wa, wb)
+
+
+def test_builder_and_from_attention_pass_rope_and_qk_norm():
+    m = build_attention("gated", embed_dim=24, num_heads=4, rope={"rotary_dim": 4}, qk_norm=True)
+    assert isinstance(m, GatedHeadAttention) and m.rope["rotary_dim"] == 4 and m.qk_norm is not None
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(24, 4, num_kv_heads=2, rope={"interleaved": True}, qk_norm=True, dtype=F64).eval()
+    with torch.no_grad():
+        mha.qk_norm.q_norm.weight.uniform_(0.5, 1.5)
+    g = GatedHeadAttention.from_attention(mha)
+    assert g.rope.options == mha.rope.options and torch.equal(g.qk_norm.q_norm.weight, mha.qk_norm.q_norm.weight)
+    with torch.no_grad():
+        g.log_alpha.fill_(3.0)  # all gates 1: the same function as the MHA
+    x = torch.randn(2, 5, 24, dtype=F64)
+    assert_paths_agree(g(x, is_causal=True), mha(x, is_causal=True))
+    off = GatedHeadAttention.from_attention(mha, rope=False, qk_norm=False)
+    assert off.rope is None and off.qk_norm is None
+    on = GatedHeadAttention.from_attention(MultiHeadAttention(24, 4), rope=True, qk_norm=True)
+    assert on.rope is not None and on.qk_norm.k_norm.weight.eq(1).all()

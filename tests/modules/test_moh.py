@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support.paths import assert_cached_generation_agrees
+from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
 from multihead.modules.moh import MoHAttention, load_balancing_loss
 from multihead.modules.registry import build_attention
@@ -277,3 +277,38 @@ def test_gpt_left_padded_batch_cached_equals_uncached():
     keep = torch.ones(2, 6, dtype=torch.long)
     keep[0, :3] = 0  # left padding
     assert_cached_generation_agrees(model, idx, 5, attention_mask=keep)
+
+
+# ---------------------------------------------------------------- rope / qk_norm (beyond tests/modules/test_contract.py)
+ROPED = dict(rope=True, qk_norm=True)
+
+
+@pytest.mark.parametrize("path", ["sparse", "dense"])
+def test_query_norm_router_routes_on_q_before_qk_norm_and_rope(path):
+    """The query_norm router reads the projected q before qk_norm (which would
+    flatten the head norms) and rope; both paths match that reference."""
+    from support.kinds import numpy_forward
+
+    m = make(embed_dim=24, num_heads=6, shared_heads=2, routed_heads=2, router="query_norm", head_dim=4,
+             path=path, **ROPED)  # fmt: skip
+    x = torch.randn(2, 5, 24, dtype=F64)
+    want, _ = numpy_forward(m, x, is_causal=True)
+    torch.testing.assert_close(m(x, is_causal=True), torch.from_numpy(want), rtol=0, atol=1e-10 * abs(want).max())
+    cache = m.make_kv_cache(2, 5)
+    steps = [m(x[:, :3], is_causal=True, kv_cache=cache)] + [m(x[:, t : t + 1], is_causal=True, kv_cache=cache)
+                                                            for t in (3, 4)]  # fmt: skip
+    assert_paths_agree(torch.cat(steps, 1), m(x, is_causal=True))
+
+
+@pytest.mark.parametrize("router", ["learned", "query_norm"])
+def test_sparse_equals_dense_with_rope_on_a_cut_group(router):
+    """hs = 3 shared heads cut the second of G = 2 key/value groups."""
+    m = make(embed_dim=30, num_heads=6, shared_heads=3, routed_heads=1, num_kv_heads=2, head_dim=4, router=router,
+             **ROPED)  # fmt: skip
+    x = torch.randn(2, 6, 30, dtype=F64, requires_grad=True)
+    pos = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    a = m(x, is_causal=True, positions=pos, path="sparse")
+    b = m(x, is_causal=True, positions=pos, path="dense")
+    assert_paths_agree(a, b)
+    (ga,), (gb,) = torch.autograd.grad(a.sum(), x), torch.autograd.grad(b.sum(), x)
+    assert_paths_agree(ga, gb)

@@ -301,3 +301,41 @@ def test_fused_flash_kernel_runs_on_the_overlapping_views():
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         y = m(x, is_causal=True, backend="sdpa")
     torch.testing.assert_close(y, m(x, is_causal=True, backend="math"))
+
+
+# ---------------------------------------------------------------- rope / qk_norm (beyond tests/modules/test_contract.py)
+def _close_to_numpy(got, m, x, **kw):
+    from support.kinds import numpy_forward
+
+    assert_matches(got, torch.from_numpy(numpy_forward(m, x, **kw)[0]))
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_rope_and_qk_norm_act_on_the_widened_heads(backend):
+    m = make(3, embed_dim=12, num_heads=3, rope=True, qk_norm=True)  # D = 4, Dw = 10
+    assert m.qk_norm.q_norm.weight.shape == (m.wide_head_dim,) == (10,)
+    x = x_(width=12)
+    _close_to_numpy(m(x, is_causal=True, backend=backend), m, x, is_causal=True)
+
+
+def test_odd_wide_head_needs_an_even_rotary_dim():
+    with pytest.raises(ValueError, match=r"Dw = D \+ 2\*overlap = 5 \+ 2\*1 = 7"):  # C, H = 15, 3: D = 5
+        OverlappingHeadAttention(C, H, overlap=1, rope=True)
+    with pytest.raises(ValueError, match="= 7"):
+        OverlappingHeadAttention(C, H, overlap=1, rope={"base": 100.0})
+    m = make(1, rope={"rotary_dim": 6}, qk_norm=True)
+    x = x_()
+    _close_to_numpy(m(x, is_causal=True), m, x, is_causal=True)
+
+
+@pytest.mark.parametrize("opts", [dict(qk_norm=True), dict(rope={"rotary_dim": 4})])
+def test_either_option_switches_the_cache_to_widened_heads(opts):
+    rows, m = make(2), make(2, **opts)
+    assert rows.make_kv_cache(2, 6).k.shape == (2, 1, 6, H * D + 4)  # padded rows, shared channels once
+    cache = m.make_kv_cache(2, 6)
+    assert cache.k.shape == (2, H, 6, m.wide_head_dim)
+    assert m.cost(5).kv_cache_bytes_per_token == 2 * H * m.wide_head_dim * 2
+    x = x_(T=6)
+    steps = [m(x[:, :4], is_causal=True, kv_cache=cache)] + [m(x[:, t : t + 1], is_causal=True, kv_cache=cache)
+                                                            for t in (4, 5)]  # fmt: skip
+    assert_paths_agree(torch.cat(steps, 1), m(x, is_causal=True))

@@ -18,7 +18,7 @@ from multihead import build_attention
 from multihead.reference import attention as ref_attention
 from multihead.reference.dcmha import dcmha_attention, talking_heads_attention
 from multihead.reference.gated import hard_concrete_eval_gate
-from multihead.reference.moh import moh_learned_gates
+from multihead.reference.moh import moh_learned_gates, moh_query_norm_gates
 from multihead.reference.overlapping import overlapped_heads
 
 F64 = torch.float64
@@ -180,7 +180,10 @@ def numpy_forward(m, x, key=None, *, mask=None, is_causal=False, q_pos=None, k_p
     else:  # mha, gqa, mqa, gated, moh: one fused q|k|v projection
         q, k, v = _rows(m, x, kv)
         gates = None
-        if kind == "moh":
+        if kind == "moh" and m.router == "query_norm":  # routes on the projected q, before qk_norm/rope
+            gates, _ = moh_query_norm_gates(q, m.shared_heads, m.routed_heads)
+            gates = gates.transpose(0, 2, 1)[..., None]  # (B, T, H) -> (B, H, T, 1)
+        elif kind == "moh":
             gates, _, _ = moh_learned_gates(x, *(np64(getattr(g, "weight", None)) for g in
                                                  (m.routed_gate, m.mix_gate, m.shared_gate)),
                                             m.shared_heads, m.routed_heads)  # fmt: skip

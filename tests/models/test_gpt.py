@@ -182,8 +182,18 @@ def test_hf_config_translation():
         GPTConfig.from_hf_config({**SMALL_HF, "activation_function": "relu"})
     with pytest.raises(ValueError, match="one dropout rate"):
         GPTConfig.from_hf_config({**SMALL_HF, "attn_pdrop": 0.2})
-    with pytest.raises(ValueError, match="n_inner=100"):
-        GPTConfig.from_hf_config({**SMALL_HF, "n_inner": 100})
+    inner = GPTConfig.from_hf_config({**SMALL_HF, "n_inner": 100})  # a hidden MLP width other than 4C
+    assert inner.mlp_dim == 100 and GPTConfig.from_hf_config(GPT2Config(**inner.to_hf_config())) == inner
+
+
+def test_mlp_width_other_than_4c_matches_hugging_face():
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(**{**SMALL_HF, "n_inner": 100})).eval()
+    ours = GPT.from_hf_state_dict(hf.state_dict(), GPTConfig.from_hf_config(hf.config)).eval()
+    assert ours.blocks[0].mlp.fc.weight.shape == (100, 64)
+    x = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), hf(x).logits)
 
 
 # ------------------------------------------------------------------ presets

@@ -57,6 +57,8 @@ class GPTConfig:
         layer_norm_eps: epsilon of every LayerNorm.
         qkv_bias: bias on the query/key/value projection.
         tie_embeddings: the LM head shares the token embedding matrix.
+        mlp_dim: the MLP's hidden width (None: 4 * embed_dim, GPT-2's;
+            Hugging Face's ``n_inner``).
 
     Raises:
         TypeError / ValueError: a field of the wrong type or value (the
@@ -75,6 +77,7 @@ class GPTConfig:
     qkv_bias: bool = True
     tie_embeddings: bool = True
     attention_options: dict[str, Any] = field(default_factory=dict)
+    mlp_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "embed_dim", "num_layers", "num_heads"):
@@ -84,6 +87,8 @@ class GPTConfig:
                 f"embed_dim must be divisible by num_heads, got embed_dim={self.embed_dim} and "
                 f"num_heads={self.num_heads} (embed_dim % num_heads = {self.embed_dim % self.num_heads})"
             )
+        if self.mlp_dim is not None:
+            positive_int("mlp_dim", self.mlp_dim)
         if self.num_kv_heads is not None:
             positive_int("num_kv_heads", self.num_kv_heads)
             if self.num_heads % self.num_kv_heads != 0:
@@ -153,9 +158,8 @@ class GPTConfig:
 
         Raises:
             ValueError: options this model does not implement (another
-                activation, an inner MLP width other than 4C, different
-                dropout rates per site, cross-attention, scaled or upcast
-                attention variants).
+                activation, different dropout rates per site,
+                cross-attention, scaled or upcast attention variants).
         """
         d = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
         get = d.get
@@ -163,8 +167,6 @@ class GPTConfig:
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"only the GELU tanh approximation is implemented, got activation_function={act!r}")
         C = get("n_embd", 768)
-        if get("n_inner") not in (None, 4 * C):
-            raise ValueError(f"the MLP width is 4 * n_embd = {4 * C}, got n_inner={get('n_inner')}")
         rates = {k: get(k, 0.1) for k in ("embd_pdrop", "attn_pdrop", "resid_pdrop")}
         if len(set(rates.values())) > 1:
             raise ValueError(f"one dropout rate is used everywhere; got different rates {rates}")
@@ -185,6 +187,7 @@ class GPTConfig:
             dropout=float(next(iter(rates.values()))),
             layer_norm_eps=get("layer_norm_epsilon", 1e-5),
             tie_embeddings=bool(get("tie_word_embeddings", True)),
+            mlp_dim=None if get("n_inner") in (None, 4 * C) else get("n_inner"),
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -206,6 +209,7 @@ class GPTConfig:
             "attn_pdrop": self.dropout,
             "layer_norm_epsilon": self.layer_norm_eps,
             "tie_word_embeddings": self.tie_embeddings,
+            "n_inner": self.mlp_dim,
         }
 
 
@@ -249,12 +253,13 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class MLP(nn.Module):
-    """fc (C -> 4C), GELU with the tanh approximation, proj (4C -> C), dropout."""
+    """fc (C -> M), GELU with the tanh approximation, proj (M -> C), dropout; M = 4C by default."""
 
-    def __init__(self, embed_dim: int, dropout: float = 0.0, **factory: Any) -> None:
+    def __init__(self, embed_dim: int, dropout: float = 0.0, hidden: int | None = None, **factory: Any) -> None:
         super().__init__()
-        self.fc = nn.Linear(embed_dim, 4 * embed_dim, **factory)
-        self.proj = nn.Linear(4 * embed_dim, embed_dim, **factory)
+        M = 4 * embed_dim if hidden is None else hidden
+        self.fc = nn.Linear(embed_dim, M, **factory)
+        self.proj = nn.Linear(M, embed_dim, **factory)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -280,7 +285,7 @@ class Block(nn.Module):
         self.attn = build_attention(config.attention, embed_dim=C, num_heads=config.num_heads, **options)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.ln_2 = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
-        self.mlp = MLP(C, config.dropout, **factory)
+        self.mlp = MLP(C, config.dropout, config.mlp_dim, **factory)
 
     def forward(
         self, x: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None, kv_cache: Any = None

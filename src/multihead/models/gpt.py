@@ -222,6 +222,8 @@ GPT_PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-xl": dict(vocab_size=50257, context_length=1024, embed_dim=1600, num_layers=48, num_heads=25),
     "tiny": dict(vocab_size=256, context_length=128, embed_dim=64, num_layers=2, num_heads=4),
     "mini": dict(vocab_size=256, context_length=256, embed_dim=128, num_layers=4, num_heads=4),
+    # `multihead train`'s default model (head_dim 64); timing measured below.
+    "shakespeare-cpu": dict(vocab_size=256, context_length=128, embed_dim=256, num_layers=6, num_heads=4),
 }
 
 

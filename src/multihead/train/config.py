@@ -1,0 +1,238 @@
+"""``TrainConfig``: every setting of a ``multihead train`` run, flat and validated.
+
+The learning rate follows :func:`learning_rate`, a linear warm-up then a
+cosine decay over the optimizer steps 0 .. max_steps - 1::
+
+    lr |      ______
+       |     /      ``--.._
+       |    /              ``-.._
+       |   /                     ``--.__ min_lr
+       +--|--------|------------------|---> step
+          0   warmup - 1         max_steps - 1
+
+A config is a dataclass of JSON values: ``to_dict`` / ``from_dict`` round
+trip it through ``config.json`` and checkpoint headers.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .._checks import dropout_probability, non_negative_int, positive_int
+from ..models.gpt import GPT_PRESETS
+from ..modules.registry import list_attention_kinds
+
+__all__ = ["TrainConfig", "RESUMABLE_CHANGES", "learning_rate", "config_differences"]
+
+# Fields a resumed run may change: they decide how long to train, how often to
+# report and where to write, never what a step computes (``threads`` only
+# changes the order of float sums, as on another machine).
+RESUMABLE_CHANGES = frozenset(
+    {"max_steps", "eval_every", "log_every", "checkpoint_every", "out", "threads"}
+)
+_TOKENIZERS = ("bytes", "bpe")
+_DTYPES = ("float32", "bfloat16")
+_DEVICES = ("auto", "cpu", "cuda")
+
+
+def _float(name: str, value: object, *, low: float = 0.0, include_low: bool = True, high: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {name}={value!r} ({type(value).__name__})")
+    v = float(value)
+    above = v >= low if include_low else v > low
+    if not (math.isfinite(v) and above and v <= high):
+        lo = "[" if include_low else "("
+        hi = "]" if math.isfinite(high) else ")"
+        raise ValueError(f"{name} must be a finite float in {lo}{low}, {high}{hi}, got {name}={value!r}")
+    return v
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one training run of a GPT (see ``multihead.train.train``).
+
+    Data and tokens:
+        data: "shakespeare" (the plays, split by play) or the path of a UTF-8
+            text file (its last lines become the validation split).
+        tokenizer: "bytes" (256 ids) or "bpe" (byte-level BPE trained on the
+            training text).
+        vocab_size: BPE vocabulary size (>= 257; None: the tokenizer's
+            default); must be None or 256 with "bytes".
+
+    Model:
+        preset: a name of ``GPT_PRESETS``; its vocab_size is replaced by the
+            tokenizer's.
+        attention: attention kind ("mha", "gqa", "moh", "gated", ...).
+        attention_options: further options of that kind (JSON values).
+        context_length: T of the training sequences; None takes the preset's,
+            and a longer one than the preset's is refused.
+        dropout: dropout probability of the model in training mode.
+
+    Optimisation (AdamW, decoupled weight decay on the 2-D+ weights of the
+    linear layers only; see ``multihead.train.loop``):
+        batch_size: sequences per optimizer step, over all processes and
+            micro-batches (the global batch).
+        grad_accum: micro-batches per process per step; batch_size must be
+            divisible by world_size * grad_accum.
+        max_steps: optimizer steps of the whole run.
+        lr, min_lr: peak and final learning rate (min_lr <= lr).
+        warmup: steps of linear warm-up (< max_steps).
+        weight_decay, grad_clip (max global grad norm; 0 = off), beta1, beta2.
+        dtype: "float32", or "bfloat16" (autocast; parameters and optimizer
+            state stay float32).
+
+    Reporting and files:
+        eval_every, eval_batches: validation loss every that many steps (and
+            at the end) over that many fixed batches of batch_size sequences.
+        log_every: one metrics line every that many steps (and at evaluation
+            steps and the end).
+        checkpoint_every: a checkpoint every that many steps (and at the end).
+        seed: model initialisation, dropout and sampling of the batches.
+        out: the run directory (None: ``runs/<preset>-<attention>``).
+        threads: torch intra-op threads (None: the machine's cores, divided
+            among the processes of one machine under torchrun).
+        device: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
+
+    A resumed run may change only the fields in ``RESUMABLE_CHANGES``
+    (max_steps, eval_every, log_every, checkpoint_every, out, threads).
+
+    Raises:
+        TypeError / ValueError: a field of the wrong type or value; the
+            message names the field and the value.
+    """
+
+    data: str = "shakespeare"
+    tokenizer: str = "bytes"
+    vocab_size: int | None = None
+    preset: str = "shakespeare-cpu"
+    attention: str = "mha"
+    attention_options: dict[str, Any] = field(default_factory=dict)
+    context_length: int | None = None
+    batch_size: int = 32
+    grad_accum: int = 1
+    max_steps: int = 1000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    dropout: float = 0.0
+    eval_every: int = 250
+    eval_batches: int = 10
+    log_every: int = 10
+    checkpoint_every: int = 250
+    seed: int = 0
+    dtype: str = "float32"
+    out: str | None = None
+    threads: int | None = None
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("data", "tokenizer", "preset", "attention", "dtype", "device"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise TypeError(f"{name} must be a non-empty str, got {name}={value!r}")
+        if self.tokenizer not in _TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {list(_TOKENIZERS)}, got tokenizer={self.tokenizer!r}")
+        if self.vocab_size is not None:
+            positive_int("vocab_size", self.vocab_size)
+            if self.tokenizer == "bytes" and self.vocab_size != 256:
+                raise ValueError(f"the bytes tokenizer has 256 ids, got vocab_size={self.vocab_size}")
+            if self.tokenizer == "bpe" and self.vocab_size < 257:
+                raise ValueError(f"a BPE vocabulary needs at least 257 ids, got vocab_size={self.vocab_size}")
+        if self.preset not in GPT_PRESETS:
+            raise ValueError(f"unknown GPT preset preset={self.preset!r}; valid presets: {sorted(GPT_PRESETS)}")
+        if self.attention not in list_attention_kinds():
+            raise ValueError(
+                f"unknown attention kind attention={self.attention!r}; known: {list_attention_kinds()}"
+            )
+        if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
+            raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
+        longest = GPT_PRESETS[self.preset]["context_length"]
+        if self.context_length is None:
+            self.context_length = longest
+        positive_int("context_length", self.context_length)
+        if self.context_length > longest:
+            raise ValueError(
+                f"context_length={self.context_length} is longer than preset {self.preset!r} allows "
+                f"(context_length={longest})"
+            )
+        for name in ("batch_size", "grad_accum", "max_steps", "eval_every", "eval_batches", "log_every"):
+            positive_int(name, getattr(self, name))
+        positive_int("checkpoint_every", self.checkpoint_every)
+        non_negative_int("warmup", self.warmup)
+        non_negative_int("seed", self.seed)
+        if self.batch_size % self.grad_accum != 0:
+            raise ValueError(
+                f"batch_size must be divisible by grad_accum, got batch_size={self.batch_size} and "
+                f"grad_accum={self.grad_accum}"
+            )
+        if self.warmup >= self.max_steps:
+            raise ValueError(f"warmup must be shorter than max_steps, got warmup={self.warmup}, max_steps={self.max_steps}")
+        self.lr = _float("lr", self.lr, include_low=False)
+        self.min_lr = _float("min_lr", self.min_lr)
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr must be <= lr, got min_lr={self.min_lr}, lr={self.lr}")
+        self.weight_decay = _float("weight_decay", self.weight_decay)
+        self.grad_clip = _float("grad_clip", self.grad_clip)
+        self.beta1 = _float("beta1", self.beta1, high=0.999999)
+        self.beta2 = _float("beta2", self.beta2, high=0.999999)
+        self.dropout = dropout_probability(self.dropout)
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {list(_DTYPES)}, got dtype={self.dtype!r}")
+        if self.device not in _DEVICES:
+            raise ValueError(f"device must be one of {list(_DEVICES)}, got device={self.device!r}")
+        if self.out is None:
+            self.out = os.path.join("runs", f"{self.preset}-{self.attention}")
+        if not isinstance(self.out, str) or not self.out:
+            raise TypeError(f"out must be a non-empty str (a directory), got out={self.out!r}")
+        if self.threads is not None:
+            positive_int("threads", self.threads)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Build from a plain dict (parsed JSON); unknown keys are an error.
+
+        Raises:
+            TypeError: ``values`` is not a dict.
+            ValueError: unknown fields or invalid values.
+        """
+        if not isinstance(values, dict):
+            raise TypeError(f"a TrainConfig is built from a dict, got {type(values).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}; valid fields: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (``from_dict`` inverts it)."""
+        return asdict(self)
+
+
+def config_differences(saved: TrainConfig, given: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """{field: (saved, given)} for every field outside ``RESUMABLE_CHANGES`` that differs."""
+    a, b = saved.to_dict(), given.to_dict()
+    return {k: (a[k], b[k]) for k in a if k not in RESUMABLE_CHANGES and a[k] != b[k]}
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """The learning rate of optimizer step ``step`` (0-based).
+
+    Linear warm-up lr * (step + 1) / warmup for step < warmup (reaching lr at
+    step warmup - 1), then a cosine from lr at step warmup down to min_lr at
+    step max_steps - 1; min_lr after that (a run extended past its schedule).
+    """
+    lr, min_lr, warmup, last = config.lr, config.min_lr, config.warmup, config.max_steps - 1
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if step >= last:
+        return min_lr if last > warmup else lr
+    ratio = (step - warmup) / (last - warmup)  # in [0, 1)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)

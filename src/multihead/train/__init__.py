@@ -15,6 +15,9 @@ Files:
 
 from .batches import Batches, read_tokens, val_batches, write_tokens
 from .corpus import Corpus, cache_dir, load_corpus, shakespeare_plays
+from .checkpoint import latest_checkpoint, load_training_state
+from .config import TrainConfig, learning_rate
+from .loop import TrainResult, parameter_groups, train
 from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer_dir, train_tokenizer
 
 __all__ = [
@@ -30,4 +33,11 @@ __all__ = [
     "read_tokens",
     "write_tokens",
     "val_batches",
+    "TrainConfig",
+    "learning_rate",
+    "train",
+    "TrainResult",
+    "parameter_groups",
+    "latest_checkpoint",
+    "load_training_state",
 ]

@@ -31,13 +31,19 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
             "examples:\n"
             '  multihead inspect "The law will never be perfect, but its application should be just."\n'
             "  multihead textbook\n"
-            "  multihead generate --preset tiny --max-new-tokens 20 --seed 0"
+            "  multihead generate --preset tiny --max-new-tokens 20 --seed 0\n"
+            "  multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subs = {"textbook": _add_textbook(sub), "inspect": _add_inspect(sub), "generate": _add_generate(sub)}
+    subs = {
+        "textbook": _add_textbook(sub),
+        "inspect": _add_inspect(sub),
+        "generate": _add_generate(sub),
+        "train": _add_train(sub),
+    }
     return parser, subs
 
 
@@ -106,6 +112,7 @@ _GENERATE_EXAMPLES = """examples:
   multihead generate --preset mini --prompt "To be, or not" --temperature 0.8 --top-k 40 --seed 1
   multihead generate --preset tiny --seed 0 --save-init tiny-init
   multihead generate --checkpoint tiny-init --prompt "Hello" --max-new-tokens 20 --top-p 0.9 --seed 0
+  multihead generate --checkpoint tiny-init "To be" --max-new-tokens 20 --temperature 0
 """
 
 
@@ -118,10 +125,11 @@ def _add_generate(sub) -> argparse.ArgumentParser:
         help="sample text from a GPT preset (fresh weights) or a saved checkpoint",
         description=(
             "Build a GPT-2 style model from a preset with freshly initialised, seeded weights, or load "
-            "a checkpoint (config.json + model.safetensors, e.g. written by --save-init), then sample a "
+            "a checkpoint (config.json + model.safetensors, e.g. written by --save-init, or the run "
+            "directory of 'multihead train': its latest checkpoint and its own tokenizer), then sample a "
             "continuation of the prompt and print prompt + continuation. Byte-level models (vocab 256: "
             "the tiny and mini presets) read the prompt as UTF-8 bytes; other vocabularies need "
-            "--tokenizer tokenizer.json. Untrained weights produce noise: this shows the decoding "
+            "--tokenizer tokenizer.json (a run directory brings its tokenizer). Untrained weights produce noise: this shows the decoding "
             "machinery (KV cache, temperature, top-k, top-p), not a language model. --save-init only "
             "saves the model, so the sampling options cannot go with it."
         ),
@@ -132,7 +140,12 @@ def _add_generate(sub) -> argparse.ArgumentParser:
         "--preset",
         help=f"model preset: {', '.join(GPT_PRESETS)} (default {DEFAULT_PRESET} unless --checkpoint is given)",
     )
-    gen.add_argument("--checkpoint", metavar="PATH", help="checkpoint directory or .safetensors file to load")
+    gen.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="checkpoint directory, .safetensors file, or run directory of 'multihead train' to load",
+    )
+    gen.add_argument("text", nargs="?", metavar="PROMPT", help="text to continue (the same as --prompt)")
     gen.add_argument("--prompt", help=f"text to continue (default {DEFAULT_PROMPT!r})")
     gen.add_argument(
         "--max-new-tokens", type=int, metavar="N", help=f"tokens to add (default {DEFAULT_MAX_NEW_TOKENS})"
@@ -153,6 +166,38 @@ def _add_generate(sub) -> argparse.ArgumentParser:
     )
     gen.add_argument("--save-init", metavar="PATH", help="save the freshly initialised preset model to PATH and exit")
     return gen
+
+
+_TRAIN_EXAMPLES = """examples:
+  multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny
+  multihead generate --checkpoint runs/tiny "To be"
+  multihead train --out runs/tiny --max-steps 400 --resume
+  multihead train --data notes.txt --tokenizer bpe --vocab-size 512 --preset tiny --out runs/notes
+  multihead train --attention gqa --attention-option num_kv_heads=2 --out runs/gqa
+  torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --out runs/ddp
+"""
+
+
+def _add_train(sub) -> argparse.ArgumentParser:
+    from .commands.train import add_arguments
+
+    tr = sub.add_parser(
+        "train",
+        help="train a GPT (any attention kind) on Shakespeare or a text file, with checkpoints and resume",
+        description=(
+            "Train a GPT preset with the chosen attention kind on Shakespeare's plays (downloaded once) "
+            "or a UTF-8 text file, tokenized as bytes or BPE: AdamW, linear warm-up then cosine decay, "
+            "validation loss every --eval-every steps. The run directory (--out) gets config.json, the "
+            "tokenizer, the token files, metrics.jsonl and crash-safe checkpoints; --resume continues "
+            "from the latest one with the same config. Each flag sets the TrainConfig field of the same "
+            "name; a flag left out keeps TrainConfig's default. Under torchrun every process runs this "
+            "command (data parallel, the same global --batch-size). See docs/training.md."
+        ),
+        epilog=_TRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(tr)
+    return tr
 
 
 def _textbook(args: argparse.Namespace) -> int:
@@ -179,10 +224,12 @@ def _inspect(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from .commands.generate import run
 
+    if args.text is not None and args.prompt is not None:
+        raise ValueError(f"give the prompt once, as PROMPT or --prompt (got {args.text!r} and --prompt {args.prompt!r})")
     return run(
         preset=args.preset,
         checkpoint=args.checkpoint,
-        prompt=args.prompt,
+        prompt=args.prompt if args.text is None else args.text,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -193,7 +240,13 @@ def _generate(args: argparse.Namespace) -> int:
     )
 
 
-_COMMANDS = {"textbook": _textbook, "inspect": _inspect, "generate": _generate}
+def _train(args: argparse.Namespace) -> int:
+    from .commands.train import config_values, run
+
+    return run(config_values(args), resume=args.resume)
+
+
+_COMMANDS = {"textbook": _textbook, "inspect": _inspect, "generate": _generate, "train": _train}
 
 
 def _one_line(error: BaseException) -> str:
@@ -225,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except _USER_ERRORS as e:
-        sub.exit(2, f"{sub.prog}: error: {_one_line(e)}\n")
+        from .commands.train import is_rank_zero
+
+        # Under torchrun every process meets the same mistake: rank 0 says it once.
+        sub.exit(2, f"{sub.prog}: error: {_one_line(e)}\n" if is_rank_zero() else None)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,17 @@
 
 A preset builds a freshly initialised model (seeded, so the same seed gives
 the same model); ``--checkpoint`` loads one written by
-``multihead.models.checkpoint.save_checkpoint`` (or by ``--save-init``).
+``multihead.models.checkpoint.save_checkpoint`` (or by ``--save-init``), or
+the run directory of ``multihead train``::
+
+    runs/tiny/                       --checkpoint runs/tiny
+      checkpoints/latest        ->   names step-000200
+      checkpoints/step-000200/       model.safetensors: the weights loaded
+      tokenizer/                     encodes the prompt, decodes the output
+
 Byte-level models (vocab_size 256) read the prompt as UTF-8 bytes; other
-vocabularies need ``--tokenizer tokenizer.json`` (Hugging Face ``tokenizers``).
+vocabularies need ``--tokenizer tokenizer.json`` (Hugging Face ``tokenizers``)
+unless a run directory brings its own tokenizer.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -20,7 +29,7 @@ from .tokens import load_tokenizer
 
 __all__ = [
     "run", "encode_prompt", "decode_tokens", "DEFAULT_PRESET", "DEFAULT_PROMPT", "DEFAULT_MAX_NEW_TOKENS",
-    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TEMPERATURE", "run_checkpoint",
 ]  # fmt: skip
 
 DEFAULT_PRESET = "tiny"
@@ -31,14 +40,18 @@ BYTE_VOCAB = 256
 
 
 def encode_prompt(prompt: str, vocab_size: int, tokenizer=None) -> list[int]:
-    """Token ids of ``prompt``: UTF-8 bytes for a 256-token vocabulary, else ``tokenizer``.
+    """Token ids of ``prompt``: ``tokenizer`` when given, else UTF-8 bytes for a 256-token vocabulary.
+
+    ``tokenizer`` is a Hugging Face ``tokenizers.Tokenizer`` or a tokenizer of
+    ``multihead.train.tokenizer`` (whose ``encode`` returns the ids).
 
     Raises:
         ValueError: no tokenizer for a non-byte vocabulary, an empty
             encoding, or ids outside the model's vocabulary.
     """
     if tokenizer is not None:
-        ids = tokenizer.encode(prompt).ids
+        encoded = tokenizer.encode(prompt)
+        ids = list(encoded) if isinstance(encoded, list) else list(encoded.ids)
     elif vocab_size == BYTE_VOCAB:
         ids = list(prompt.encode("utf-8"))
     else:
@@ -58,6 +71,42 @@ def decode_tokens(ids: list[int], tokenizer=None) -> str:
     if tokenizer is not None:
         return tokenizer.decode(ids)
     return bytes(ids).decode("utf-8", errors="replace")
+
+
+def run_checkpoint(path: str) -> tuple[Path, object, int] | None:
+    """The latest checkpoint and tokenizer of a ``multihead train`` run directory.
+
+    Args:
+        path: the value of ``--checkpoint``.
+
+    Returns:
+        (step directory holding model.safetensors, the run's tokenizer, step),
+        or None when ``path`` is not a run directory (no ``checkpoints/`` or
+        ``tokenizer/`` folder in it).
+
+    Raises:
+        ValueError: a run with no complete checkpoint yet, a broken
+            ``checkpoints/latest`` pointer, or a missing or unreadable tokenizer.
+    """
+    run_dir = Path(path)
+    if not ((run_dir / "checkpoints").is_dir() or (run_dir / "tokenizer").is_dir()):
+        return None
+    from ..train.checkpoint import latest_checkpoint
+    from ..train.tokenizer import load_tokenizer_dir
+
+    step_dir = latest_checkpoint(run_dir)
+    if step_dir is None:
+        raise ValueError(
+            f"--checkpoint {path}: a training run with no complete checkpoint yet "
+            f"({run_dir / 'checkpoints' / 'latest'} does not exist)"
+        )
+    if not (run_dir / "tokenizer").is_dir():
+        raise ValueError(f"--checkpoint {path}: the run has no tokenizer/ folder to encode the prompt with")
+    try:
+        tokenizer = load_tokenizer_dir(run_dir / "tokenizer")
+    except (ValueError, TypeError, OSError) as e:
+        raise ValueError(f"--checkpoint {path}: cannot read its tokenizer/ ({e})") from None
+    return step_dir, tokenizer, int(step_dir.name.rpartition("-")[2])  # step-000200 -> 200 (checked by latest_checkpoint)
 
 
 def _check_save_init(save_init: str, checkpoint: str | None, sampling: dict) -> None:
@@ -118,8 +167,10 @@ def run(
             --preset with --checkpoint; --save-init with --checkpoint or a
             sampling option, or a PATH that cannot be written; --top-k or
             --top-p with --temperature 0 (greedy ignores them); sampling
-            values out of range; a missing --tokenizer file. All are checked
-            before a model is built; a prompt too long for the model after.
+            values out of range; a missing --tokenizer file; a run directory
+            with no checkpoint yet, or with --tokenizer (it has its own).
+            All are checked before a model is built; a prompt too long for
+            the model after.
     """
     from ..models.checkpoint import load_checkpoint, save_checkpoint
     from ..models.gpt import GPT, GPTConfig
@@ -134,7 +185,17 @@ def run(
         _check_save_init(save_init, checkpoint, sampling)
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
     tok = None if tokenizer is None else load_tokenizer(tokenizer)  # before the model: a missing file is refused at once
-    if checkpoint is not None:
+    found = None if checkpoint is None or save_init is not None else run_checkpoint(checkpoint)
+    if found is not None:
+        step_dir, run_tok, step = found
+        if tok is not None:
+            raise ValueError(
+                f"--checkpoint {checkpoint} is a training run with its own tokenizer; --tokenizer {tokenizer} cannot replace it"
+            )
+        model = load_checkpoint(step_dir)
+        tok = run_tok
+        source = f"run {checkpoint}, step {step} ({step_dir}), {tok.kind} tokenizer"
+    elif checkpoint is not None:
         model = load_checkpoint(checkpoint)
         source = f"checkpoint {checkpoint}"
     else:

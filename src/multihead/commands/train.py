@@ -1,0 +1,275 @@
+"""``multihead train``: train a GPT on a text corpus into a run directory.
+
+Every flag sets the ``TrainConfig`` field of the same name (``--batch-size``
+-> ``batch_size``); a flag that is not given leaves the field at the
+dataclass's own default, so the numbers live in one place
+(``multihead.train.config``)::
+
+    multihead train --preset tiny --max-steps 5 --attention-option window=16
+        -> TrainConfig(preset="tiny", max_steps=5, attention_options={"window": 16})
+
+``--attention-option K=V`` reads V as JSON when it parses as JSON (``16``,
+``0.5``, ``true``, ``null``, ``"16"``, ``[1, 2]``) and as a plain string
+otherwise (``mode=fast``); the flag repeats, one option each time.
+
+With ``--resume`` the fields not given on the command line come from the
+run's own ``config.json`` instead, so ``multihead train --out runs/x --resume
+--max-steps 2000`` continues run x with its settings and a longer schedule; a
+flag that changes what a step computes (``--lr``, ``--preset``, ...) is
+refused by the loop, which compares the config with the checkpoint's.
+
+Everything a user can get wrong is checked before anything is written: the
+configuration (``TrainConfig`` validates itself), the data file, the
+``--out`` folder and, with ``--resume``, that ``--out`` holds a checkpoint.
+Under ``torchrun`` every process runs the same command; only rank 0 prints
+the summary and the one-line error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shlex
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .paths import input_file, output_folder
+
+__all__ = ["FLAGS", "add_arguments", "parse_attention_options", "config_values", "run", "summary", "is_rank_zero"]
+
+BUILTIN_DATA = "shakespeare"
+TRY_PROMPT = "To be"
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One command-line flag and the ``TrainConfig`` field it sets."""
+
+    field: str
+    type: Callable[[str], Any]
+    metavar: str
+    help: str
+    when_none: str = ""  # what a None default means, for the help
+
+    @property
+    def name(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("data", str, "shakespeare|PATH", "'shakespeare' (the plays, split by play) or a UTF-8 text file"),
+    Flag("tokenizer", str, "bytes|bpe", "UTF-8 bytes (vocab 256) or byte-level BPE learned from the training text"),
+    Flag("vocab_size", int, "N", "BPE vocabulary size (>= 257)", "the tokenizer's own"),
+    Flag("preset", str, "NAME", "GPT preset (model size)"),
+    Flag("attention", str, "KIND", "attention kind of every block"),
+    Flag("context_length", int, "T", "tokens per sequence (at most the preset's)", "the preset's"),
+    Flag("batch_size", int, "B", "sequences per optimizer step, over all processes and micro-batches"),
+    Flag("grad_accum", int, "N", "micro-batches per optimizer step"),
+    Flag("max_steps", int, "N", "optimizer steps"),
+    Flag("lr", float, "LR", "peak learning rate (after warmup)"),
+    Flag("min_lr", float, "LR", "learning rate at the end of the cosine decay"),
+    Flag("warmup", int, "N", "steps of linear warmup"),
+    Flag("weight_decay", float, "W", "AdamW weight decay (matrices only)"),
+    Flag("grad_clip", float, "C", "clip the gradient norm to C (0 = no clipping)"),
+    Flag("beta1", float, "B1", "AdamW beta1"),
+    Flag("beta2", float, "B2", "AdamW beta2"),
+    Flag("dropout", float, "P", "dropout probability"),
+    Flag("eval_every", int, "N", "validation loss every N steps"),
+    Flag("eval_batches", int, "N", "validation batches per evaluation"),
+    Flag("log_every", int, "N", "a metrics line every N steps"),
+    Flag("checkpoint_every", int, "N", "a checkpoint every N steps (and at the end)"),
+    Flag("seed", int, "S", "seed of the weights, the batches and dropout"),
+    Flag("dtype", str, "float32|bfloat16", "compute dtype (bfloat16: autocast, float32 master weights)"),
+    Flag("out", str, "DIR", "run directory", "runs/<preset>-<attention>"),
+    Flag("threads", int, "N", "CPU threads per process", "the machine's cores shared by its processes"),
+    Flag("device", str, "auto|cpu|cuda", "where to train (auto: CUDA when available)"),
+)
+
+# Fields set by flags of another shape: --attention-option K=V (repeated).
+OTHER_FIELDS = ("attention_options",)
+
+
+def _default_text(config_type: type, flag: Flag) -> str:
+    """The dataclass default of ``flag.field`` for the help (never repeated here)."""
+    for f in dataclasses.fields(config_type):
+        if f.name == flag.field:
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                return "required"
+            return f"default {flag.when_none or 'derived'}" if value is None else f"default {value}"
+    return "not a TrainConfig field"
+
+
+def add_arguments(parser) -> None:
+    """Add the ``train`` flags to ``parser`` (an ``argparse.ArgumentParser``).
+
+    Every flag defaults to None, which means "TrainConfig's default"; the help
+    shows that default, read from the dataclass.
+    """
+    from ..train.config import TrainConfig
+
+    for flag in FLAGS:
+        parser.add_argument(
+            flag.name,
+            dest=flag.field,
+            type=flag.type,
+            metavar=flag.metavar,
+            help=f"{flag.help} ({_default_text(TrainConfig, flag)})",
+        )
+    parser.add_argument(
+        "--attention-option",
+        dest="attention_option",
+        action="append",
+        metavar="K=V",
+        help="option of the attention kind, V read as JSON when it parses (16, 0.5, true), else a string; repeat for more",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint (same config)"
+    )
+
+
+def parse_attention_options(items: list[str] | None) -> dict[str, Any]:
+    """``["window=16", "mode=fast"]`` -> ``{"window": 16, "mode": "fast"}``.
+
+    Raises:
+        ValueError: an item without ``=``, with an empty or non-identifier
+            key, or a key given twice.
+    """
+    options: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--attention-option {item!r}: expected K=V (e.g. num_kv_heads=2)")
+        if not key.isidentifier():
+            raise ValueError(f"--attention-option {item!r}: the option name {key!r} is not a valid name")
+        if key in options:
+            raise ValueError(f"--attention-option {key} is given twice ({key}={options[key]!r} and {item!r})")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        options[key] = value
+    return options
+
+
+def config_values(args) -> dict[str, Any]:
+    """The ``TrainConfig`` fields the command line sets (an ``argparse.Namespace`` in).
+
+    Raises:
+        ValueError: a malformed ``--attention-option``.
+    """
+    values = {f.field: getattr(args, f.field) for f in FLAGS if getattr(args, f.field, None) is not None}
+    options = getattr(args, "attention_option", None)
+    if options:
+        values["attention_options"] = parse_attention_options(options)
+    return values
+
+
+def is_rank_zero() -> bool:
+    """True in a plain process and in rank 0 of a ``torchrun`` launch."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank() == 0
+    except ImportError:  # pragma: no cover - torch without distributed support
+        pass
+    return os.environ.get("RANK", "0").strip() in ("", "0")
+
+
+def _check_inputs(config, *, resume: bool) -> None:
+    """Refuse a missing or empty data file, an unwritable --out, a --resume with nothing to resume."""
+    if config.data != BUILTIN_DATA:
+        path = input_file("--data", config.data, f"'{BUILTIN_DATA}' or a UTF-8 text file")
+        if path.stat().st_size == 0:
+            raise ValueError(f"--data {config.data}: the file is empty")
+    out = output_folder("--out", config.out)
+    if resume:
+        latest = out / "checkpoints" / "latest"
+        if not latest.is_file():
+            raise ValueError(f"--resume: --out {config.out} holds no checkpoint ({latest} does not exist)")
+
+
+def resume_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` over the saved ``config.json`` of the run they point to (``--resume``).
+
+    The run directory is ``values["out"]``, or TrainConfig's default ``out``
+    for the given preset and attention kind. Without a ``config.json`` there, ``values`` as they
+    are (the missing checkpoint is refused later, naming the folder).
+
+    Raises:
+        ValueError: an unreadable or invalid ``config.json``.
+    """
+    from ..models.safe_files import read_json_file
+    from ..train.config import TrainConfig
+
+    out = values.get("out")
+    if out is None:  # the default run directory depends on the preset and the attention kind only
+        out = TrainConfig(**{k: values[k] for k in ("preset", "attention") if k in values}).out
+    saved_path = Path(out) / "config.json"
+    if not saved_path.is_file():
+        return dict(values)
+    try:
+        saved = TrainConfig.from_dict(read_json_file(saved_path)).to_dict()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--resume: {saved_path} is not a training config ({e})") from None
+    return {**saved, **values, "out": out}
+
+
+def summary(result, config) -> list[str]:
+    """The lines printed after training: run dir, final validation loss, speed, what to try next."""
+    run_dir = str(result.run_dir)
+    loss = float(result.val_loss)
+    lines = [f"run: {run_dir}"]
+    if config.tokenizer == "bytes":  # one token is one byte: bits/byte = nats/token / ln 2
+        lines.append(f"final val loss: {loss:.4f} nats/token = {loss / math.log(2):.4f} bits/byte (step {result.steps})")
+    else:
+        lines.append(f"final val loss: {loss:.4f} nats/token (step {result.steps})")
+    lines.append(f"speed: {result.tokens_per_s:,.0f} tokens/s (training steps, all processes)")
+    lines.append(f"try: multihead generate --checkpoint {shlex.quote(run_dir)} {shlex.quote(TRY_PROMPT)}")
+    return lines
+
+
+def run(
+    values: Mapping[str, Any],
+    *,
+    resume: bool = False,
+    echo: Callable[[str], None] = print,
+    progress: bool | None = None,
+) -> int:
+    """Build the ``TrainConfig`` from ``values``, train, and ``echo`` the summary (rank 0 only).
+
+    Args:
+        values: ``TrainConfig`` fields given on the command line.
+        resume: continue the run in ``config.out`` from its latest checkpoint.
+        echo: where the summary goes (stdout).
+        progress: passed to ``train`` (None: the loop decides).
+
+    Returns:
+        The exit status, 0.
+
+    Raises:
+        ValueError, TypeError, OSError: a user mistake (the CLI prints one
+            line and exits with status 2); everything but the loop's own
+            refusals is checked before anything is written.
+    """
+    from ..train.config import TrainConfig
+
+    config = TrainConfig(**(resume_values(values) if resume else values))
+    _check_inputs(config, resume=resume)
+    from ..train.loop import train
+
+    result = train(config, resume=resume, progress=progress)
+    if is_rank_zero():
+        for line in summary(result, config):
+            echo(line)
+    sys.stdout.flush()
+    return 0

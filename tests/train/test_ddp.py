@@ -1,0 +1,81 @@
+"""Two data-parallel processes (torchrun, gloo) follow the one-process run
+with the same global batch, including across a resume."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from multihead.models.checkpoint import load_checkpoint
+from multihead.train import TrainConfig, load_training_state, train
+
+TEXT = "".join(f"all the world's a stage, scene {i % 6}, and all the men merely players.\n" for i in range(300))
+
+
+def tiny_config(tmp_path, **overrides) -> TrainConfig:
+    data = tmp_path / "text.txt"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    if not data.exists():
+        data.write_text(TEXT, encoding="utf-8")
+    # lr == min_lr after a one-step warm-up: a constant rate, so a run stopped
+    # at step 3 and extended to 6 follows the 6-step run
+    values = dict(
+        data=str(data), preset="tiny", context_length=16, batch_size=8, max_steps=6, lr=3e-3, min_lr=3e-3,
+        warmup=1, eval_every=3, eval_batches=2, log_every=1, checkpoint_every=3, out=str(tmp_path / "run"),
+        threads=1,
+    )
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+# Each rank: 3 steps, then a resume to 6, in one process group it owns
+# (train() leaves a group it did not create alone).
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch.distributed as dist
+    from multihead.train import TrainConfig, train
+    values = json.loads(sys.argv[1])
+    dist.init_process_group("gloo")
+    train(TrainConfig.from_dict({**values, "max_steps": 3}), progress=False)
+    train(TrainConfig.from_dict(values), resume=True, progress=False)
+    dist.destroy_process_group()
+    """
+)
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
+    # grad_accum 2 under DDP: each rank's 4 rows in two micro-batches of 2 (no_sync on the first)
+    parallel = tiny_config(tmp_path / "ddp", grad_accum=2)
+    script = tmp_path / "ddp_train.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
+    done = subprocess.run(
+        [*command, str(script), json.dumps(parallel.to_dict())], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    single = train(tiny_config(tmp_path / "one"), progress=False)
+    got, want = metrics(tmp_path / "ddp" / "run"), metrics(single.run_dir)
+    assert [m["step"] for m in got] == [m["step"] for m in want] == [1, 2, 3, 4, 5, 6]
+    for key in ("train_loss", "grad_norm", "lr"):
+        torch.testing.assert_close(torch.tensor([m[key] for m in got]), torch.tensor([m[key] for m in want]))
+    val = [[m["val_loss"] for m in rows if "val_loss" in m] for rows in (got, want)]
+    assert len(val[0]) == 2  # steps 3 and 6
+    torch.testing.assert_close(torch.tensor(val[0]), torch.tensor(val[1]))
+
+    final = tmp_path / "ddp" / "run" / "checkpoints" / "step-000006"
+    model = load_checkpoint(final)
+    trained = dict(single.model.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p, trained[name], msg=name)  # float32 tolerance: different sums
+    state = load_training_state(final)
+    assert state.world_size == 2 and set(state.rng) == {"cpu.0", "cpu.1"}

@@ -129,8 +129,9 @@ def _add_generate(sub) -> argparse.ArgumentParser:
             "directory of 'multihead train': its latest checkpoint and its own tokenizer), then sample a "
             "continuation of the prompt and print prompt + continuation. Byte-level models (vocab 256: "
             "the tiny and mini presets) read the prompt as UTF-8 bytes; other vocabularies need "
-            "--tokenizer tokenizer.json (a run directory brings its tokenizer). Untrained weights produce noise: this shows the decoding "
-            "machinery (KV cache, temperature, top-k, top-p), not a language model. --save-init only "
+            "--tokenizer tokenizer.json (a run directory brings its tokenizer). A preset's untrained "
+            "weights produce noise: they show the decoding machinery (KV cache, temperature, top-k, "
+            "top-p), not a language model. --save-init only "
             "saves the model, so the sampling options cannot go with it."
         ),
         epilog=_GENERATE_EXAMPLES,
@@ -225,7 +226,9 @@ def _generate(args: argparse.Namespace) -> int:
     from .commands.generate import run
 
     if args.text is not None and args.prompt is not None:
-        raise ValueError(f"give the prompt once, as PROMPT or --prompt (got {args.text!r} and --prompt {args.prompt!r})")
+        raise ValueError(
+            f"give the prompt once, as PROMPT or --prompt (got {args.text!r} and --prompt {args.prompt!r})"
+        )
     return run(
         preset=args.preset,
         checkpoint=args.checkpoint,

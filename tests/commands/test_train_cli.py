@@ -124,8 +124,11 @@ def test_help_examples_parse_into_configs(monkeypatch):
     "items,want",
     [
         (["num_kv_heads=2"], {"num_kv_heads": 2}),
-        (["scale=0.5", "flag=true", "off=false", "none=null"], {"scale": 0.5, "flag": True, "off": False, "none": None}),
-        (["mode=fast", "quoted=\"16\"", "empty="], {"mode": "fast", "quoted": "16", "empty": ""}),
+        (
+            ["scale=0.5", "flag=true", "off=false", "none=null"],
+            {"scale": 0.5, "flag": True, "off": False, "none": None},
+        ),
+        (["mode=fast", 'quoted="16"', "empty="], {"mode": "fast", "quoted": "16", "empty": ""}),
         (["sizes=[1, 2]", "expr=a=b"], {"sizes": [1, 2], "expr": "a=b"}),
         ([" window =16"], {"window": 16}),
     ],
@@ -246,7 +249,9 @@ def bpe_run(tmp_path_factory):
     data = write_text(folder / "text.txt", seed=1)
     run = folder / "run"
     steps = ["--max-steps", "2", "--eval-every", "2", "--checkpoint-every", "2"]
-    rc, out, err = train_quietly("--data", str(data), "--tokenizer", "bpe", "--vocab-size", "300", *TINY, *steps, "--out", str(run))
+    rc, out, err = train_quietly(
+        "--data", str(data), "--tokenizer", "bpe", "--vocab-size", "300", *TINY, *steps, "--out", str(run)
+    )
     assert rc == 0, err
     return run, out
 

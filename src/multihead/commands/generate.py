@@ -106,7 +106,8 @@ def run_checkpoint(path: str) -> tuple[Path, object, int] | None:
         tokenizer = load_tokenizer_dir(run_dir / "tokenizer")
     except (ValueError, TypeError, OSError) as e:
         raise ValueError(f"--checkpoint {path}: cannot read its tokenizer/ ({e})") from None
-    return step_dir, tokenizer, int(step_dir.name.rpartition("-")[2])  # step-000200 -> 200 (checked by latest_checkpoint)
+    step = int(step_dir.name.rpartition("-")[2])  # step-000200 -> 200 (the name is checked by latest_checkpoint)
+    return step_dir, tokenizer, step
 
 
 def _check_save_init(save_init: str, checkpoint: str | None, sampling: dict) -> None:
@@ -190,7 +191,8 @@ def run(
         step_dir, run_tok, step = found
         if tok is not None:
             raise ValueError(
-                f"--checkpoint {checkpoint} is a training run with its own tokenizer; --tokenizer {tokenizer} cannot replace it"
+                f"--checkpoint {checkpoint} is a training run with its own tokenizer; "
+                f"--tokenizer {tokenizer} cannot replace it"
             )
         model = load_checkpoint(step_dir)
         tok = run_tok

@@ -230,7 +230,9 @@ def summary(result, config) -> list[str]:
     loss = float(result.val_loss)
     lines = [f"run: {run_dir}"]
     if config.tokenizer == "bytes":  # one token is one byte: bits/byte = nats/token / ln 2
-        lines.append(f"final val loss: {loss:.4f} nats/token = {loss / math.log(2):.4f} bits/byte (step {result.steps})")
+        lines.append(
+            f"final val loss: {loss:.4f} nats/token = {loss / math.log(2):.4f} bits/byte (step {result.steps})"
+        )
     else:
         lines.append(f"final val loss: {loss:.4f} nats/token (step {result.steps})")
     lines.append(f"speed: {result.tokens_per_s:,.0f} tokens/s (training steps, all processes)")

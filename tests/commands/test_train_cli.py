@@ -159,6 +159,8 @@ def test_rank_zero(monkeypatch):
     assert is_rank_zero()
     monkeypatch.setenv("RANK", "1")
     assert not is_rank_zero()
+    monkeypatch.setenv("RANK", "one")  # refused by the loop, so this process must say so
+    assert is_rank_zero()
 
 
 # -- mistakes: exit 2, one line, nothing written ----------------------------------------------------

@@ -182,7 +182,10 @@ def is_rank_zero() -> bool:
             return dist.get_rank() == 0
     except ImportError:  # pragma: no cover - torch without distributed support
         pass
-    return os.environ.get("RANK", "0").strip() in ("", "0")
+    try:
+        return int(os.environ.get("RANK", "0") or "0") == 0
+    except ValueError:  # a malformed RANK: speak, so the loop's refusal of it is seen
+        return True
 
 
 def _check_inputs(config, *, resume: bool) -> None:

@@ -5,8 +5,8 @@ Every flag sets the ``TrainConfig`` field of the same name (``--batch-size``
 dataclass's own default, so the numbers live in one place
 (``multihead.train.config``)::
 
-    multihead train --preset tiny --max-steps 5 --attention-option window=16
-        -> TrainConfig(preset="tiny", max_steps=5, attention_options={"window": 16})
+    multihead train --preset tiny --attention gqa --attention-option num_kv_heads=2
+        -> TrainConfig(preset="tiny", attention="gqa", attention_options={"num_kv_heads": 2})
 
 ``--attention-option K=V`` reads V as JSON when it parses as JSON (``16``,
 ``0.5``, ``true``, ``null``, ``"16"``, ``[1, 2]``) and as a plain string
@@ -39,7 +39,10 @@ from typing import Any
 
 from .paths import input_file, output_folder
 
-__all__ = ["FLAGS", "add_arguments", "parse_attention_options", "config_values", "run", "summary", "is_rank_zero"]
+__all__ = [
+    "FLAGS", "OTHER_FIELDS", "add_arguments", "parse_attention_options", "config_values", "resume_values", "run",
+    "summary", "is_rank_zero",
+]  # fmt: skip
 
 BUILTIN_DATA = "shakespeare"
 TRY_PROMPT = "To be"
@@ -205,8 +208,9 @@ def resume_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` over the saved ``config.json`` of the run they point to (``--resume``).
 
     The run directory is ``values["out"]``, or TrainConfig's default ``out``
-    for the given preset and attention kind. Without a ``config.json`` there, ``values`` as they
-    are (the missing checkpoint is refused later, naming the folder).
+    for the given preset and attention kind. Without a ``config.json``
+    there, ``values`` as they are (the missing checkpoint is refused later,
+    naming the folder).
 
     Raises:
         ValueError: an unreadable or invalid ``config.json``.

@@ -32,7 +32,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
             '  multihead inspect "The law will never be perfect, but its application should be just."\n'
             "  multihead textbook\n"
             "  multihead generate --preset tiny --max-new-tokens 20 --seed 0\n"
-            "  multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny"
+            "  multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny\n"
+            "  multihead compare --attention mha,gqa,mqa --max-steps 300 --out runs/compare"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -43,6 +44,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "inspect": _add_inspect(sub),
         "generate": _add_generate(sub),
         "train": _add_train(sub),
+        "compare": _add_compare(sub),
     }
     return parser, subs
 
@@ -201,6 +203,36 @@ def _add_train(sub) -> argparse.ArgumentParser:
     return tr
 
 
+_COMPARE_EXAMPLES = """examples:
+  multihead compare                                   # every kind, 2 seeds, about 18 minutes
+  multihead compare --attention mha,gqa,mqa --seeds 0 --max-steps 300 --out runs/compare
+  multihead compare --quick --attention mha,moh --out /tmp/compare
+"""
+
+
+def _add_compare(sub) -> argparse.ArgumentParser:
+    from .commands.compare import add_arguments
+
+    cmp = sub.add_parser(
+        "compare",
+        help="train one GPT per attention kind on the same data and budget; table, JSON and plot",
+        description=(
+            "Train the same GPT once per attention kind and seed (same preset, data, tokenizer, batches "
+            "and steps; kinds that change the parameter count get an MLP width that restores the MHA "
+            "model's count), each in its own process, then write compare.md, compare.json and "
+            "compare.png: final validation loss (spread over seeds), parameters, training tokens/s, "
+            "attention FLOPs per token (prefill and decode) and KV-cache bytes per token from each "
+            "layer's cost(), and peak memory. --budget-minutes turns a wall-clock budget into steps "
+            "by timing each kind first. The training flags of 'multihead train' set the shared "
+            "setting. See docs/compare.md."
+        ),
+        epilog=_COMPARE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(cmp)
+    return cmp
+
+
 def _textbook(args: argparse.Namespace) -> int:
     from .commands.textbook import run
 
@@ -249,7 +281,15 @@ def _train(args: argparse.Namespace) -> int:
     return run(config_values(args), resume=args.resume)
 
 
-_COMMANDS = {"textbook": _textbook, "inspect": _inspect, "generate": _generate, "train": _train}
+def _compare(args: argparse.Namespace) -> int:
+    import shlex
+
+    from .commands.compare import run
+
+    return run(args, command=" ".join(["multihead", *map(shlex.quote, sys.argv[1:])]))
+
+
+_COMMANDS = {"textbook": _textbook, "inspect": _inspect, "generate": _generate, "train": _train, "compare": _compare}
 
 
 def _one_line(error: BaseException) -> str:

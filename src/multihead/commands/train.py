@@ -81,6 +81,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("beta1", float, "B1", "AdamW beta1"),
     Flag("beta2", float, "B2", "AdamW beta2"),
     Flag("dropout", float, "P", "dropout probability"),
+    Flag("mlp_dim", int, "M", "MLP hidden width", "4 x the preset's width"),
     Flag("eval_every", int, "N", "validation loss every N steps"),
     Flag("eval_batches", int, "N", "validation batches per evaluation"),
     Flag("log_every", int, "N", "a metrics line every N steps"),

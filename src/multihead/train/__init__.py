@@ -10,17 +10,23 @@ Files:
     config.py        the flat training configuration.
     loop.py          the training loop (evaluation, logging, resume).
     checkpoint.py    crash-safe training checkpoints.
-    compare_plan.py  which models ``multihead compare`` trains.
+    compare.py       ``multihead compare``: one run per attention kind and seed,
+                     each in its own process (compare_plan.py: which models,
+                     size-matched, and their costs; compare_report.py: the
+                     table, JSON and plot).
 """
 
 from .batches import Batches, read_tokens, val_batches, write_tokens
-from .corpus import Corpus, cache_dir, load_corpus, shakespeare_plays
 from .checkpoint import latest_checkpoint, load_training_state
+from .compare import CompareConfig, compare
 from .config import TrainConfig, learning_rate
+from .corpus import Corpus, cache_dir, load_corpus, shakespeare_plays
 from .loop import TrainResult, parameter_groups, train
 from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer_dir, train_tokenizer
 
 __all__ = [
+    "CompareConfig",
+    "compare",
     "Corpus",
     "cache_dir",
     "load_corpus",

@@ -71,6 +71,8 @@ class TrainConfig:
         context_length: T of the training sequences; None takes the preset's,
             and a longer one than the preset's is refused.
         dropout: dropout probability of the model in training mode.
+        mlp_dim: the MLP hidden width (None: the preset's, 4 x its width);
+            ``multihead compare`` sets it to match parameter counts.
 
     Optimisation (AdamW, decoupled weight decay on the 2-D+ weights of the
     linear layers only; see ``multihead.train.loop``):
@@ -123,6 +125,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     dropout: float = 0.0
+    mlp_dim: int | None = None
     eval_every: int = 250
     eval_batches: int = 10
     log_every: int = 10
@@ -166,6 +169,8 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "max_steps", "eval_every", "eval_batches", "log_every"):
             positive_int(name, getattr(self, name))
         positive_int("checkpoint_every", self.checkpoint_every)
+        if self.mlp_dim is not None:
+            positive_int("mlp_dim", self.mlp_dim)
         non_negative_int("warmup", self.warmup)
         non_negative_int("seed", self.seed)
         if self.batch_size % self.grad_accum != 0:

@@ -343,6 +343,7 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
     gpt_config = GPTConfig.from_preset(
         config.preset, vocab_size=tokenizer.vocab_size, context_length=config.context_length,
         attention=config.attention, attention_options=dict(config.attention_options), dropout=config.dropout,
+        mlp_dim=config.mlp_dim,
     )
     model = GPT(gpt_config, device=device)
     optimizer = torch.optim.AdamW(

@@ -1,0 +1,131 @@
+"""Which models ``multihead compare`` trains: one per attention kind, matched in size.
+
+Every kind is trained in the same GPT (same preset, data, tokenizer, seed and
+token budget); only the attention layer changes. Its options are the
+defaults of :func:`kind_options`, chosen so each kind is what its paper
+calls it at this width (GQA: half as many key/value heads as query heads).
+
+Size rule: a kind that changes the parameter count (GQA/MQA remove key/value
+projections, DCMHA adds its weight generator, overlapping heads widen the
+output projection, ...) gets an MLP hidden width ``mlp_dim`` solved so that
+the whole model has as many parameters as the MHA model, to the nearest
+whole hidden unit:
+
+    params(M) = params_without_mlp + L * (2 * C * M + M + C)      (fc, proj, their biases)
+    M = round((params(MHA) - params_without_mlp - L * C) / (L * (2 * C + 1)))
+
+A kind within ``MATCH_TOLERANCE`` (0.5 %) of the MHA count keeps 4C.
+Attention FLOPs and KV-cache bytes per token come from each layer's own
+``cost()`` (``modules.cost`` conventions), summed over the L layers:
+
+    prefill FLOPs/token = cost(T=context, causal=True).total_flops / context
+    decode FLOPs/token  = cost(T=1, S=context).core_flops       (the last position attends
+                          + cost(T=1, S=1).projection_flops      to the cache; only its own
+                                                                  token is projected)
+    KV bytes/token      = cost(...).kv_cache_bytes_per_token at 2 bytes per element
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..models.gpt import GPT, GPTConfig
+from ..modules.registry import list_attention_kinds
+
+__all__ = ["DEFAULT_KINDS", "kind_options", "MATCH_TOLERANCE", "KindPlan", "plan_kind", "parse_kinds"]
+
+DEFAULT_KINDS = ("mha", "gqa", "mqa", "moh", "dcmha", "talking_heads", "overlapping", "collaborative", "gated")
+MATCH_TOLERANCE = 0.005
+
+
+def kind_options(kind: str, num_heads: int) -> dict[str, Any]:
+    """The attention options a comparison builds ``kind`` with, for ``num_heads`` heads."""
+    if kind == "gqa":
+        return {"num_kv_heads": max(1, num_heads // 2)}
+    if kind == "overlapping":
+        return {"overlap": 1}
+    return {}
+
+
+@dataclass(frozen=True)
+class KindPlan:
+    """One kind's model in a comparison.
+
+    Attributes:
+        kind: the attention kind.
+        attention_options: its options (``kind_options``).
+        mlp_dim: the MLP hidden width (None: 4C, the MHA model's).
+        parameters: parameters of the whole model (tied embeddings counted once).
+        mha_parameters: the MHA model's count, the target.
+        prefill_flops_per_token, decode_flops_per_token: attention FLOPs over
+            all layers (projections included), per token.
+        kv_cache_bytes_per_token: over all layers, at 2 bytes per element.
+    """
+
+    kind: str
+    attention_options: dict[str, Any]
+    mlp_dim: int | None
+    parameters: int
+    mha_parameters: int
+    prefill_flops_per_token: float
+    decode_flops_per_token: int
+    kv_cache_bytes_per_token: int
+
+
+def parse_kinds(text: str) -> tuple[str, ...]:
+    """"mha,gqa" -> ("mha", "gqa"); every name must be a registered kind, once.
+
+    Raises:
+        ValueError: an empty list, an unknown kind (listing the known ones) or a repeat.
+    """
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if not kinds:
+        raise ValueError(f"--attention needs at least one kind, got {text!r}")
+    unknown = [k for k in kinds if k not in list_attention_kinds()]
+    if unknown:
+        raise ValueError(f"unknown attention kind(s) {unknown}; known: {list_attention_kinds()}")
+    repeated = sorted({k for k in kinds if kinds.count(k) > 1})
+    if repeated:
+        raise ValueError(f"attention kind(s) {repeated} given more than once in {text!r}")
+    return kinds
+
+
+def _model(config: GPTConfig) -> GPT:
+    with torch.device("meta"):  # sizes only: no memory, no random numbers
+        return GPT(config)
+
+
+def plan_kind(base: GPTConfig, kind: str) -> KindPlan:
+    """The size-matched model of ``kind`` for the MHA model ``base`` (see the module docstring)."""
+    options = kind_options(kind, base.num_heads)
+    mha = _model(GPTConfig.from_dict({**base.to_dict(), "attention": "mha", "attention_options": {}, "mlp_dim": None}))
+    target = mha.num_parameters()
+    config = GPTConfig.from_dict({**base.to_dict(), "attention": kind, "attention_options": options, "mlp_dim": None})
+    model = _model(config)
+    count = model.num_parameters()
+    mlp_dim = None
+    if abs(count - target) > MATCH_TOLERANCE * target:
+        L, C = config.num_layers, config.embed_dim
+        M = 4 * C
+        without_mlp = count - L * (2 * C * M + M + C)
+        mlp_dim = max(1, round((target - without_mlp - L * C) / (L * (2 * C + 1))))
+        config = GPTConfig.from_dict({**config.to_dict(), "mlp_dim": mlp_dim})
+        model = _model(config)
+        count = model.num_parameters()
+    attn, T, L = model.blocks[0].attn, config.context_length, config.num_layers
+    prefill = attn.cost(T, causal=True)
+    decode = attn.cost(1, T)
+    decode_flops = decode.core_flops + attn.cost(1, 1).projection_flops  # keys/values of the past are cached
+    return KindPlan(
+        kind=kind,
+        attention_options=options,
+        mlp_dim=mlp_dim,
+        parameters=count,
+        mha_parameters=target,
+        prefill_flops_per_token=L * prefill.total_flops / T,
+        decode_flops_per_token=L * decode_flops,
+        kv_cache_bytes_per_token=L * decode.kv_cache_bytes_per_token,
+    )

@@ -1,0 +1,116 @@
+"""The files ``multihead compare`` writes: compare.json, compare.md and compare.png.
+
+Each is written to a temporary name and renamed (``models.safe_files``), so a
+crash leaves the previous file or the new one. The JSON holds everything the
+other two show: per kind its plan (``compare_plan.KindPlan``), the final
+validation loss of every seed, the validation curves, training tokens/s and
+peak memory.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..models.safe_files import write_bytes_atomic, write_text_atomic
+
+__all__ = ["summarize_kind", "write_reports", "markdown_table"]
+
+
+def summarize_kind(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One kind's row: its plan plus the runs' losses, speeds and memory.
+
+    Args:
+        plan: ``dataclasses.asdict(KindPlan)``.
+        runs: per seed {"seed", "val_loss", "curve" [[step, val_loss], ...],
+            "tokens_per_s", "peak_memory_bytes"}.
+    """
+    losses = [r["val_loss"] for r in runs]
+    return {
+        **plan,
+        "seeds": [r["seed"] for r in runs],
+        "val_loss": losses,
+        "val_loss_mean": statistics.fmean(losses),
+        "val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in runs),
+        "curves": {str(r["seed"]): r["curve"] for r in runs},
+    }
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The comparison as a markdown table, best validation loss first."""
+    head = (
+        "| kind | val loss (nats/token) | params | MLP width | tokens/s | attn FLOPs/token prefill | "
+        "decode | KV bytes/token | peak memory |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in sorted(rows, key=lambda r: r["val_loss_mean"]):
+        spread = f" ± {r['val_loss_std']:.3f}" if len(r["val_loss"]) > 1 else ""
+        lines.append(
+            f"| {r['kind']} | {r['val_loss_mean']:.3f}{spread} | {_si(r['parameters'])} | "
+            f"{r['mlp_dim'] or '4C'} | {r['tokens_per_s']:.0f} | {_si(r['prefill_flops_per_token'])} | "
+            f"{_si(r['decode_flops_per_token'])} | {r['kv_cache_bytes_per_token']} | "
+            f"{r['peak_memory_bytes'] / 2**20:.0f} MiB |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict[str, Any]]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (curves, kv) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in rows:
+        steps = sorted({s for curve in r["curves"].values() for s, _ in curve})
+        mean = []
+        for s in steps:
+            vals = [v for curve in r["curves"].values() for t, v in curve if t == s]
+            mean.append(statistics.fmean(vals))
+        curves.plot(steps, mean, label=r["kind"], marker="." if len(steps) < 20 else None)
+        kv.errorbar(r["kv_cache_bytes_per_token"], r["val_loss_mean"], yerr=r["val_loss_std"] or None, fmt="o")
+        kv.annotate(r["kind"], (r["kv_cache_bytes_per_token"], r["val_loss_mean"]),
+                    textcoords="offset points", xytext=(4, 4), fontsize=8)  # fmt: skip
+    curves.set(xlabel="step", ylabel="validation loss (nats/token)", title="validation loss, mean over seeds")
+    curves.legend(fontsize=8)
+    kv.set(xlabel="KV-cache bytes per token (all layers, 2 bytes/element)", ylabel="final validation loss",
+           title="loss against KV-cache size")  # fmt: skip
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_reports(out: Path, rows: list[dict[str, Any]], header: dict[str, Any]) -> dict[str, Path]:
+    """Write compare.json, compare.md and compare.png into ``out``; return their paths.
+
+    Args:
+        out: the comparison directory.
+        rows: ``summarize_kind`` results.
+        header: what was run (command, machine, date, preset, steps, tokens per run, ...).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    bad = [r["kind"] for r in rows if not math.isfinite(r["val_loss_mean"])]
+    data = {**header, "kinds": {r["kind"]: r for r in rows}, "non_finite": bad}
+    paths = {
+        "json": write_text_atomic(out / "compare.json", json.dumps(data, indent=2) + "\n"),
+        "png": write_bytes_atomic(out / "compare.png", _plot(rows)),
+    }
+    described = "\n".join(f"- {k}: {v}" for k, v in header.items())
+    md = f"# Attention kinds compared\n\n{described}\n\n{markdown_table(rows)}\n![curves](compare.png)\n"
+    paths["md"] = write_text_atomic(out / "compare.md", md)
+    return paths

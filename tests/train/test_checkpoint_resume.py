@@ -24,9 +24,22 @@ def tiny_config(tmp_path, **overrides) -> TrainConfig:
         data.write_text(TEXT, encoding="utf-8")
     # dropout and grad_accum > 1: the generator state and micro-batches must be restored too
     values = dict(
-        data=str(data), preset="tiny", context_length=16, batch_size=4, grad_accum=2, max_steps=12, lr=3e-3,
-        min_lr=3e-4, warmup=2, dropout=0.1, eval_every=4, eval_batches=2, log_every=1, checkpoint_every=3,
-        out=str(tmp_path / "run"), threads=1,
+        data=str(data),
+        preset="tiny",
+        context_length=16,
+        batch_size=4,
+        grad_accum=2,
+        max_steps=12,
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup=2,
+        dropout=0.1,
+        eval_every=4,
+        eval_batches=2,
+        log_every=1,
+        checkpoint_every=3,
+        out=str(tmp_path / "run"),
+        threads=1,
     )
     values.update(overrides)
     return TrainConfig(**values)

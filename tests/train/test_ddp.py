@@ -23,8 +23,19 @@ def tiny_config(tmp_path, **overrides) -> TrainConfig:
     # lr == min_lr after a one-step warm-up: a constant rate, so a run stopped
     # at step 3 and extended to 6 follows the 6-step run
     values = dict(
-        data=str(data), preset="tiny", context_length=16, batch_size=8, max_steps=6, lr=3e-3, min_lr=3e-3,
-        warmup=1, eval_every=3, eval_batches=2, log_every=1, checkpoint_every=3, out=str(tmp_path / "run"),
+        data=str(data),
+        preset="tiny",
+        context_length=16,
+        batch_size=8,
+        max_steps=6,
+        lr=3e-3,
+        min_lr=3e-3,
+        warmup=1,
+        eval_every=3,
+        eval_batches=2,
+        log_every=1,
+        checkpoint_every=3,
+        out=str(tmp_path / "run"),
         threads=1,
     )
     values.update(overrides)

@@ -24,8 +24,19 @@ def tiny_config(tmp_path, **overrides) -> TrainConfig:
     if not data.exists():
         data.write_text(TEXT, encoding="utf-8")
     values = dict(
-        data=str(data), preset="tiny", context_length=16, batch_size=4, max_steps=20, lr=3e-3, min_lr=3e-4,
-        warmup=2, eval_every=5, eval_batches=2, log_every=2, checkpoint_every=5, out=str(tmp_path / "run"),
+        data=str(data),
+        preset="tiny",
+        context_length=16,
+        batch_size=4,
+        max_steps=20,
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup=2,
+        eval_every=5,
+        eval_batches=2,
+        log_every=2,
+        checkpoint_every=5,
+        out=str(tmp_path / "run"),
         threads=1,
     )
     values.update(overrides)

@@ -141,7 +141,9 @@ def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any
         ValueError: malformed metadata or tensor names (the message names ``source``).
     """
     groups, scalars = meta.get("param_groups"), meta.get("scalars", {})
-    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups
+    ):
         raise ValueError(f"{source}: the optimizer param_groups are not a list of groups with 'params' lists")
     if not isinstance(scalars, dict) or not all(isinstance(v, dict) for v in scalars.values()):
         raise ValueError(f"{source}: the optimizer scalars are not an object of objects")
@@ -155,9 +157,7 @@ def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any
         if not index.isdigit():
             raise ValueError(f"{source}: optimizer scalars for a non-integer parameter index {index!r}")
         state.setdefault(int(index), {}).update(entries)
-    param_groups = [
-        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()} for g in groups
-    ]
+    param_groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()} for g in groups]
     return {"state": state, "param_groups": param_groups}
 
 

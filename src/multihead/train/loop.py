@@ -157,7 +157,9 @@ def _prepare_data(config: TrainConfig, run_dir: Path, world: _World, resume: boo
     if world.main and not resume:
         corpus = load_corpus(config.data)
         tokenizer = train_tokenizer(config.tokenizer, corpus.train, config.vocab_size)
-        splits = {name: np.asarray(tokenizer.encode(text)) for name, text in (("train", corpus.train), ("val", corpus.val))}
+        splits = {
+            name: np.asarray(tokenizer.encode(text)) for name, text in (("train", corpus.train), ("val", corpus.val))
+        }
         for name, ids in splits.items():
             _batches_or_error(ids, config, name)  # refuse before anything is written
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -336,19 +338,29 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
     batches = _batches_or_error(train_tokens, config, "train")
     _batches_or_error(val_tokens, config, "val")
     val_sets = val_batches(
-        val_tokens, batch_size=config.batch_size, context_length=config.context_length,
-        num_batches=config.eval_batches, seed=VAL_SEED,
+        val_tokens,
+        batch_size=config.batch_size,
+        context_length=config.context_length,
+        num_batches=config.eval_batches,
+        seed=VAL_SEED,
     )
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     gpt_config = GPTConfig.from_preset(
-        config.preset, vocab_size=tokenizer.vocab_size, context_length=config.context_length,
-        attention=config.attention, attention_options=dict(config.attention_options), dropout=config.dropout,
+        config.preset,
+        vocab_size=tokenizer.vocab_size,
+        context_length=config.context_length,
+        attention=config.attention,
+        attention_options=dict(config.attention_options),
+        dropout=config.dropout,
         mlp_dim=config.mlp_dim,
     )
     model = GPT(gpt_config, device=device)
     optimizer = torch.optim.AdamW(
-        parameter_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2),
-        eps=_ADAM_EPS, fused=False,
+        parameter_groups(model, config.weight_decay),
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        eps=_ADAM_EPS,
+        fused=False,
     )
     params = [p for g in optimizer.param_groups for p in g["params"]]
     torch.manual_seed(config.seed + 1 + world.rank)  # dropout and gate noise, per rank
@@ -394,7 +406,9 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
                 group["lr"] = lr
             sums = torch.zeros(2, device=device)  # (LM loss, aux loss) summed over micro-batches
             for micro in range(config.grad_accum):
-                x, y = batches.get(step, micro=micro, grad_accum=config.grad_accum, rank=world.rank, world_size=world.size)
+                x, y = batches.get(
+                    step, micro=micro, grad_accum=config.grad_accum, rank=world.rank, world_size=world.size
+                )
                 x, y = x.to(device), y.to(device)
                 last = micro == config.grad_accum - 1
                 sync = contextlib.nullcontext() if last or world.size == 1 else net.no_sync()
@@ -424,8 +438,12 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
             tokens_per_s = log_tokens / log_time if log_time > 0 else 0.0
             if logged and metrics is not None:
                 record = {
-                    "step": n, "train_loss": train_loss, "aux_loss": aux_loss, "lr": lr,
-                    "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_s,
+                    "step": n,
+                    "train_loss": train_loss,
+                    "aux_loss": aux_loss,
+                    "lr": lr,
+                    "grad_norm": float(grad_norm),
+                    "tokens_per_s": tokens_per_s,
                     "elapsed_s": elapsed_before + train_time,
                 }
                 if evaluate:
@@ -438,8 +456,14 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
                 rng = _rng_states(world, device)  # collective: every rank
                 if world.main:
                     ckpt.save_training_checkpoint(
-                        run_dir, step=n, model=model, optimizer_state=optimizer.state_dict(), config=config,
-                        rng=rng, tokens_seen=tokens_seen, elapsed_s=elapsed_before + train_time,
+                        run_dir,
+                        step=n,
+                        model=model,
+                        optimizer_state=optimizer.state_dict(),
+                        config=config,
+                        rng=rng,
+                        tokens_seen=tokens_seen,
+                        elapsed_s=elapsed_before + train_time,
                         world_size=world.size,
                     )
                 world.barrier()

@@ -49,7 +49,8 @@ class Progress:
     def _open_bar(self) -> None:
         try:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
             self._rich = RichProgress(
                 TextColumn("step {task.completed}/{task.total}"),

@@ -198,7 +198,7 @@ def test_mlp_width_other_than_4c_matches_hugging_face():
 
 # ------------------------------------------------------------------ presets
 def test_preset_sizes():
-    assert set(GPT_PRESETS) == {"gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny", "mini"}
+    assert set(GPT_PRESETS) == {"gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny", "mini", "shakespeare-cpu"}
     sizes = {n: (c.embed_dim, c.num_layers, c.num_heads) for n in GPT_PRESETS for c in [GPTConfig.from_preset(n)]}
     assert sizes == {
         "gpt2-small": (768, 12, 12),
@@ -207,6 +207,7 @@ def test_preset_sizes():
         "gpt2-xl": (1600, 48, 25),
         "tiny": (64, 2, 4),
         "mini": (128, 4, 4),
+        "shakespeare-cpu": (256, 6, 4),
     }
     assert GPTConfig.from_preset("tiny").vocab_size == 256 and GPTConfig.from_preset("mini").context_length == 256
     assert GPTConfig.from_preset("gpt2-small").vocab_size == 50257

@@ -17,12 +17,17 @@ both models the same way, so the two steps do the same arithmetic. The
 Hugging Face attention is ``attn_implementation="eager"`` (its explicit
 scores, mask and softmax) in one scenario and ``"sdpa"`` (torch's
 ``scaled_dot_product_attention``) in the other; multihead always takes its
-default path (the sdpa backend with ``is_causal``).
+default path (the sdpa backend with ``is_causal``). GPT-2's configs name
+``activation_function="gelu_new"``, which Hugging Face computes as a chain
+of elementwise ops in Python (``NewGELUActivation``); one scenario gives it
+``"gelu_pytorch_tanh"`` instead, the same function in one torch kernel,
+which is what multihead's MLP calls (``F.gelu(approximate="tanh")``).
 
 Scenarios: the byte-level model a 2-core CPU trains (vocab 256, 6 layers,
 width 256, 8 heads, context 128, batch 12) and the ``tiny`` / ``mini``
 presets of ``GPT_PRESETS`` (batch 12, their full context), each against
-both Hugging Face attention implementations.
+both Hugging Face attention implementations; the byte-level model also
+against Hugging Face with sdpa and the fused GELU.
 
 Before timing, one forward + backward of each model on the batch is
 compared: the losses with ``torch.testing.assert_close`` (float32 defaults)
@@ -85,7 +90,11 @@ def build(config: dict[str, Any]) -> tuple[GPT, nn.Module]:
             if name.endswith("bias") or ".ln_" in name or name.startswith("ln_f"):
                 p.add_(0.1 * torch.randn_like(p))
     # bos/eos ids inside the vocabulary (GPT-2's 50256 is not in a byte vocab); unused here.
-    hf_config = GPT2Config(**cfg.to_hf_config(), bos_token_id=0, eos_token_id=0, attn_implementation=impl)
+    act = config["hf_activation"]
+    if act not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"hf_activation must be 'gelu_new' or 'gelu_pytorch_tanh', got {act!r}")
+    hf_kwargs = {**cfg.to_hf_config(), "activation_function": act}
+    hf_config = GPT2Config(**hf_kwargs, bos_token_id=0, eos_token_id=0, attn_implementation=impl)
     hf = GPT2LMHeadModel(hf_config)
     hf.load_state_dict(gpt_to_hf_state_dict(ours))
     if hf.config._attn_implementation != impl:
@@ -125,6 +134,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, *, atol: float | No
         "batch": 12,
         "seq": None,  # None: the model's context length
         "attn_implementation": "eager",
+        "hf_activation": "gelu_new",  # GPT-2's; "gelu_pytorch_tanh": the same function, one torch kernel
         "lr": 3e-4,
         "weight_decay": 0.1,
         "seed": 0,
@@ -143,6 +153,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, *, atol: float | No
     scenarios={
         "byte 6x256 h8, HF eager": {"attn_implementation": "eager"},
         "byte 6x256 h8, HF sdpa": {"attn_implementation": "sdpa"},
+        "byte 6x256 h8, HF sdpa + fused gelu": {"attn_implementation": "sdpa", "hf_activation": "gelu_pytorch_tanh"},
         "tiny, HF eager": {"preset": "tiny", "attn_implementation": "eager"},
         "tiny, HF sdpa": {"preset": "tiny", "attn_implementation": "sdpa"},
         "mini, HF eager": {"preset": "mini", "attn_implementation": "eager"},

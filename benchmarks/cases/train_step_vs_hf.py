@@ -24,10 +24,11 @@ of elementwise ops in Python (``NewGELUActivation``); one scenario gives it
 which is what multihead's MLP calls (``F.gelu(approximate="tanh")``).
 
 Scenarios: the byte-level model a 2-core CPU trains (vocab 256, 6 layers,
-width 256, 8 heads, context 128, batch 12) and the ``tiny`` / ``mini``
-presets of ``GPT_PRESETS`` (batch 12, their full context), each against
-both Hugging Face attention implementations; the byte-level model also
-against Hugging Face with sdpa and the fused GELU.
+width 256, 8 heads, context 128, batch 12) and the ``shakespeare-cpu``,
+``tiny`` and ``mini`` presets of ``GPT_PRESETS`` (batch 12, their full
+context), each against both Hugging Face attention implementations; the
+byte-level model also against Hugging Face with sdpa and the fused GELU.
+The ``shakespeare-cpu`` preset is the same model with 4 heads (head_dim 64).
 
 Before timing, one forward + backward of each model on the batch is
 compared: the losses with ``torch.testing.assert_close`` (float32 defaults)
@@ -154,6 +155,8 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, *, atol: float | No
         "byte 6x256 h8, HF eager": {"attn_implementation": "eager"},
         "byte 6x256 h8, HF sdpa": {"attn_implementation": "sdpa"},
         "byte 6x256 h8, HF sdpa + fused gelu": {"attn_implementation": "sdpa", "hf_activation": "gelu_pytorch_tanh"},
+        "shakespeare-cpu (6x256 h4), HF eager": {"preset": "shakespeare-cpu", "attn_implementation": "eager"},
+        "shakespeare-cpu (6x256 h4), HF sdpa": {"preset": "shakespeare-cpu", "attn_implementation": "sdpa"},
         "tiny, HF eager": {"preset": "tiny", "attn_implementation": "eager"},
         "tiny, HF sdpa": {"preset": "tiny", "attn_implementation": "sdpa"},
         "mini, HF eager": {"preset": "mini", "attn_implementation": "eager"},

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from support.training import tiny_config as support_tiny_config
 
 from multihead.train import TrainConfig, latest_checkpoint, train
 
@@ -18,31 +19,12 @@ TEXT = "".join(f"to be or not to be, line {i % 5}: that is the question.\n" for 
 
 
 def tiny_config(tmp_path, **overrides) -> TrainConfig:
-    data = tmp_path / "text.txt"
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    if not data.exists():
-        data.write_text(TEXT, encoding="utf-8")
     # dropout and grad_accum > 1: the generator state and micro-batches must be restored too
     values = dict(
-        data=str(data),
-        preset="tiny",
-        context_length=16,
-        batch_size=4,
-        grad_accum=2,
-        max_steps=12,
-        lr=3e-3,
-        min_lr=3e-4,
-        warmup=2,
-        dropout=0.1,
-        eval_every=4,
-        eval_batches=2,
-        log_every=1,
-        checkpoint_every=3,
-        out=str(tmp_path / "run"),
-        threads=1,
+        batch_size=4, grad_accum=2, max_steps=12, lr=3e-3, min_lr=3e-4,
+        warmup=2, dropout=0.1, eval_every=4, log_every=1, checkpoint_every=3,
     )
-    values.update(overrides)
-    return TrainConfig(**values)
+    return support_tiny_config(tmp_path, TEXT, **{**values, **overrides})
 
 
 # The child blocks in the optimizer's 8th step (steps 1..7 done, checkpoint at 6),

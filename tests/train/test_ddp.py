@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import torch
+from support.training import tiny_config as support_tiny_config
 
 from multihead.models.checkpoint import load_checkpoint
 from multihead.train import TrainConfig, load_training_state, train
@@ -16,30 +17,13 @@ TEXT = "".join(f"all the world's a stage, scene {i % 6}, and all the men merely 
 
 
 def tiny_config(tmp_path, **overrides) -> TrainConfig:
-    data = tmp_path / "text.txt"
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    if not data.exists():
-        data.write_text(TEXT, encoding="utf-8")
     # lr == min_lr after a one-step warm-up: a constant rate, so a run stopped
     # at step 3 and extended to 6 follows the 6-step run
     values = dict(
-        data=str(data),
-        preset="tiny",
-        context_length=16,
-        batch_size=8,
-        max_steps=6,
-        lr=3e-3,
-        min_lr=3e-3,
-        warmup=1,
-        eval_every=3,
-        eval_batches=2,
-        log_every=1,
-        checkpoint_every=3,
-        out=str(tmp_path / "run"),
-        threads=1,
+        batch_size=8, max_steps=6, lr=3e-3, min_lr=3e-3,
+        warmup=1, eval_every=3, log_every=1, checkpoint_every=3,
     )
-    values.update(overrides)
-    return TrainConfig(**values)
+    return support_tiny_config(tmp_path, TEXT, **{**values, **overrides})
 
 
 # Each rank: 3 steps, then a resume to 6, in one process group it owns

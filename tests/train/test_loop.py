@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from support.training import tiny_config as support_tiny_config
 from torch import nn
 
 from multihead.models import GPT, GPTConfig
@@ -19,28 +20,11 @@ TEXT = "".join(f"the quick brown fox {i % 7} jumps over the lazy dog.\n" for i i
 
 def tiny_config(tmp_path, **overrides) -> TrainConfig:
     """A 2-layer, 64-wide byte model on a repetitive text; one thread."""
-    data = tmp_path / "text.txt"
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    if not data.exists():
-        data.write_text(TEXT, encoding="utf-8")
     values = dict(
-        data=str(data),
-        preset="tiny",
-        context_length=16,
-        batch_size=4,
-        max_steps=20,
-        lr=3e-3,
-        min_lr=3e-4,
-        warmup=2,
-        eval_every=5,
-        eval_batches=2,
-        log_every=2,
-        checkpoint_every=5,
-        out=str(tmp_path / "run"),
-        threads=1,
+        batch_size=4, max_steps=20, lr=3e-3, min_lr=3e-4,
+        warmup=2, eval_every=5, log_every=2, checkpoint_every=5,
     )
-    values.update(overrides)
-    return TrainConfig(**values)
+    return support_tiny_config(tmp_path, TEXT, **{**values, **overrides})
 
 
 def read_metrics(run_dir):

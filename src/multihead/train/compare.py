@@ -42,6 +42,10 @@ from .config import TrainConfig
 __all__ = ["CompareConfig", "compare", "steps_for_budget"]
 
 HEADROOM = 0.75  # share of the budget the timed training steps may take
+# The shared setting by default: a model that learns in a few hundred steps
+# on a 2-core CPU, so nine kinds and two seeds fit the default budget.
+DEFAULT_TRAIN: dict[str, Any] = {"preset": "mini", "context_length": 128, "batch_size": 16, "warmup": 20}
+EVAL_POINTS = 8  # validation losses per curve when eval_every is not given
 
 
 @dataclass
@@ -56,8 +60,11 @@ class CompareConfig:
         budget_minutes: wall-clock budget of the whole comparison (used when
             ``max_steps`` is None).
         out: the comparison directory.
-        train: further ``TrainConfig`` fields shared by every run (preset,
-            data, tokenizer, batch_size, context_length, eval_every, ...).
+        train: ``TrainConfig`` fields shared by every run (preset, data,
+            tokenizer, batch_size, context_length, eval_every, ...), over
+            ``DEFAULT_TRAIN``. Unless given, ``eval_every`` gives
+            ``EVAL_POINTS`` points per curve, ``checkpoint_every`` keeps only
+            the final checkpoint, and ``warmup`` is at most a tenth of the steps.
     """
 
     kinds: tuple[str, ...] = DEFAULT_KINDS
@@ -76,6 +83,9 @@ class CompareConfig:
 
 def _train_config(config: CompareConfig, plan: KindPlan, seed: int, steps: int, out: Path) -> TrainConfig:
     fields = {
+        "eval_every": max(1, steps // EVAL_POINTS),
+        "checkpoint_every": steps,
+        **DEFAULT_TRAIN,
         **config.train,
         "attention": plan.kind,
         "attention_options": plan.attention_options,
@@ -84,6 +94,8 @@ def _train_config(config: CompareConfig, plan: KindPlan, seed: int, steps: int, 
         "max_steps": steps,
         "out": str(out),
     }
+    if "warmup" not in config.train:
+        fields["warmup"] = min(fields["warmup"], steps // 10)
     return TrainConfig.from_dict(fields)
 
 
@@ -172,6 +184,18 @@ def _read_run(run_dir: Path, seed: int, peak: int) -> dict[str, Any]:
             "tokens_per_s": speeds[len(speeds) // 2] if speeds else 0.0, "peak_memory_bytes": peak}  # fmt: skip
 
 
+def _cpu() -> str:
+    """The CPU model from /proc/cpuinfo, else what ``platform`` says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str, Path]:
     """Train every kind for every seed and write the reports; return their paths.
 
@@ -181,7 +205,7 @@ def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str
         echo: where progress lines go (``None``: silent).
     """
     say = echo or (lambda *_: None)
-    base = TrainConfig.from_dict(dict(config.train))
+    base = TrainConfig.from_dict({**DEFAULT_TRAIN, **config.train, "max_steps": 10**9})
     model_base = _base_model_config(base)
     plans = [plan_kind(model_base, kind) for kind in config.kinds]
     steps = config.max_steps
@@ -209,7 +233,7 @@ def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str
     header = {
         "command": command or "multihead compare",
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "machine": f"{_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "preset": base.preset,
         "steps_per_run": steps,
         "tokens_per_run": steps * base.batch_size * model_base.context_length,

@@ -68,6 +68,7 @@ from .config import TrainConfig, config_differences, learning_rate
 from .corpus import load_corpus
 from .progress import Progress, format_duration
 from .tokenizer import load_tokenizer_dir, train_tokenizer
+from .world import World, restore_rng, rng_states, training_device
 
 __all__ = ["TrainResult", "train", "parameter_groups", "VAL_SEED"]
 
@@ -96,44 +97,6 @@ class TrainResult:
     model: GPT
 
 
-@dataclass
-class _World:
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
-    local_size: int = 1
-
-    @classmethod
-    def from_env(cls) -> _World:
-        def env(name: str, default: int) -> int:
-            value = os.environ.get(name, str(default))
-            try:
-                return int(value)
-            except ValueError:
-                raise ValueError(f"environment variable {name}={value!r} is not an int") from None
-
-        size = env("WORLD_SIZE", 1)
-        if size <= 1:
-            return cls()
-        return cls(env("RANK", 0), size, env("LOCAL_RANK", 0), env("LOCAL_WORLD_SIZE", size))
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self) -> None:
-        if self.size > 1:
-            dist.barrier()
-
-    def mean(self, values: torch.Tensor) -> torch.Tensor:
-        """Mean over ranks of a float tensor (unchanged with one process)."""
-        if self.size > 1:
-            values = values.clone()
-            dist.all_reduce(values)
-            values /= self.size
-        return values
-
-
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: [{"params": decayed, "weight_decay": weight_decay},
     {"params": the rest, "weight_decay": 0.0}].
@@ -151,7 +114,7 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
 
 
 # ------------------------------------------------------------------ data
-def _prepare_data(config: TrainConfig, run_dir: Path, world: _World, resume: bool):
+def _prepare_data(config: TrainConfig, run_dir: Path, world: World, resume: bool):
     """(tokenizer, train tokens, val tokens); rank 0 builds and writes them on a fresh run."""
     data = run_dir / "data"
     if world.main and not resume:
@@ -208,7 +171,7 @@ class _Metrics:
 
 
 # ------------------------------------------------------------------ steps
-def _evaluate(model: GPT, sets, config: TrainConfig, world: _World, device, autocast) -> float:
+def _evaluate(model: GPT, sets, config: TrainConfig, world: World, device, autocast) -> float:
     """Mean LM loss (nats per token) over the fixed validation batches, rows
     split over ranks, in eval mode under no_grad."""
     model.eval()
@@ -229,40 +192,6 @@ def _evaluate(model: GPT, sets, config: TrainConfig, world: _World, device, auto
         dist.all_reduce(total)
     model.train()
     return float(total[0] / total[1])
-
-
-def _rng_states(world: _World, device: torch.device) -> dict[str, torch.Tensor]:
-    """Every rank's generator states ("cpu.<rank>", "cuda.<rank>"); collective under DDP."""
-    states = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        states["cuda"] = torch.cuda.get_rng_state(device)
-    out = {}
-    for kind, state in states.items():
-        if world.size > 1:
-            local = state.to(device)
-            gathered = [torch.empty_like(local) for _ in range(world.size)]
-            dist.all_gather(gathered, local)
-            out.update({f"{kind}.{r}": g.cpu() for r, g in enumerate(gathered)})
-        else:
-            out[f"{kind}.0"] = state
-    return out
-
-
-def _restore_rng(rng: dict[str, torch.Tensor], world: _World, device: torch.device) -> None:
-    if f"cpu.{world.rank}" in rng:
-        torch.set_rng_state(rng[f"cpu.{world.rank}"])
-    if device.type == "cuda" and f"cuda.{world.rank}" in rng:
-        torch.cuda.set_rng_state(rng[f"cuda.{world.rank}"], device)
-
-
-def _device(config: TrainConfig, world: _World) -> torch.device:
-    if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch finds no CUDA device")
-    device = torch.device("cuda", world.local_rank)
-    torch.cuda.set_device(device)
-    return device
 
 
 # ------------------------------------------------------------------ train
@@ -289,7 +218,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    world = _World.from_env()
+    world = World.from_env()
     if config.batch_size % (world.size * config.grad_accum):
         raise ValueError(
             f"batch_size={config.batch_size} is not divisible by world_size * grad_accum = "
@@ -302,7 +231,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
     torch.set_num_threads(threads)
     owns_group = False
     try:
-        device = _device(config, world)
+        device = training_device(config, world)
         if world.size > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
             owns_group = True
@@ -372,7 +301,7 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
             optimizer.load_state_dict(state.optimizer)
         except (ValueError, KeyError) as e:
             raise ValueError(f"{state.directory}: the optimizer state does not fit the model: {e}") from None
-        _restore_rng(state.rng, world, device)
+        restore_rng(state.rng, world, device)
         start, tokens_seen, elapsed_before = state.step, state.tokens_seen, state.elapsed_s
     net: nn.Module = model
     if world.size > 1:
@@ -453,7 +382,7 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
             if logged:
                 log_time, log_tokens = 0.0, 0
             if final or n % config.checkpoint_every == 0:
-                rng = _rng_states(world, device)  # collective: every rank
+                rng = rng_states(world, device)  # collective: every rank
                 if world.main:
                     ckpt.save_training_checkpoint(
                         run_dir,

@@ -216,7 +216,7 @@ def test_generate_mistakes_are_refused_before_building_a_model(case, work, tiny_
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["generate", "--max-new-tokens", "500"], "the prompt's 5 tokens + --max-new-tokens 500 = 505 exceed the model's context_length=128"),
+        (["generate", "--prompt", "y" * 200], "the prompt's 200 tokens exceed the model's context_length=128"),
         (["generate", "--checkpoint", "{tmp}/no-such-ckpt"], "{tmp}/no-such-ckpt"),
     ],
 )

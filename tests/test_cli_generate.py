@@ -95,7 +95,7 @@ def test_non_byte_vocab_needs_a_tokenizer(capsys, tmp_path):
     "args,match",
     [
         (["--preset", "gpt2-smal"], "unknown GPT preset 'gpt2-smal'; valid presets:"),
-        (["--preset", "tiny", "--max-new-tokens", "200"], "exceed the model's context_length=128"),
+        (["--preset", "tiny", "--prompt", "x" * 129], "the prompt's 129 tokens exceed the model's context_length=128"),
         (["--preset", "tiny", "--checkpoint", "x"], "not both"),
         (["--checkpoint", "no/such/dir"], "no/such/dir"),
         (["--preset", "tiny", "--prompt", ""], "encodes to no tokens"),

@@ -238,14 +238,32 @@ def test_sample_next_token_greedy_and_checks():
 
 
 # ------------------------------------------------------------------ argument checks
-def test_context_overflow_raises_before_any_work():
+def test_prompt_longer_than_the_context_raises_before_any_work():
     model = small_model()
     calls = []
     model.register_forward_pre_hook(lambda *a: calls.append(1))
     model.make_kv_caches = lambda *a: calls.append("cache")  # type: ignore[method-assign]
-    with pytest.raises(ValueError, match="prompt length 40 \\+ max_new_tokens 9 = 49 exceeds context_length=48"):
-        model.generate(torch.zeros(1, 40, dtype=torch.long), 9)
+    with pytest.raises(ValueError, match="prompt length 49 exceeds context_length=48"):
+        model.generate(torch.zeros(1, 49, dtype=torch.long), 1)
     assert calls == []
+
+
+def test_generation_past_the_context_slides_the_window():
+    """Past context_length each step sees the last 16 tokens; cached and uncached
+    decoding agree, and both follow a plain loop that crops the sequence."""
+    model = small_model(seed=3, context_length=16)
+    prompt = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(0))
+    tokens, logits = model.generate(prompt, 30, temperature=0, return_logits=True)
+    tokens_ref, logits_ref = model.generate(prompt, 30, temperature=0, use_cache=False, return_logits=True)
+    assert tokens.shape == (2, 40)
+    assert_greedy_agrees(tokens, tokens_ref, logits, logits_ref, start=prompt.shape[1])
+    crop, steps = prompt, []
+    with torch.no_grad():
+        for _ in range(30):
+            step = model(crop[:, -16:])[:, -1]  # the model never sees more than its context
+            steps.append(step)
+            crop = torch.cat([crop, step.argmax(-1, keepdim=True)], dim=1)
+    assert_greedy_agrees(tokens_ref, crop, logits_ref, torch.stack(steps, dim=1), start=prompt.shape[1])
 
 
 @pytest.mark.parametrize(

@@ -215,10 +215,9 @@ def run(
     prompt = DEFAULT_PROMPT if prompt is None else prompt
     ids = encode_prompt(prompt, model.config.vocab_size, tok)
     new = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
-    if len(ids) + new > model.config.context_length:
+    if len(ids) > model.config.context_length:
         raise ValueError(
-            f"the prompt's {len(ids)} tokens + --max-new-tokens {new} = {len(ids) + new} exceed the model's "
-            f"context_length={model.config.context_length}"
+            f"the prompt's {len(ids)} tokens exceed the model's context_length={model.config.context_length}"
         )
     info(f"model: {source}, {model.num_parameters():,} parameters; prompt {len(ids)} tokens")
     generator = torch.Generator().manual_seed(seed)

@@ -9,6 +9,12 @@ The loop works with any model that has ``config.context_length``,
 -> logits [B, T, V]`` and ``make_kv_caches(batch_size, max_len)`` (``GPT``).
 Call ``model.eval()`` first: the loop does not change the model's mode.
 
+Past the model's ``context_length`` the window slides: each step the model
+sees the last ``context_length`` tokens (nanoGPT's crop). A learned position
+embedding makes a cached window unusable once it moves, so from then on every
+step recomputes its window (with the cache: reset and prefilled again), and
+the cached and uncached paths stay the same computation.
+
 Left-padded prompts (``attention_mask`` [B, T0], 1 = real token, pads on the
 left) keep their pads in the cache; the mask over the cached length is passed
 on every step so pads are never attended::
@@ -128,7 +134,8 @@ def generate(
     Args:
         model: a ``GPT`` (or anything with the same interface, see the module).
         idx: [B, T0] prompt ids, left-padded when rows differ in length.
-        max_new_tokens: number of tokens to add (0 returns ``idx``).
+        max_new_tokens: number of tokens to add (0 returns ``idx``); past the
+            context length the model sees the last ``context_length`` tokens.
         temperature: 0 = greedy argmax; > 0 divides the logits before sampling.
         top_k: keep the k most likely tokens before sampling.
         top_p: keep the smallest set of tokens with mass >= top_p.
@@ -148,8 +155,8 @@ def generate(
         when every row hit ``eos``), or (tokens, logits [B, n, V]).
 
     Raises:
-        TypeError / ValueError: bad arguments, including
-            T0 + max_new_tokens > context_length, a mask that is not
+        TypeError / ValueError: bad arguments, including a prompt longer
+            than the context length, a mask that is not
             left padding, or a row with no real token (all checked before
             any forward pass).
     """
@@ -162,11 +169,9 @@ def generate(
         raise ValueError(f"idx must be (B, T0) with B, T0 >= 1, got {tuple(idx.shape)}")
     B, T0 = idx.shape
     max_new_tokens = non_negative_int("max_new_tokens", max_new_tokens)
-    if T0 + max_new_tokens > cfg.context_length:
-        raise ValueError(
-            f"prompt length {T0} + max_new_tokens {max_new_tokens} = {T0 + max_new_tokens} "
-            f"exceeds context_length={cfg.context_length}"
-        )
+    window = cfg.context_length
+    if T0 > window:
+        raise ValueError(f"prompt length {T0} exceeds context_length={window}; pass its last {window} tokens")
     _temperature(temperature)
     if top_k is not None:
         positive_int("top_k", top_k)
@@ -193,12 +198,18 @@ def generate(
         empty = torch.zeros(B, 0, cfg.vocab_size, device=idx.device)
         return (idx, empty) if return_logits else idx
 
-    caches = model.make_kv_caches(B, T0 + max_new_tokens) if use_cache else None
+    caches = model.make_kv_caches(B, min(window, T0 + max_new_tokens)) if use_cache else None
     tokens, done, steps = idx, torch.zeros(B, dtype=torch.bool, device=idx.device), []
     with torch.no_grad():
         for step in range(max_new_tokens):
-            feed = tokens if (caches is None or step == 0) else tokens[:, -1:]
-            logits = model(feed, attention_mask=mask, kv_caches=caches)[:, -1]  # (B, T, V) -> (B, V)
+            seen = mask
+            if tokens.shape[1] > window:  # the window slides: recompute the last `window` tokens
+                feed, seen = tokens[:, -window:], None if mask is None else mask[:, -window:]
+                for cache in caches or ():
+                    cache.reset()
+            else:
+                feed = tokens if (caches is None or step == 0) else tokens[:, -1:]
+            logits = model(feed, attention_mask=seen, kv_caches=caches)[:, -1]  # (B, T, V) -> (B, V)
             steps.append(logits)
             nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             if eos is not None:

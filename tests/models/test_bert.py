@@ -228,7 +228,7 @@ def test_training_mode_dropout_changes_output(seed):
     a, b = model(ids, mask), model(ids, mask)
     assert not torch.allclose(a, b)
     model.eval()
-    torch.testing.assert_close(model(ids, mask), model(ids, mask), rtol=0, atol=0)
+    torch.testing.assert_close(model(ids, mask), model(ids, mask), rtol=0, atol=0)  # the same call twice: bitwise
 
 
 @pytest.mark.parametrize(

@@ -205,7 +205,7 @@ def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str
         echo: where progress lines go (``None``: silent).
     """
     say = echo or (lambda *_: None)
-    base = TrainConfig.from_dict({**DEFAULT_TRAIN, **config.train, "max_steps": 10**9})
+    base = TrainConfig.from_dict({**DEFAULT_TRAIN, **config.train})
     model_base = _base_model_config(base)
     plans = [plan_kind(model_base, kind) for kind in config.kinds]
     steps = config.max_steps

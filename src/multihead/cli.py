@@ -95,7 +95,10 @@ def _add_inspect(sub) -> argparse.ArgumentParser:
     )
     ins.add_argument("text", nargs="?", default=DEFAULT_TEXT, help=f"the input text (default {DEFAULT_TEXT!r})")
     ins.add_argument("--model", choices=MODELS, help=f"packaged model (default {MODELS[0]} unless --checkpoint)")
-    ins.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint to inspect instead of --model")
+    ins.add_argument(
+        "--checkpoint", metavar="PATH",
+        help="a GPT checkpoint, or the run directory of 'multihead train', to inspect instead of --model",
+    )  # fmt: skip
     ins.add_argument(
         "--tokenizer", metavar="FILE", help="tokenizer.json for a --checkpoint whose vocabulary is not bytes"
     )

@@ -327,6 +327,31 @@ def test_generate_from_a_bpe_run_directory(bpe_run, capsys):
     assert cli(capsys, "generate", "--checkpoint", str(step_dir), "--prompt", "To be", *hf)[1] == text
 
 
+@pytest.mark.parametrize("run_fixture", ["byte_run", "bpe_run"])
+def test_inspect_a_run_directory(run_fixture, request, tmp_path, capsys):
+    from multihead.commands.inspect import inspect_text
+
+    run, _ = request.getfixturevalue(run_fixture)
+    step_dir = max((run / "checkpoints").glob("step-*"))
+    bpe = run_fixture == "bpe_run"
+    found = inspect_text("To be, or not", checkpoint=str(run))
+    assert found.record.source.startswith(f"GPT run {run.name}, step ")
+    # the step's model with the run's tokenizer given by hand: the same ids and, from the same
+    # operations on the same shapes, the very same weights
+    by_hand = inspect_text(
+        "To be, or not", checkpoint=str(step_dir), tokenizer=str(run / "tokenizer" / "tokenizer.json") if bpe else None
+    )
+    assert found.token_ids == by_hand.token_ids and len(found.roles) == len(by_hand.roles)
+    for a, b in zip(found.record.layers, by_hand.record.layers):
+        assert torch.equal(a.weights, b.weights)
+    rc, out, err = cli(capsys, "inspect", "To be", "--checkpoint", str(run), "--out", str(tmp_path / "o"))
+    assert rc == 0 and (tmp_path / "o" / "heads.json").is_file(), err
+    if bpe:
+        line = refused(capsys, "inspect", "To be", "--checkpoint", str(run), "--tokenizer",
+                       str(run / "tokenizer" / "tokenizer.json"), command="inspect")  # fmt: skip
+        assert "is a training run with its own tokenizer" in line
+
+
 def test_resume_continues_with_the_saved_settings(byte_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(byte_run[0], run)

@@ -3,12 +3,8 @@
 A preset builds a freshly initialised model (seeded, so the same seed gives
 the same model); ``--checkpoint`` loads one written by
 ``multihead.models.checkpoint.save_checkpoint`` (or by ``--save-init``), or
-the run directory of ``multihead train``::
-
-    runs/tiny/                       --checkpoint runs/tiny
-      checkpoints/latest        ->   names step-000200
-      checkpoints/step-000200/       model.safetensors: the weights loaded
-      tokenizer/                     encodes the prompt, decodes the output
+the run directory of ``multihead train`` (its latest checkpoint, and its
+tokenizer to encode the prompt and decode the output; see ``run_dir``).
 
 Byte-level models (vocab_size 256) read the prompt as UTF-8 bytes; other
 vocabularies need ``--tokenizer tokenizer.json`` (Hugging Face ``tokenizers``)
@@ -20,16 +16,16 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from .paths import output_folder
+from .run_dir import run_checkpoint
 from .tokens import load_tokenizer
 
 __all__ = [
     "run", "encode_prompt", "decode_tokens", "DEFAULT_PRESET", "DEFAULT_PROMPT", "DEFAULT_MAX_NEW_TOKENS",
-    "DEFAULT_TEMPERATURE", "run_checkpoint",
+    "DEFAULT_TEMPERATURE",
 ]  # fmt: skip
 
 DEFAULT_PRESET = "tiny"
@@ -71,43 +67,6 @@ def decode_tokens(ids: list[int], tokenizer=None) -> str:
     if tokenizer is not None:
         return tokenizer.decode(ids)
     return bytes(ids).decode("utf-8", errors="replace")
-
-
-def run_checkpoint(path: str) -> tuple[Path, object, int] | None:
-    """The latest checkpoint and tokenizer of a ``multihead train`` run directory.
-
-    Args:
-        path: the value of ``--checkpoint``.
-
-    Returns:
-        (step directory holding model.safetensors, the run's tokenizer, step),
-        or None when ``path`` is not a run directory (no ``checkpoints/`` or
-        ``tokenizer/`` folder in it).
-
-    Raises:
-        ValueError: a run with no complete checkpoint yet, a broken
-            ``checkpoints/latest`` pointer, or a missing or unreadable tokenizer.
-    """
-    run_dir = Path(path)
-    if not ((run_dir / "checkpoints").is_dir() or (run_dir / "tokenizer").is_dir()):
-        return None
-    from ..train.checkpoint import latest_checkpoint
-    from ..train.tokenizer import load_tokenizer_dir
-
-    step_dir = latest_checkpoint(run_dir)
-    if step_dir is None:
-        raise ValueError(
-            f"--checkpoint {path}: a training run with no complete checkpoint yet "
-            f"({run_dir / 'checkpoints' / 'latest'} does not exist)"
-        )
-    if not (run_dir / "tokenizer").is_dir():
-        raise ValueError(f"--checkpoint {path}: the run has no tokenizer/ folder to encode the prompt with")
-    try:
-        tokenizer = load_tokenizer_dir(run_dir / "tokenizer")
-    except (ValueError, TypeError, OSError) as e:
-        raise ValueError(f"--checkpoint {path}: cannot read its tokenizer/ ({e})") from None
-    step = int(step_dir.name.rpartition("-")[2])  # step-000200 -> 200 (the name is checked by latest_checkpoint)
-    return step_dir, tokenizer, step
 
 
 def _check_save_init(save_init: str, checkpoint: str | None, sampling: dict) -> None:

@@ -1,6 +1,7 @@
 """``multihead inspect "TEXT"``: what every head of a real model attends to.
 
-Loads the pretrained MiniLM encoder (default) or a GPT checkpoint, runs the
+Loads the pretrained MiniLM encoder (default) or a GPT checkpoint (or the
+run directory of ``multihead train``, with its own tokenizer), runs the
 text through it while capturing every head's exact weights, scores each head
 for the documented roles (``tools.roles``), prints a table of heads with
 their roles, a legend of the scores and the strongest token links, and
@@ -29,6 +30,7 @@ import torch
 from ..tools.capture import AttentionRecord, capture
 from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format_roles, role_legend, strongest_links
 from .paths import input_file, output_folder
+from .run_dir import run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
 __all__ = ["DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Inspection", "inspect_text", "shown_links", "run"]
@@ -79,7 +81,20 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
     from ..models.checkpoint import load_checkpoint
 
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
-    model = load_checkpoint(checkpoint).eval()
+    found = run_checkpoint(checkpoint)  # a `multihead train` run directory brings its own tokenizer
+    if found is not None:
+        if tok is not None:
+            raise ValueError(
+                f"--checkpoint {checkpoint} is a training run with its own tokenizer; "
+                f"--tokenizer {tokenizer} cannot replace it"
+            )
+        step_dir, run_tok, step = found
+        model = load_checkpoint(step_dir).eval()
+        tok = None if run_tok.kind == "bytes" else run_tok  # a BPE run's tokenizer, as tokenizers.Tokenizer JSON
+        source = f"GPT run {Path(checkpoint).name}, step {step}"
+    else:
+        model = load_checkpoint(checkpoint).eval()
+        source = f"GPT checkpoint {Path(checkpoint).name}"
     vocab, limit, name = model.config.vocab_size, model.config.context_length, f"the checkpoint {checkpoint}"
     if tok is not None:
         enc = encode_text(tok, text, limit, model=name, truncate=truncate)
@@ -93,7 +108,7 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
         )
     with torch.no_grad(), capture(model) as record:
         model(torch.tensor([enc.ids]))  # (1, T)
-    record.source = f"GPT checkpoint {Path(checkpoint).name}"
+    record.source = source
     return record, enc, notices(enc, model=name)
 
 
@@ -112,8 +127,9 @@ def inspect_text(
         text: the input sentence.
         model: a packaged pretrained model name (``MODELS``); the default
             when no ``checkpoint`` is given.
-        checkpoint: a GPT checkpoint (``multihead.models.save_checkpoint``);
-            not together with ``model``.
+        checkpoint: a GPT checkpoint (``multihead.models.save_checkpoint``)
+            or a ``multihead train`` run directory (its latest checkpoint and
+            its tokenizer); not together with ``model``.
         tokenizer: a tokenizer.json for a checkpoint whose vocabulary is not bytes.
         layer: keep only this layer.
         truncate: analyse the first tokens of a text longer than the model's

@@ -181,6 +181,7 @@ _TRAIN_EXAMPLES = """examples:
   multihead train --data notes.txt --tokenizer bpe --vocab-size 512 --preset tiny --out runs/notes
   multihead train --attention gqa --attention-option num_kv_heads=2 --out runs/gqa
   torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --out runs/ddp
+  torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --shard --out runs/fsdp
 """
 
 
@@ -197,7 +198,7 @@ def _add_train(sub) -> argparse.ArgumentParser:
             "tokenizer, the token files, metrics.jsonl and crash-safe checkpoints; --resume continues "
             "from the latest one with the same config. Each flag sets the TrainConfig field of the same "
             "name; a flag left out keeps TrainConfig's default. Under torchrun every process runs this "
-            "command (data parallel, the same global --batch-size). See docs/training.md."
+            "command (data parallel, the same global --batch-size; --shard: FSDP2). See docs/training.md."
         ),
         epilog=_TRAIN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

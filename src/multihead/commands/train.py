@@ -27,6 +27,7 @@ the summary and the one-line error.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -50,7 +51,11 @@ TRY_PROMPT = "To be"
 
 @dataclasses.dataclass(frozen=True)
 class Flag:
-    """One command-line flag and the ``TrainConfig`` field it sets."""
+    """One command-line flag and the ``TrainConfig`` field it sets.
+
+    A ``bool`` field becomes a pair ``--name`` / ``--no-name`` (True / False),
+    so a resumed run can also switch it off; neither keeps the default.
+    """
 
     field: str
     type: Callable[[str], Any]
@@ -91,6 +96,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("out", str, "DIR", "run directory", "runs/<preset>-<attention>"),
     Flag("threads", int, "N", "CPU threads per process", "the machine's cores shared by its processes"),
     Flag("device", str, "auto|cpu|cuda", "where to train (auto: CUDA when available)"),
+    Flag("shard", bool, "", "under torchrun, shard the model over the processes with FSDP2 instead of DDP"),
 )
 
 # Fields set by flags of another shape: --attention-option K=V (repeated).
@@ -120,13 +126,11 @@ def add_arguments(parser) -> None:
     from ..train.config import TrainConfig
 
     for flag in FLAGS:
-        parser.add_argument(
-            flag.name,
-            dest=flag.field,
-            type=flag.type,
-            metavar=flag.metavar,
-            help=f"{flag.help} ({_default_text(TrainConfig, flag)})",
-        )
+        help = f"{flag.help} ({_default_text(TrainConfig, flag)})"
+        if flag.type is bool:  # --name / --no-name, None when neither is given
+            parser.add_argument(flag.name, dest=flag.field, action=argparse.BooleanOptionalAction, help=help)
+            continue
+        parser.add_argument(flag.name, dest=flag.field, type=flag.type, metavar=flag.metavar, help=help)
     parser.add_argument(
         "--attention-option",
         dest="attention_option",

@@ -110,12 +110,16 @@ def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     return p / CONFIG_NAME, p / WEIGHTS_NAME
 
 
-def save_checkpoint(model: GPT, path: str | os.PathLike) -> tuple[Path, Path]:
+def save_checkpoint(
+    model: GPT, path: str | os.PathLike, *, state_dict: dict[str, torch.Tensor] | None = None
+) -> tuple[Path, Path]:
     """Write ``model``'s config and weights (replacing a checkpoint already there as a whole).
 
     Args:
         model: a ``GPT``.
         path: a directory, or ``name.safetensors`` for a pair of files.
+        state_dict: the weights to write (default ``model.state_dict()``): the
+            full state dict of a model whose parameters are sharded.
 
     Returns:
         (config path, weights path).
@@ -128,7 +132,7 @@ def save_checkpoint(model: GPT, path: str | os.PathLike) -> tuple[Path, Path]:
     config_path, weights_path = checkpoint_paths(path)
     weights_path.parent.mkdir(parents=True, exist_ok=True)
     config_text = json.dumps(model.config.to_dict(), sort_keys=True)
-    state = model.state_dict()
+    state = dict(model.state_dict() if state_dict is None else state_dict)
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")  # the same tensor as token_embedding.weight
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}

@@ -167,6 +167,7 @@ def save_training_checkpoint(
     *,
     step: int,
     model: GPT,
+    model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any],
     config: TrainConfig,
     rng: dict[str, torch.Tensor],
@@ -180,7 +181,10 @@ def save_training_checkpoint(
         run_dir: the run directory.
         step: optimizer steps completed.
         model: the GPT (not a DDP wrapper).
-        optimizer_state: ``optimizer.state_dict()``.
+        model_state: the full weights to write instead of ``model.state_dict()``
+            (a sharded model's, gathered by ``multihead.train.shard``).
+        optimizer_state: ``optimizer.state_dict()`` of the unsharded model
+            (parameters by index), or its equal gathered from a sharded one.
         config: the run's TrainConfig.
         rng: "cpu.<rank>" / "cuda.<rank>" -> uint8 generator states.
         tokens_seen, elapsed_s, world_size: progress so far.
@@ -190,7 +194,7 @@ def save_training_checkpoint(
     """
     directory = checkpoint_dir(run_dir, step)
     directory.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(model, directory)
+    save_checkpoint(model, directory, state_dict=model_state)
     tensors, optimizer_meta = optimizer_to_tensors(optimizer_state)
     for name, state in rng.items():
         tensors[f"rng.{name}"] = state.detach().to("cpu").contiguous()

@@ -30,8 +30,10 @@ __all__ = ["TrainConfig", "RESUMABLE_CHANGES", "learning_rate", "config_differen
 
 # Fields a resumed run may change: they decide how long to train, how often to
 # report and where to write, never what a step computes (``threads`` only
-# changes the order of float sums, as on another machine).
-RESUMABLE_CHANGES = frozenset({"max_steps", "eval_every", "log_every", "checkpoint_every", "out", "threads"})
+# changes the order of float sums, as on another machine; ``shard`` only how
+# the processes hold the model, and its checkpoints are the full model in the
+# same format, so a run may switch between FSDP2 and DDP on resume).
+RESUMABLE_CHANGES = frozenset({"max_steps", "eval_every", "log_every", "checkpoint_every", "out", "threads", "shard"})
 _TOKENIZERS = ("bytes", "bpe")
 _DTYPES = ("float32", "bfloat16")
 _DEVICES = ("auto", "cpu", "cuda")
@@ -96,13 +98,20 @@ class TrainConfig:
         threads: torch intra-op threads (None: the machine's cores, divided
             among the processes of one machine under torchrun).
         device: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
+        shard: under torchrun with 2+ processes, shard the model with FSDP2
+            (``fully_shard`` on every block, then on the model) instead of
+            wrapping it in DistributedDataParallel: each process keeps 1/N
+            of the weights, gradients and AdamW state. One process trains
+            the whole model either way, so there it changes nothing (as DDP
+            is not used with one process either). Checkpoints hold the full
+            model in the same format with and without it.
 
     The defaults train the "shakespeare-cpu" preset on the plays in bytes:
     800 steps of 16 x 128 tokens (1.6M tokens), sized for a 2-core CPU (the
     timing is in the preset's comment in ``multihead.models.gpt``).
 
     A resumed run may change only the fields in ``RESUMABLE_CHANGES``
-    (max_steps, eval_every, log_every, checkpoint_every, out, threads).
+    (max_steps, eval_every, log_every, checkpoint_every, out, threads, shard).
 
     Raises:
         TypeError / ValueError: a field of the wrong type or value; the
@@ -137,6 +146,7 @@ class TrainConfig:
     out: str | None = None
     threads: int | None = None
     device: str = "auto"
+    shard: bool = False
 
     def __post_init__(self) -> None:
         for name in ("data", "tokenizer", "preset", "attention", "dtype", "device"):
@@ -201,6 +211,8 @@ class TrainConfig:
             raise TypeError(f"out must be a non-empty str (a directory), got out={self.out!r}")
         if self.threads is not None:
             positive_int("threads", self.threads)
+        if not isinstance(self.shard, bool):
+            raise TypeError(f"shard must be a bool, got shard={self.shard!r} ({type(self.shard).__name__})")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:

@@ -3,7 +3,7 @@
 One optimizer step (step s = 0, 1, ..., reading ``Batches.get(s, ...)``)::
 
     lr = learning_rate(s, config)                       warm-up, then cosine
-    for micro in 0 .. grad_accum - 1:                   (DDP: no_sync but on the last)
+    for micro in 0 .. grad_accum - 1:                   (gradients synced on the last only)
         x, y = this rank's micro-batch [b, T]           b = batch_size / (world_size * grad_accum)
         loss = cross_entropy(model(x), y) + model.aux_loss()     (bfloat16: under autocast)
         (loss / grad_accum).backward()
@@ -41,6 +41,10 @@ process group (gloo on CPU, nccl on CUDA), the model is wrapped in
 batch; gradients are averaged, so the run follows the one-process run with
 the same global batch (to float32 rounding). Rank 0 alone prepares the data
 and writes files and progress; reported losses are means over all ranks.
+With ``config.shard`` the model is sharded with FSDP2 instead
+(``multihead.train.shard``): the same step, with each rank holding 1/N of the
+weights, gradients and optimizer state; checkpoints are gathered to the full
+model and written in the same format, so a run resumes with or without it.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from torch import nn
 from ..models.gpt import GPT, GPTConfig
 from ..models.safe_files import write_text_atomic
 from . import checkpoint as ckpt
+from . import shard
 from .batches import Batches, read_tokens, val_batches, write_tokens
 from .config import TrainConfig, config_differences, learning_rate
 from .corpus import load_corpus
@@ -86,7 +91,8 @@ class TrainResult:
         train_loss: language-model loss of the last step (nats per token).
         steps: optimizer steps completed (max_steps).
         tokens_per_s: training tokens per second of this call (all ranks).
-        model: the trained GPT (in eval mode, on the training device).
+        model: the trained GPT (in eval mode, on the training device); a
+            sharded run returns an unsharded copy on every rank.
     """
 
     run_dir: Path
@@ -173,7 +179,8 @@ class _Metrics:
 # ------------------------------------------------------------------ steps
 def _evaluate(model: GPT, sets, config: TrainConfig, world: World, device, autocast) -> float:
     """Mean LM loss (nats per token) over the fixed validation batches, rows
-    split over ranks, in eval mode under no_grad."""
+    split over ranks, in eval mode under no_grad. Every rank runs the same
+    number of forwards (grad_accum per batch), as FSDP2's all-gathers need."""
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (loss sum, token count)
     rows = config.batch_size // world.size
@@ -284,6 +291,11 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
         mlp_dim=config.mlp_dim,
     )
     model = GPT(gpt_config, device=device)
+    sharded = config.shard and world.size > 1
+    if state is not None:
+        ckpt.load_model_weights(model, state.directory)  # the full weights, before any sharding
+    if sharded:
+        shard.shard_model(model, device, world.size)  # before the optimizer: its parameters become DTensors
     optimizer = torch.optim.AdamW(
         parameter_groups(model, config.weight_decay),
         lr=config.lr,
@@ -295,16 +307,18 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
     torch.manual_seed(config.seed + 1 + world.rank)  # dropout and gate noise, per rank
     start, tokens_seen, elapsed_before = 0, 0, 0.0
     if state is not None:
-        ckpt.load_model_weights(model, state.directory)
         ckpt.check_optimizer_shapes(state.optimizer, params, str(state.directory))
         try:
-            optimizer.load_state_dict(state.optimizer)
+            if sharded:
+                shard.load_full_optimizer_state(model, optimizer, state.optimizer)
+            else:
+                optimizer.load_state_dict(state.optimizer)
         except (ValueError, KeyError) as e:
             raise ValueError(f"{state.directory}: the optimizer state does not fit the model: {e}") from None
         restore_rng(state.rng, world, device)
         start, tokens_seen, elapsed_before = state.step, state.tokens_seen, state.elapsed_s
     net: nn.Module = model
-    if world.size > 1:
+    if world.size > 1 and not sharded:
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -318,7 +332,8 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
     if start == 0:
         bar.message(
             f"training {model.num_parameters():,} parameters ({config.preset}, {config.attention}) on "
-            f"{train_tokens.size:,} tokens, {world.size} process(es), {torch.get_num_threads()} thread(s) each"
+            f"{train_tokens.size:,} tokens, {world.size} process(es){' sharded (FSDP2)' if sharded else ''}, "
+            f"{torch.get_num_threads()} thread(s) each"
         )
     else:
         bar.message(f"resuming {run_dir} at step {start}")
@@ -339,16 +354,15 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
                     step, micro=micro, grad_accum=config.grad_accum, rank=world.rank, world_size=world.size
                 )
                 x, y = x.to(device), y.to(device)
-                last = micro == config.grad_accum - 1
-                sync = contextlib.nullcontext() if last or world.size == 1 else net.no_sync()
-                with sync:
+                with _gradient_sync(net, world, sharded, last=micro == config.grad_accum - 1):
                     with autocast():
                         logits = net(x)  # (b, T, V)
                         lm = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
                         aux = model.aux_loss().float()
                     ((lm + aux) / config.grad_accum).backward()
                 sums += torch.stack([lm.detach(), aux.detach()])
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf)
+            clip = config.grad_clip if config.grad_clip > 0 else math.inf
+            grad_norm = shard.full_value(torch.nn.utils.clip_grad_norm_(params, clip))  # sharded: a DTensor
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses = world.mean(sums / config.grad_accum)
@@ -383,12 +397,16 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
                 log_time, log_tokens = 0.0, 0
             if final or n % config.checkpoint_every == 0:
                 rng = rng_states(world, device)  # collective: every rank
+                # sharded: the full states, gathered to rank 0 (collective)
+                model_state = shard.full_model_state(model) if sharded else None
+                optimizer_state = shard.full_optimizer_state(model, optimizer) if sharded else optimizer.state_dict()
                 if world.main:
                     ckpt.save_training_checkpoint(
                         run_dir,
                         step=n,
                         model=model,
-                        optimizer_state=optimizer.state_dict(),
+                        model_state=model_state,
+                        optimizer_state=optimizer_state,
                         config=config,
                         rng=rng,
                         tokens_seen=tokens_seen,
@@ -409,5 +427,18 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
             f"done: {config.max_steps} steps, val loss {val_loss:.4f}, {speed:,.0f} tok/s, "
             f"{format_duration(train_time)} -> {run_dir}"
         )
+    if sharded:  # the AdamW state goes first: the full copy then needs 4 bytes per parameter
+        optimizer.state.clear()
+        model = shard.unsharded_copy(model, device)  # collective
     model.eval()
     return TrainResult(run_dir, val_loss, train_loss, config.max_steps, speed, model)
+
+
+def _gradient_sync(net: nn.Module, world: World, sharded: bool, *, last: bool):
+    """A context for one micro-batch's backward: gradients are averaged over the
+    ranks on the last micro-batch only (DDP: ``no_sync``; FSDP2:
+    ``set_requires_gradient_sync``)."""
+    if sharded:
+        net.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if last or world.size == 1 else net.no_sync()

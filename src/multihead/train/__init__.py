@@ -10,6 +10,8 @@ Files:
     config.py        the flat training configuration.
     loop.py          the training loop (evaluation, logging, resume).
     checkpoint.py    crash-safe training checkpoints.
+    shard.py         FSDP2 for ``--shard``: sharding the model, full states
+                     gathered for checkpoints and loaded back.
     compare.py       ``multihead compare``: one run per attention kind and seed,
                      each in its own process (compare_plan.py: which models,
                      size-matched, and their costs; compare_report.py: the

@@ -158,8 +158,9 @@ def load_full_optimizer_state(model: GPT, optimizer: torch.optim.Optimizer, stat
     rank keeps only its slice. Collective.
 
     Raises:
-        ValueError: an index that is not one of the optimizer's parameters, or
-            a group of another size than the optimizer's.
+        ValueError: an index that is not one of the optimizer's parameters,
+            another number of groups, or a group of other indices than the
+            optimizer's (each message names both).
     """
     names = parameter_names(model, optimizer)
     bad = sorted(i for i in state_dict["state"] if not 0 <= i < len(names))

@@ -175,6 +175,7 @@ def _add_generate(sub) -> argparse.ArgumentParser:
 
 
 _TRAIN_EXAMPLES = """examples:
+  multihead train
   multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny
   multihead generate --checkpoint runs/tiny "To be"
   multihead train --out runs/tiny --max-steps 400 --resume

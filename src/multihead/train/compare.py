@@ -44,7 +44,7 @@ __all__ = ["CompareConfig", "compare", "steps_for_budget"]
 HEADROOM = 0.75  # share of the budget the timed training steps may take
 # The shared setting by default: a model that learns in a few hundred steps
 # on a 2-core CPU, so nine kinds and two seeds fit the default budget.
-DEFAULT_TRAIN: dict[str, Any] = {"preset": "mini", "context_length": 128, "batch_size": 16, "warmup": 20}
+DEFAULT_TRAIN: dict[str, Any] = {"preset": "mini", "context_length": 128, "batch_size": 16, "warmup": 20, "lr": 1e-3}
 EVAL_POINTS = 8  # validation losses per curve when eval_every is not given
 
 

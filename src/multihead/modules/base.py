@@ -9,6 +9,7 @@
           mask = attn_mask AND key_padding_mask
           out, weights = core(...)        [kind] default: functional.attention
       observers <- AttentionEvent(weights, q, k, mask, ...)
+      out = head hooks(out)               only while one is registered
       return merge_heads(out)             (B, H, T, Dv) -> (B, T, H*Dv) -> out_proj
 
 A kind subclasses :class:`AttentionLayer` and supplies (``project`` and
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -104,6 +106,14 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         scale: the score multiplier (None: 1/sqrt of the query width, the
             default of ``functional.attention``).
         out_proj: the output projection (``init_output``).
+
+    Head hooks (:meth:`register_head_hook`): ``fn(layer, out)`` sees each
+    head's context out [B, H, T, Dv] (the weights times the values, H query
+    heads, before ``merge_heads``) on every forward and may return a
+    replacement of the same shape, or None to keep it. Hooks run in
+    registration order, each on the previous one's result; with none
+    registered the forward is unchanged. ``tools.heads`` masks heads with
+    them, ``tools.importance`` scores heads.
     """
 
     kind = "attention"
@@ -131,6 +141,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         self.rope: Rotary | None = None
         self.qk_norm: QKNorm | None = None
         self._attention_observers: OrderedDict[int, Observer] = OrderedDict()
+        self._head_hooks: OrderedDict[int, Callable] = OrderedDict()
 
     # ------------------------------------------------------------------ building
     def init_output(self, in_features: int, out_features: int, *, bias: bool, device=None, dtype=None) -> None:
@@ -179,6 +190,47 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         )  # fmt: skip
         for observer in list(self._attention_observers.values()):
             observer(self, event)
+
+    # ------------------------------------------------------------------ head hooks
+    def register_head_hook(self, fn: Callable) -> RemovableHandle:
+        """Call ``fn(layer, out)`` on every forward's head outputs until removed.
+
+        ``out`` is [B, H, T, Dv]: head h's context (its attention weights
+        times its values), before the heads are merged by ``out_proj``.
+        ``fn`` returns None (keep ``out``) or a tensor of the same shape that
+        replaces it (e.g. zeros for a masked head).
+
+        Returns:
+            a handle whose ``remove()`` unregisters the hook.
+
+        Raises:
+            TypeError: ``fn`` is not callable.
+        """
+        if not callable(fn):
+            raise TypeError(f"head hook must be callable, got {type(fn).__name__}")
+        handle = RemovableHandle(self._head_hooks)
+        self._head_hooks[handle.id] = fn
+        return handle
+
+    def run_head_hooks(self, out: torch.Tensor) -> torch.Tensor:
+        """Pass out [B, H, T, Dv] through the head hooks in registration order.
+
+        Raises:
+            TypeError / ValueError: a hook returned something other than None
+                or a tensor of out's shape.
+        """
+        for fn in list(self._head_hooks.values()):
+            result = fn(self, out)
+            if result is None:
+                continue
+            if not isinstance(result, torch.Tensor):
+                raise TypeError(f"head hook {fn!r} returned {type(result).__name__}, expected a tensor or None")
+            if result.shape != out.shape:
+                raise ValueError(
+                    f"head hook {fn!r} returned shape {tuple(result.shape)}, expected {tuple(out.shape)}"
+                )
+            out = result
+        return out
 
     # ------------------------------------------------------------------ hooks
     @abstractmethod
@@ -319,6 +371,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             )  # fmt: skip
         if observed:
             self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment)
+        if self._head_hooks:
+            out = self.run_head_hooks(out)
         out = self.merge_heads(out)
         return (out, weights) if return_weights else out
 

@@ -300,3 +300,25 @@ def test_pretrained_minilm_loads_with_multihead_and_equals_sdpa():
     want = ref(input_ids=ids, attention_mask=keep).last_hidden_state
     valid = keep.bool()
     assert_paths_agree(got[valid], want[valid])
+
+
+def test_attention_forward_position_bias_gqa_and_dropout():
+    # direct calls, as a T5-style layer makes them: scores + position_bias, hidden keys exactly hidden
+    g = torch.Generator().manual_seed(2)
+    B, H, G, T, S, D = 2, 4, 2, 5, 6, 3
+    q, k, v = (torch.randn(B, n, L, D, generator=g, dtype=torch.float64) for n, L in ((H, T), (G, S), (G, S)))
+    bias = torch.randn(1, H, T, S, generator=g, dtype=torch.float64)
+    allowed = torch.rand(B, 1, T, S, generator=g) > 0.3
+    allowed[:, :, :, 0] = True
+    layer = torch.nn.Module().eval()
+    out, weights = mhf.attention_forward(layer, q, k, v, allowed, scaling=0.7, position_bias=bias, output_attentions=True)
+    kk, vv = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)  # (B, G, S, D) -> (B, H, S, D)
+    ref_w = (q @ kk.transpose(-1, -2) * 0.7 + bias).masked_fill(~allowed, float("-inf")).softmax(-1)
+    torch.testing.assert_close(weights, ref_w, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out, (ref_w @ vv).transpose(1, 2), rtol=0, atol=1e-12)  # (B, H, T, D) -> (B, T, H, D)
+    # dropout only in training mode; in eval the same call (same operations) is bitwise the no-dropout one
+    assert torch.equal(mhf.attention_forward(layer, q, k, v, allowed, dropout=0.5)[0],
+                       mhf.attention_forward(layer, q, k, v, allowed)[0])
+    layer.train()
+    dropped = mhf.attention_forward(layer, q, k, v, allowed, dropout=0.5)[0]
+    assert not torch.allclose(dropped, mhf.attention_forward(layer, q, k, v, allowed)[0])

@@ -209,7 +209,7 @@ def test_gpt_gradient_scores_match_retained_contexts(kind):
     for idx in GPT_BATCHES:
         kept = []
 
-        def keep(layer, out):
+        def keep(layer, out, kept=kept):
             out.retain_grad()
             kept.append(out)
 

@@ -226,9 +226,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             if not isinstance(result, torch.Tensor):
                 raise TypeError(f"head hook {fn!r} returned {type(result).__name__}, expected a tensor or None")
             if result.shape != out.shape:
-                raise ValueError(
-                    f"head hook {fn!r} returned shape {tuple(result.shape)}, expected {tuple(out.shape)}"
-                )
+                raise ValueError(f"head hook {fn!r} returned shape {tuple(result.shape)}, expected {tuple(out.shape)}")
             out = result
         return out
 

@@ -70,12 +70,16 @@ def main() -> None:
     )
     calibration = [train.get(i)[0] for i in range(args.calib_batches)]
     H = model.config.num_heads
-    print(f"checkpoint {ckpt}; validation {run['eval_batches']} x {run['batch_size']} x {T} tokens; "
-          f"calibration {args.calib_batches} x {args.calib_batch_size} x {T} training tokens")
+    print(
+        f"checkpoint {ckpt}; validation {run['eval_batches']} x {run['batch_size']} x {T} tokens; "
+        f"calibration {args.calib_batches} x {args.calib_batch_size} x {T} training tokens"
+    )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     print("| model | G | val loss (nats/token) | KV cache bytes/token (fp32, all layers) | parameters | convert s |")
     print("|---|---|---|---|---|---|")
-    print(f"| original (mha) | {H} | {_val_loss(model, sets):.4f} | {_kv_bytes(model)} | {model.num_parameters()} | - |")
+    print(
+        f"| original (mha) | {H} | {_val_loss(model, sets):.4f} | {_kv_bytes(model)} | {model.num_parameters()} | - |"
+    )
     for G in sorted((g for g in range(1, H) if H % g == 0), reverse=True):
         for method in ("mean", "aligned"):
             start = time.perf_counter()

@@ -79,7 +79,9 @@ def test_mean_averages_each_groups_key_and_value_projections():
             torch.testing.assert_close(nw, want_w, rtol=0, atol=1e-15)
             torch.testing.assert_close(nb, want_b, rtol=0, atol=1e-15)
         # same tensors copied: bitwise
-        assert torch.equal(new.blocks[i].attn.projection_weights()["q"][0], model.blocks[i].attn.projection_weights()["q"][0])
+        assert torch.equal(
+            new.blocks[i].attn.projection_weights()["q"][0], model.blocks[i].attn.projection_weights()["q"][0]
+        )
         assert torch.equal(new.blocks[i].attn.out_proj.weight, model.blocks[i].attn.out_proj.weight)
 
 
@@ -182,3 +184,22 @@ def test_aligned_needs_calibration_and_refuses_rope():
         to_gqa(torch.nn.Linear(2, 2), 2)
     with pytest.raises(TypeError, match="calibration batch 0"):
         to_gqa(_model(), 2, method="aligned", calibration=[[1, 2, 3]])
+
+
+def test_a_gqa_model_merges_its_key_value_heads_further():
+    model = _model(attention="gqa", num_kv_heads=2)
+    with torch.no_grad():
+        for block in model.blocks:
+            w, b = block.attn.projection_weights()["k"]
+            w.view(2, D, -1)[1] = w.view(2, D, -1)[0]  # (G*D, C) -> (G, D, C): two equal key heads
+            b.view(2, D)[1] = b.view(2, D)[0]
+            w, b = block.attn.projection_weights()["v"]
+            w.view(2, D, -1)[1] = w.view(2, D, -1)[0]
+            b.view(2, D)[1] = b.view(2, D)[0]
+    idx = _tokens(6)
+    new = to_gqa(model, 1)
+    assert (new.config.attention, new.config.num_kv_heads) == ("mqa", 1)
+    with torch.no_grad():
+        assert_paths_agree(new(idx), model(idx))
+    with pytest.raises(ValueError, match="2 key/value heads"):
+        to_gqa(_model(attention="gqa", num_kv_heads=2), 4)

@@ -99,9 +99,7 @@ def _check(model: nn.Module, num_kv_heads: int, method: str, calibration) -> lis
             )
         G0 = attn.num_kv_heads
         if G0 % num_kv_heads:
-            raise ValueError(
-                f"layer {i} has {G0} key/value heads; num_kv_heads={num_kv_heads} must divide it"
-            )
+            raise ValueError(f"layer {i} has {G0} key/value heads; num_kv_heads={num_kv_heads} must divide it")
         if method == "aligned" and (attn.rope is not None or attn.qk_norm is not None):
             raise ValueError(
                 f"method='aligned' rotates keys, which does not commute with rope or qk_norm; layer {i} has "
@@ -281,7 +279,11 @@ def _convert_layer(old: MultiHeadAttention, new: MultiHeadAttention, G: int, sta
     bk = None if bk is None else bk.reshape(G, size, D).mean(1).reshape(G * D)
     bv = None if bv is None else bv.reshape(G, size, D).mean(1).reshape(G * D)
     new_weights = new.projection_weights()
-    for name, (w, b) in (("q", (wq.reshape(H * D, -1), None if bq is None else bq.reshape(H * D))), ("k", (wk, bk)), ("v", (wv, bv))):
+    for name, (w, b) in (
+        ("q", (wq.reshape(H * D, -1), None if bq is None else bq.reshape(H * D))),
+        ("k", (wk, bk)),
+        ("v", (wv, bv)),
+    ):
         target_w, target_b = new_weights[name]
         target_w.copy_(w)
         if target_b is not None:

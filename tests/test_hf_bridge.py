@@ -137,13 +137,13 @@ def test_output_attentions_equal_eager_on_valid_rows(trio):
 def test_gqa_reaches_functional_without_repeat(monkeypatch):
     models = _build("llama")
     seen = []
-    real = mhf.attention
+    real = mhf.bridge.attention
 
     def spy(q, k, v, **kw):
         seen.append((q.shape[1], k.shape[1], v.shape[1]))
         return real(q, k, v, **kw)
 
-    monkeypatch.setattr(mhf, "attention", spy)
+    monkeypatch.setattr(mhf.bridge, "attention", spy)
     ids, keep = _batch("llama")
     models["multihead"](input_ids=ids, attention_mask=keep)
     assert seen == [(6, 2, 2), (6, 2, 2)]

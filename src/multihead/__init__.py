@@ -12,7 +12,10 @@ The public API on one screen:
   dcmha, talking_heads, overlapping, collaborative, gated (docs/variants.md)
 * ``multihead.convert.from_official`` weights from the variants' official code
 * ``multihead.models``     GPT-2 family, encoder-decoder Transformer, BERT/MiniLM
-* ``multihead.tools``      capture attention, head roles, views
+* ``multihead.tools``      capture attention, head roles, views, head importance,
+                           masking heads, MHA -> GQA conversion
+* ``multihead.hf``         multihead as the attention of any Hugging Face
+                           transformers model (imported on demand: docs/hf.md)
 """
 
 from . import convert, functional, models, reference, textbook, tools

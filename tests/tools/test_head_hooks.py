@@ -124,6 +124,21 @@ def test_mask_heads_equals_zeroing_the_heads_out_proj_columns(kind):
     assert torch.equal(model(idx), before)
 
 
+def test_mask_heads_acts_inside_the_torch_drop_in():
+    from multihead import TorchMultiheadAttention
+
+    torch.manual_seed(0)
+    m = TorchMultiheadAttention(12, 3, batch_first=True, dtype=F64).eval()
+    x = torch.randn(2, 5, 12, dtype=F64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), mask_heads(m, {0: [1]}):
+        masked, _ = m(x, x, x, need_weights=False)
+    ablated = copy.deepcopy(m)
+    with torch.no_grad():
+        ablated.out_proj.weight[:, 4:8] = 0.0  # head 1 of 3, head_dim 4
+        want, _ = ablated(x, x, x, need_weights=False)
+    assert_paths_agree(masked, want)
+
+
 def test_mask_heads_removes_its_hooks_when_the_block_raises():
     model = _gpt()
     idx = _ids()

@@ -1,7 +1,10 @@
 """Tools that take models or tensors: capture attention, score head roles,
-draw the views (and, as they land, importance, pruning, conversion, FLOPs)."""
+draw the views, mask heads and score their importance, convert MHA to GQA."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
+from .convert_heads import to_gqa
+from .heads import attention_layers, mask_heads
+from .importance import head_importance
 from .roles import (
     ROLE_THRESHOLDS,
     SCORE_MEANINGS,
@@ -30,4 +33,8 @@ __all__ = [
     "write_html",
     "write_png",
     "write_json",
+    "attention_layers",
+    "mask_heads",
+    "head_importance",
+    "to_gqa",
 ]

@@ -284,6 +284,7 @@ class TorchMultiheadAttention(nn.Module):
                 weights = all_weights.mean(dim=1) if average_attn_weights else all_weights
         if p == 1.0:
             out = out * 0.0  # torch's dropout with p = 1 zeroes every weight (and draws nothing)
+        out = inner.run_head_hooks(out)  # (B, H, T, D): mask_heads and head_importance act here too
         out = inner.merge_heads(out)
         if not self.batch_first or unbatched:
             out = out.transpose(0, 1)  # (B, T, C) -> (T, B, C)

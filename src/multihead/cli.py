@@ -33,7 +33,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
             "  multihead textbook\n"
             "  multihead generate --preset tiny --max-new-tokens 20 --seed 0\n"
             "  multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny\n"
-            "  multihead compare --attention mha,gqa,mqa --max-steps 300 --out runs/compare"
+            "  multihead compare --attention mha,gqa,mqa --max-steps 300 --out runs/compare\n"
+            "  multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/tiny --out runs/tiny-gqa"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -45,6 +46,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "generate": _add_generate(sub),
         "train": _add_train(sub),
         "compare": _add_compare(sub),
+        "convert": _add_convert(sub),
     }
     return parser, subs
 
@@ -238,6 +240,50 @@ def _add_compare(sub) -> argparse.ArgumentParser:
     return cmp
 
 
+_CONVERT_EXAMPLES = """examples:
+  multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini --out runs/mini-gqa2
+  multihead convert --to gqa --num-kv-heads 2 --method aligned --checkpoint runs/mini --out runs/mini-gqa2a
+  multihead convert --to gqa --num-kv-heads 1 --method aligned --checkpoint tiny-init --calibration-data notes.txt --out tiny-mqa
+  multihead generate --checkpoint runs/mini-gqa2 "To be"
+"""
+
+
+def _add_convert(sub) -> argparse.ArgumentParser:
+    from .commands.convert import CALIBRATION_BATCH_SIZE, DEFAULT_CALIBRATION_BATCHES, TARGETS
+    from .tools.convert_heads import METHODS
+
+    conv = sub.add_parser(
+        "convert",
+        help="convert a GPT checkpoint's attention to grouped-query attention (GQA/MQA)",
+        description=(
+            "Load a GPT checkpoint or the run directory of 'multihead train', give every attention layer "
+            "G key/value heads (mean: average each group's key and value projections; aligned: rotate the "
+            "heads onto each other first, from calibration data), save the converted checkpoint into --out "
+            "and print parameters and KV-cache bytes per token before and after, and for a run directory the "
+            "validation loss on the run's own validation batches; report.json holds the same. A BPE run's "
+            "tokenizer.json is copied beside the checkpoint. See docs/surgery.md."
+        ),
+        epilog=_CONVERT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    conv.add_argument("--to", required=True, metavar="KIND", help=f"target attention: {', '.join(TARGETS)}")
+    conv.add_argument("--num-kv-heads", type=int, required=True, metavar="G", help="key/value heads per layer, dividing H")
+    conv.add_argument("--method", default="mean", metavar="M", help=f"{' or '.join(METHODS)} (default mean)")
+    conv.add_argument(
+        "--checkpoint", required=True, metavar="PATH", help="a GPT checkpoint, or the run directory of 'multihead train'"
+    )
+    conv.add_argument("--out", required=True, metavar="DIR", help="folder for the converted checkpoint and report.json")
+    conv.add_argument(
+        "--calibration-data", metavar="SOURCE",
+        help="aligned only: shakespeare or a UTF-8 text file (default: a run directory's data/train.bin)",
+    )  # fmt: skip
+    conv.add_argument(
+        "--calibration-batches", type=int, metavar="N",
+        help=f"aligned only: batches of {CALIBRATION_BATCH_SIZE} windows (default {DEFAULT_CALIBRATION_BATCHES})",
+    )  # fmt: skip
+    return conv
+
+
 def _textbook(args: argparse.Namespace) -> int:
     from .commands.textbook import run
 
@@ -294,7 +340,25 @@ def _compare(args: argparse.Namespace) -> int:
     return run(args, command=" ".join(["multihead", *map(shlex.quote, sys.argv[1:])]))
 
 
-_COMMANDS = {"textbook": _textbook, "inspect": _inspect, "generate": _generate, "train": _train, "compare": _compare}
+def _convert(args: argparse.Namespace) -> int:
+    from .commands.convert import run
+
+    run(
+        to=args.to,
+        num_kv_heads=args.num_kv_heads,
+        checkpoint=args.checkpoint,
+        out=args.out,
+        method=args.method,
+        calibration_data=args.calibration_data,
+        calibration_batches=args.calibration_batches,
+    )
+    return 0
+
+
+_COMMANDS = {
+    "textbook": _textbook, "inspect": _inspect, "generate": _generate, "train": _train, "compare": _compare,
+    "convert": _convert,
+}  # fmt: skip
 
 
 def _one_line(error: BaseException) -> str:

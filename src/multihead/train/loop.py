@@ -75,7 +75,7 @@ from .progress import Progress, format_duration
 from .tokenizer import load_tokenizer_dir, train_tokenizer
 from .world import World, restore_rng, rng_states, training_device
 
-__all__ = ["TrainResult", "train", "parameter_groups", "VAL_SEED"]
+__all__ = ["TrainResult", "train", "parameter_groups", "validation_loss", "VAL_SEED"]
 
 VAL_SEED = 1234  # the fixed validation batches
 _ADAM_EPS = 1e-8
@@ -177,7 +177,7 @@ class _Metrics:
 
 
 # ------------------------------------------------------------------ steps
-def _evaluate(model: GPT, sets, config: TrainConfig, world: World, device, autocast) -> float:
+def validation_loss(model: GPT, sets, config: TrainConfig, world: World, device, autocast) -> float:
     """Mean LM loss (nats per token) over the fixed validation batches, rows
     split over ranks, in eval mode under no_grad. Every rank runs the same
     number of forwards (grad_accum per batch), as FSDP2's all-gathers need."""
@@ -376,7 +376,7 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
             final = n == config.max_steps
             evaluate = final or n % config.eval_every == 0
             if evaluate:
-                val_loss = _evaluate(model, val_sets, config, world, device, autocast)
+                val_loss = validation_loss(model, val_sets, config, world, device, autocast)
             logged = evaluate or final or n % config.log_every == 0
             tokens_per_s = log_tokens / log_time if log_time > 0 else 0.0
             if logged and metrics is not None:
@@ -415,7 +415,7 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
                     )
                 world.barrier()
         if val_loss is None:  # nothing left to train: a finished run resumed
-            val_loss = _evaluate(model, val_sets, config, world, device, autocast)
+            val_loss = validation_loss(model, val_sets, config, world, device, autocast)
     finally:
         bar.close()
         if metrics is not None:

@@ -43,6 +43,7 @@ from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
+from .head_layout import check_layer_heads, layer_head_options
 
 __all__ = [
     "BERT_PRESETS",
@@ -50,6 +51,7 @@ __all__ = [
     "BertEmbeddings",
     "BertLayer",
     "BertEncoder",
+    "layer_attention",
     "load_safetensors",
 ]
 
@@ -80,8 +82,14 @@ class BertConfig:
         num_kv_heads: G key/value heads for "gqa" (None otherwise).
         dropout: dropout on embeddings and residual branches (training only).
         attention_dropout: dropout on the attention weights (training only).
+        layer_heads: query heads of each layer (None: ``num_heads`` in every
+            layer), each in [1, num_heads]; written by
+            ``tools.prune.prune_heads`` (see ``models.head_layout``).
+        layer_kv_heads: key/value heads of each layer, with ``layer_heads``
+            and ``num_kv_heads`` only (None: ``num_kv_heads``).
 
-    Derived: ``head_dim`` = C // H.
+    Derived: ``head_dim`` = C // H (H = ``num_heads``, also where
+    ``layer_heads`` differs).
 
     Raises:
         TypeError / ValueError: invalid sizes, an unknown activation or
@@ -101,6 +109,8 @@ class BertConfig:
     num_kv_heads: int | None = None
     dropout: float = 0.1
     attention_dropout: float = 0.1
+    layer_heads: list[int] | None = None
+    layer_kv_heads: list[int] | None = None
     head_dim: int = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +141,10 @@ class BertConfig:
             raise ValueError(f"unknown attention kind {self.attention!r}; known: {list_attention_kinds()}")
         self.dropout = dropout_probability(self.dropout, "dropout")
         self.attention_dropout = dropout_probability(self.attention_dropout, "attention_dropout")
+        self.layer_heads, self.layer_kv_heads = check_layer_heads(
+            attention=self.attention, num_layers=self.num_layers, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, layer_heads=self.layer_heads, layer_kv_heads=self.layer_kv_heads,
+        )  # fmt: skip
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> BertConfig:
@@ -237,16 +251,22 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
-class BertLayer(nn.Module):
-    """One post-LayerNorm BERT layer (see the module docstring for the equations)."""
+def layer_attention(config: BertConfig, layer: int = 0, **factory) -> nn.Module:
+    """The attention of layer ``layer`` as ``config`` describes it (its head
+    counts from ``layer_head_options``), freshly initialised."""
+    options: dict = {"qkv_bias": True, "out_bias": True, "dropout": config.attention_dropout, **factory}
+    options.update(layer_head_options(config, layer))
+    return build_attention(config.attention, embed_dim=config.hidden_size, **options)
 
-    def __init__(self, config: BertConfig) -> None:
+
+class BertLayer(nn.Module):
+    """One post-LayerNorm BERT layer (see the module docstring for the equations);
+    ``layer`` picks its head counts when the config lists them per layer."""
+
+    def __init__(self, config: BertConfig, layer: int = 0) -> None:
         super().__init__()
         C = config.hidden_size
-        options: dict = {"qkv_bias": True, "out_bias": True, "dropout": config.attention_dropout}
-        if config.num_kv_heads is not None:
-            options["num_kv_heads"] = config.num_kv_heads
-        self.attention = build_attention(config.attention, embed_dim=C, num_heads=config.num_heads, **options)
+        self.attention = layer_attention(config, layer)
         self.attention_norm = nn.LayerNorm(C, eps=config.layer_norm_eps)
         self.intermediate = nn.Linear(C, config.intermediate_size)
         self.output = nn.Linear(config.intermediate_size, C)
@@ -335,7 +355,7 @@ class BertEncoder(nn.Module):
             raise TypeError(f"config must be a BertConfig, got {type(config).__name__}")
         self.config = config
         self.embeddings = BertEmbeddings(config)
-        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(BertLayer(config, i) for i in range(config.num_layers))
 
     def aux_loss(self) -> torch.Tensor:
         """Sum over layers of ``layer.attention.aux_loss()`` of the last forward: 0-d,

@@ -33,8 +33,9 @@ from torch import nn
 from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
 from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
+from .head_layout import check_layer_heads, layer_head_options
 
-__all__ = ["GPTConfig", "GPT_PRESETS", "GPT", "Block", "MLP", "positions_from_mask"]
+__all__ = ["GPTConfig", "GPT_PRESETS", "GPT", "Block", "MLP", "block_attention", "positions_from_mask"]
 
 
 # ---------------------------------------------------------------------- config
@@ -47,7 +48,8 @@ class GPTConfig:
         context_length: the longest sequence (Hugging Face's ``n_positions``).
         embed_dim: C, the model width.
         num_layers: number of blocks.
-        num_heads: H query heads per block; divides ``embed_dim``.
+        num_heads: H query heads per block; divides ``embed_dim``; fixes
+            head_dim = embed_dim // num_heads even where ``layer_heads`` differs.
         num_kv_heads: G key/value heads (None: the attention kind's default).
         attention: attention kind for ``build_attention`` ("mha", "gqa", "mqa", ...).
         attention_options: further keyword options of that kind (JSON values,
@@ -59,6 +61,14 @@ class GPTConfig:
         tie_embeddings: the LM head shares the token embedding matrix.
         mlp_dim: the MLP's hidden width (None: 4 * embed_dim, GPT-2's;
             Hugging Face's ``n_inner``).
+        layer_heads: query heads of each block (None: ``num_heads`` in
+            every block), each in [1, num_heads]; written by
+            ``tools.prune.prune_heads`` (see ``models.head_layout``).
+        layer_kv_heads: key/value heads of each block, with
+            ``layer_heads`` and ``num_kv_heads`` only (None: ``num_kv_heads``).
+
+    ``to_dict`` leaves out ``layer_heads`` / ``layer_kv_heads`` while they
+    are None, so configs of uniform models read and write as before.
 
     Raises:
         TypeError / ValueError: a field of the wrong type or value (the
@@ -78,6 +88,8 @@ class GPTConfig:
     tie_embeddings: bool = True
     attention_options: dict[str, Any] = field(default_factory=dict)
     mlp_dim: int | None = None
+    layer_heads: list[int] | None = None
+    layer_kv_heads: list[int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "embed_dim", "num_layers", "num_heads"):
@@ -110,6 +122,10 @@ class GPTConfig:
                 raise TypeError(f"{name} must be a bool, got {name}={getattr(self, name)!r}")
         if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
             raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
+        self.layer_heads, self.layer_kv_heads = check_layer_heads(
+            attention=self.attention, num_layers=self.num_layers, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, layer_heads=self.layer_heads, layer_kv_heads=self.layer_kv_heads,
+        )  # fmt: skip
 
     @property
     def head_dim(self) -> int:
@@ -149,8 +165,13 @@ class GPTConfig:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict (``from_dict`` inverts it)."""
-        return asdict(self)
+        """The fields as a JSON-ready dict (``from_dict`` inverts it); per-layer
+        head counts only when set."""
+        values = asdict(self)
+        for name in ("layer_heads", "layer_kv_heads"):
+            if values[name] is None:
+                del values[name]
+        return values
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> GPTConfig:
@@ -239,6 +260,8 @@ def _require_gpt2_layout(config: GPTConfig) -> None:
         )
     if not config.qkv_bias:
         raise ValueError("Hugging Face GPT-2 always has a c_attn bias; got qkv_bias=False")
+    if config.layer_heads is not None:
+        raise ValueError(f"Hugging Face GPT-2 has num_heads in every block; got layer_heads={config.layer_heads}")
 
 
 # ---------------------------------------------------------------------- model
@@ -273,22 +296,32 @@ class MLP(nn.Module):
         return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
 
 
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+def block_attention(config: GPTConfig, layer: int = 0, **factory: Any) -> nn.Module:
+    """The attention of block ``layer`` as ``config`` describes it (its head
+    counts from ``layer_head_options``), freshly initialised."""
+    heads = layer_head_options(config, layer)
+    if "head_dim" in config.attention_options:  # an explicit head_dim stays the layers' D
+        heads.pop("head_dim", None)
+    options: dict[str, Any] = {
+        "qkv_bias": config.qkv_bias,
+        "dropout": config.dropout,
+        **config.attention_options,
+        **heads,
+        **factory,
+    }
+    return build_attention(config.attention, embed_dim=config.embed_dim, **options)
 
-    def __init__(self, config: GPTConfig, **factory: Any) -> None:
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+
+    ``layer`` picks the block's head counts when the config lists them per layer."""
+
+    def __init__(self, config: GPTConfig, layer: int = 0, **factory: Any) -> None:
         super().__init__()
         C = config.embed_dim
-        options: dict[str, Any] = {
-            "qkv_bias": config.qkv_bias,
-            "dropout": config.dropout,
-            **config.attention_options,
-            **factory,
-        }
-        if config.num_kv_heads is not None:
-            options["num_kv_heads"] = config.num_kv_heads
         self.ln_1 = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
-        self.attn = build_attention(config.attention, embed_dim=C, num_heads=config.num_heads, **options)
+        self.attn = block_attention(config, layer, **factory)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.ln_2 = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
         self.mlp = MLP(C, config.dropout, config.mlp_dim, **factory)
@@ -329,7 +362,7 @@ class GPT(nn.Module):
         self.token_embedding = nn.Embedding(config.vocab_size, C, **factory)
         self.position_embedding = nn.Embedding(config.context_length, C, **factory)
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, **factory) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(Block(config, i, **factory) for i in range(config.num_layers))
         self.ln_f = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False, **factory)
         self._init_weights()

@@ -1,0 +1,290 @@
+"""Head pruning of the pretrained all-MiniLM-L6-v2: how well sentence embeddings survive.
+
+    .venv/bin/python -m benchmarks.minilm_pruning [--png docs/img/minilm_pruning.png]
+
+Data (Shakespeare's 42 works, ``shakespeare_plays()``; nothing random in the
+split): titles sorted, works 0, 2, 4, ... give the calibration lines and
+works 1, 3, 5, ... the held-out lines, so no play is on both sides. A line
+is a stripped text line of at least 5 words and at most ``--max-tokens``
+tokens. Calibration: ``--calib-pairs`` pairs (line, the line right after it
+in the same work), drawn with ``random.Random(--seed)``. Held-out:
+``--heldout`` distinct lines drawn with ``random.Random(--seed + 1)``, none
+of which also occurs among the calibration works' lines.
+
+Importance (calibration lines only; ``tools.importance.head_importance``):
+
+    ablation   1 - mean cos(masked, original embedding) with head h alone
+               masked, minus the same for the full model (L*H + 1 passes over
+               the anchors of the first --ablation-pairs pairs)
+    gradient   Michel et al.'s score (absolute="token", padding excluded) of an
+               in-batch contrastive loss: each line's embedding must retrieve
+               its next line among the batch's next lines, cross-entropy of
+               20 * cos (temperature 0.05, as sentence-transformers'
+               MultipleNegativesRankingLoss); rows normalised per layer (the
+               official default). 1 - cos to the original has zero gradient at
+               the unpruned model, so it cannot serve here.
+    gradient-raw  the same scores without the per-layer normalisation
+    random     a seeded random order (seed --seed)
+
+Sweep: int(72 * p) heads for p = 0, 0.1, ..., 0.9, lowest scores first over
+all layers at once (one ranking from the unpruned model, no minimum per
+layer), masked with ``tools.heads.mask_heads``. Fidelity on the held-out
+lines: mean cosine between pruned and original embeddings, and top-10
+nearest-neighbour agreement (|N10_pruned(i) & N10_orig(i)| / 10 averaged
+over lines i; neighbours among the held-out lines, i itself excluded).
+Masking does not reduce compute, so no speed is measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from multihead.models.minilm import SentenceEncoder, Tokenized, load_minilm
+from multihead.models.safe_files import write_bytes_atomic
+from multihead.tools.heads import mask_heads
+from multihead.tools.importance import head_importance
+from multihead.train.corpus import shakespeare_plays
+
+FRACTIONS = tuple(i / 10 for i in range(10))
+METHODS = ("ablation", "gradient", "gradient-raw", "random")
+SCALE = 20.0  # 1 / temperature of the contrastive loss (MultipleNegativesRankingLoss's default)
+
+
+# ---------------------------------------------------------------- data
+def split_works(titles: list[str]) -> tuple[list[str], list[str]]:
+    """Sorted titles -> (calibration works: even positions, held-out works: odd positions)."""
+    ordered = sorted(titles)
+    return ordered[0::2], ordered[1::2]
+
+
+def work_lines(text: str, min_words: int) -> list[str | None]:
+    """Each text line stripped, or None where it has fewer than ``min_words`` words."""
+    return [line.strip() if len(line.split()) >= min_words else None for line in text.split("\n")]
+
+
+def next_line_pairs(lines: list[str | None]) -> list[tuple[str, str]]:
+    """(line, the line right after it) wherever both qualify."""
+    return [(a, b) for a, b in zip(lines, lines[1:]) if a is not None and b is not None]
+
+
+@dataclass(frozen=True)
+class Lines:
+    calib_pairs: list[tuple[str, str]]
+    heldout: list[str]
+
+
+def load_lines(model: SentenceEncoder, args) -> Lines:
+    texts = shakespeare_plays()
+    calib_works, held_works = split_works(list(texts))
+
+    def short(line: str) -> bool:  # [CLS] and [SEP] included
+        return len(model.tokenizer.encode(line).ids) <= args.max_tokens
+
+    pairs = [p for t in calib_works for p in next_line_pairs(work_lines(texts[t], args.min_words))]
+    pairs = [p for p in pairs if short(p[0]) and short(p[1])]
+    calib_seen = {line for t in calib_works for line in work_lines(texts[t], args.min_words) if line}
+    held = sorted({line for t in held_works for line in work_lines(texts[t], args.min_words) if line} - calib_seen)
+    held = [line for line in held if short(line)]
+    if len(pairs) < args.calib_pairs or len(held) < args.heldout:
+        raise ValueError(
+            f"asked for {args.calib_pairs} calibration pairs and {args.heldout} held-out lines, "
+            f"the corpus has {len(pairs)} and {len(held)}"
+        )
+    return Lines(random.Random(args.seed).sample(pairs, args.calib_pairs),
+                 random.Random(args.seed + 1).sample(held, args.heldout))  # fmt: skip
+
+
+# ---------------------------------------------------------------- importance
+@dataclass(frozen=True)
+class PairBatch:
+    """B anchors then their B next lines, padded together: tok [2B, T]."""
+
+    tok: Tokenized
+    size: int
+
+
+@dataclass(frozen=True)
+class RefBatch:
+    """Lines [B, T] and their unpruned embeddings [B, C]."""
+
+    tok: Tokenized
+    reference: torch.Tensor
+
+
+def contrastive_loss(model: SentenceEncoder, batch: PairBatch) -> torch.Tensor:
+    """In-batch InfoNCE: anchor i must pick its next line among the batch's next lines."""
+    emb = model(batch.tok.input_ids, batch.tok.attention_mask, batch.tok.token_type_ids)  # (2B, C), unit norm
+    anchors, positives = emb[: batch.size], emb[batch.size :]  # (B, C) each
+    logits = SCALE * anchors @ positives.T  # (B, B): 20 * cos
+    return F.cross_entropy(logits, torch.arange(batch.size))
+
+
+def drift_loss(model: SentenceEncoder, batch: RefBatch) -> torch.Tensor:
+    """1 - mean cosine to the unpruned embeddings."""
+    emb = model(batch.tok.input_ids, batch.tok.attention_mask, batch.tok.token_type_ids)  # (B, C)
+    return 1.0 - F.cosine_similarity(emb, batch.reference, dim=1).mean()
+
+
+def importance_scores(model: SentenceEncoder, lines: Lines, args) -> tuple[dict[str, torch.Tensor], dict]:
+    """method -> [L, H] scores (higher = keep longer), and timings / losses."""
+    info: dict = {}
+    bs = args.batch_size
+    pairs = lines.calib_pairs
+    pair_batches = [
+        PairBatch(model.tokenize([a for a, _ in chunk] + [b for _, b in chunk]), len(chunk))
+        for chunk in (pairs[i : i + bs] for i in range(0, len(pairs), bs))
+    ]
+    with torch.no_grad():
+        info["contrastive_loss"] = sum(float(contrastive_loss(model, b)) for b in pair_batches) / len(pair_batches)
+        hits = 0
+        for b in pair_batches:
+            emb = model(b.tok.input_ids, b.tok.attention_mask, b.tok.token_type_ids)  # (2B, C)
+            hits += int((emb[: b.size] @ emb[b.size :].T).argmax(dim=1).eq(torch.arange(b.size)).sum())
+        info["retrieval"] = hits / len(pairs)
+    start = time.perf_counter()
+    raw = head_importance(model, pair_batches, contrastive_loss, method="gradient", normalize=None,
+                          token_mask=lambda b: b.tok.attention_mask.bool())  # fmt: skip
+    info["gradient_s"] = time.perf_counter() - start
+    anchors = [a for a, _ in pairs[: args.ablation_pairs]]
+    ref_batches = []
+    for i in range(0, len(anchors), bs):
+        tok = model.tokenize(anchors[i : i + bs])
+        with torch.no_grad():
+            ref_batches.append(RefBatch(tok, model(tok.input_ids, tok.attention_mask, tok.token_type_ids)))
+    start = time.perf_counter()
+    ablation = head_importance(model, ref_batches, drift_loss, method="ablation", normalize=None)
+    info["ablation_s"] = time.perf_counter() - start
+    L, H = raw.shape
+    generator = torch.Generator().manual_seed(args.seed)
+    scores = {
+        "ablation": ablation,
+        "gradient": raw / (raw.norm(dim=1, keepdim=True) + 1e-20),  # head_importance's normalize="layer"
+        "gradient-raw": raw,
+        "random": torch.rand(L, H, generator=generator, dtype=torch.float64),
+    }
+    return scores, info
+
+
+def pruning_order(scores: torch.Tensor) -> list[tuple[int, int]]:
+    """[L, H] scores -> (layer, head) from the lowest score up (ties: lower index first)."""
+    H = scores.shape[1]
+    order = torch.argsort(scores.flatten(), stable=True)  # (L, H) -> (L * H,)
+    return [(int(i) // H, int(i) % H) for i in order]
+
+
+def head_table(order: list[tuple[int, int]], count: int) -> dict[int, list[int]]:
+    """The first ``count`` heads of ``order`` as ``{layer: [head, ...]}``."""
+    table: dict[int, list[int]] = {}
+    for layer, head in order[:count]:
+        table.setdefault(layer, []).append(head)
+    return table
+
+
+# ---------------------------------------------------------------- fidelity
+def neighbour_agreement(reference: torch.Tensor, pruned: torch.Tensor, k: int = 10) -> float:
+    """Mean over rows i of |top-k(i) under ``pruned`` & top-k(i) under ``reference``| / k.
+
+    Neighbours by cosine among the N rows [N, C], row i itself excluded.
+    """
+    N = reference.shape[0]
+    if not 0 < k < N:
+        raise ValueError(f"k={k} must be in [1, {N - 1}] for {N} rows")
+
+    def neighbours(emb: torch.Tensor) -> torch.Tensor:  # (N, C) -> (N, N) bool, k True per row
+        unit = F.normalize(emb.double(), dim=1)
+        sims = (unit @ unit.T).fill_diagonal_(float("-inf"))  # (N, N)
+        picked = torch.zeros(N, N, dtype=torch.bool)
+        return picked.scatter_(1, sims.topk(k, dim=1).indices, True)
+
+    return float((neighbours(reference) & neighbours(pruned)).sum(dim=1).double().mean() / k)
+
+
+def fidelity(reference: torch.Tensor, pruned: torch.Tensor) -> tuple[float, float]:
+    """(mean cosine to the reference, top-10 neighbour agreement)."""
+    cos = F.cosine_similarity(pruned.double(), reference.double(), dim=1).mean()
+    return float(cos), neighbour_agreement(reference, pruned)
+
+
+# ---------------------------------------------------------------- report
+def plot(rows: dict[str, list[tuple[float, float]]], heads: list[int], total: int) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (cos_ax, nn_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    x = [100 * n / total for n in heads]
+    for method, values in rows.items():
+        cos_ax.plot(x, [c for c, _ in values], marker="o", label=method)
+        nn_ax.plot(x, [a for _, a in values], marker="o", label=method)
+    cos_ax.set(xlabel="heads masked (% of 72)", ylabel="mean cosine to the original",
+               title="embedding fidelity (held-out lines)")  # fmt: skip
+    nn_ax.set(xlabel="heads masked (% of 72)", ylabel="top-10 neighbour agreement", title="neighbourhoods kept")
+    for ax in (cos_ax, nn_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("all-MiniLM-L6-v2, heads masked one-shot by global score")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calib-pairs", type=int, default=2048, help="calibration (line, next line) pairs")
+    parser.add_argument("--ablation-pairs", type=int, default=512, help="anchors of the first N pairs for ablation")
+    parser.add_argument("--heldout", type=int, default=2000, help="held-out lines")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--min-words", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--png", type=Path, default=Path("docs/img/minilm_pruning.png"))
+    args = parser.parse_args()
+    if not 0 < args.ablation_pairs <= args.calib_pairs:
+        raise SystemExit(f"--ablation-pairs={args.ablation_pairs} must be in [1, --calib-pairs={args.calib_pairs}]")
+    begin = time.perf_counter()
+    model = load_minilm()
+    lines = load_lines(model, args)
+    print(f"calibration: {len(lines.calib_pairs)} pairs (ablation: {args.ablation_pairs} anchors); "
+          f"held-out: {len(lines.heldout)} lines; batch {args.batch_size}")  # fmt: skip
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    scores, info = importance_scores(model, lines, args)
+    print(f"contrastive loss of the unpruned model: {info['contrastive_loss']:.4f} "
+          f"(chance: ln {args.batch_size} = {torch.tensor(float(args.batch_size)).log():.4f}), next line "
+          f"retrieved first for {info['retrieval']:.1%} (chance {1 / args.batch_size:.1%}); "
+          f"gradient scores {info['gradient_s']:.0f} s, ablation scores {info['ablation_s']:.0f} s")  # fmt: skip
+    reference = model.encode(lines.heldout, batch_size=args.batch_size)  # (N, C)
+    L, H = scores["ablation"].shape
+    heads = [int(L * H * p) for p in FRACTIONS]
+    rows: dict[str, list[tuple[float, float]]] = {m: [] for m in METHODS}
+    for method in METHODS:
+        order = pruning_order(scores[method])
+        for count in heads:
+            with mask_heads(model, head_table(order, count)):
+                pruned = model.encode(lines.heldout, batch_size=args.batch_size)
+            rows[method].append(fidelity(reference, pruned))
+        kept = [H - len(head_table(order, heads[5]).get(i, [])) for i in range(L)]
+        print(f"{method}: heads kept per layer at {heads[5]} masked: {kept}")
+    print()
+    print("| masked | heads | " + " | ".join(f"{m} cos | {m} NN@10" for m in METHODS) + " |")
+    print("|---|---|" + "---|---|" * len(METHODS))
+    for j, (p, count) in enumerate(zip(FRACTIONS, heads)):
+        cells = " | ".join(f"{rows[m][j][0]:.4f} | {rows[m][j][1]:.3f}" for m in METHODS)
+        print(f"| {p:.0%} | {count} | {cells} |")
+    args.png.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(args.png, plot(rows, heads, L * H))
+    print(f"\nwrote {args.png}; wall time {time.perf_counter() - begin:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The measuring parts of benchmarks/minilm_pruning.py against plain Python loops."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds benchmarks/
+
+from benchmarks.minilm_pruning import (  # noqa: E402
+    head_table,
+    neighbour_agreement,
+    next_line_pairs,
+    pruning_order,
+    split_works,
+    work_lines,
+)
+
+
+def _loop_neighbours(rows: list[list[float]], i: int, k: int) -> set[int]:
+    def cos(a, b):
+        dot = sum(x * y for x, y in zip(a, b))
+        return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+    others = sorted((j for j in range(len(rows)) if j != i), key=lambda j: -cos(rows[i], rows[j]))
+    return set(others[:k])
+
+
+def test_neighbour_agreement_matches_a_loop():
+    g = torch.Generator().manual_seed(0)
+    reference = torch.randn(23, 6, generator=g)
+    pruned = reference + 0.7 * torch.randn(23, 6, generator=g)
+    k = 4
+    ref_rows, pruned_rows = reference.tolist(), pruned.tolist()
+    want = sum(len(_loop_neighbours(ref_rows, i, k) & _loop_neighbours(pruned_rows, i, k)) / k for i in range(23)) / 23
+    got = neighbour_agreement(reference, pruned, k=k)
+    assert 0.0 < want < 1.0  # the noise changes some neighbourhoods, not all
+    assert got == pytest.approx(want, abs=1e-12)
+    # the same rows on both sides: the same operations on the same tensors, so exactly 1
+    assert neighbour_agreement(reference, reference.clone(), k=k) == 1.0
+
+
+def test_neighbour_agreement_refuses_k_out_of_range():
+    x = torch.randn(5, 3)
+    with pytest.raises(ValueError, match=r"k=5 must be in \[1, 4\] for 5 rows"):
+        neighbour_agreement(x, x, k=5)
+
+
+def test_pruning_order_is_a_global_ascending_ranking():
+    scores = torch.tensor([[0.5, 0.1, 0.9], [0.3, 0.1, 0.7]], dtype=torch.float64)
+    want = sorted((float(scores[i, h]), i, h) for i in range(2) for h in range(3))  # ties: lower index first
+    order = pruning_order(scores)
+    assert order == [(i, h) for _, i, h in want]
+    assert head_table(order, 3) == {0: [1], 1: [1, 0]}
+    assert head_table(order, 0) == {}
+
+
+def test_lines_pairs_and_work_split():
+    text = "HAMLET.\nTo be, or not to be, that is\nthe question: whether tis nobler in the mind\n\nshort line\n"
+    lines = work_lines(text, 5)
+    assert lines == [None, "To be, or not to be, that is", "the question: whether tis nobler in the mind",
+                     None, None, None]  # fmt: skip
+    assert next_line_pairs(lines) == [("To be, or not to be, that is", "the question: whether tis nobler in the mind")]
+    calib, held = split_works(["c", "a", "d", "b", "e"])
+    assert (calib, held) == (["a", "c", "e"], ["b", "d"])

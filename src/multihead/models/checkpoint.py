@@ -312,7 +312,8 @@ def load_checkpoint(
             stored, checksums = found
         if config is not None and config != stored:
             want, got = config.to_dict(), stored.to_dict()
-            diff = {k: (got[k], want[k]) for k in want if want[k] != got[k]}
+            names = [*want, *(k for k in got if k not in want)]  # a field may be left out on one side
+            diff = {k: (got.get(k), want.get(k)) for k in names if want.get(k) != got.get(k)}
             raise ValueError(
                 f"{weights_path}: the checkpoint config differs from the expected config: "
                 f"{{field: (stored, expected)}} = {diff}"

@@ -74,6 +74,8 @@ _INSPECT_EXAMPLES = """examples:
   multihead inspect "Its application should be just." --layer 2 --out law-heads
   multihead generate --preset tiny --seed 0 --save-init tiny-init
   multihead inspect "To be, or not to be" --checkpoint tiny-init
+  multihead inspect "To be, or not to be" --checkpoint tiny-init --importance
+  multihead inspect "The cat sat on the mat." --hf path/to/hf-model-folder --importance
 """
 
 
@@ -89,7 +91,11 @@ def _add_inspect(sub) -> argparse.ArgumentParser:
             "roles (previous/next token, self, [CLS], [SEP], punctuation, broad, rare token), print a "
             "table of heads with their roles, a legend of the scores and the strongest token links, and "
             "write heads.html (head view, model view, role table; opens from disk), heads.png and "
-            "heads.json into --out. A text longer than the model's maximum (256 tokens for MiniLM) is "
+            "heads.json into --out. --hf DIR does the same for any local Hugging Face model folder "
+            "(config.json, safetensors weights, tokenizer.json), run on multihead attention. --importance "
+            "adds each head's ablation score: the loss increase when that head alone is masked (a GPT's LM "
+            "loss on the text; for an encoder 1 - cosine between the masked and the whole text's mean-pooled "
+            "embedding). A text longer than the model's maximum (256 tokens for MiniLM) is "
             "refused unless --truncate is given."
         ),
         epilog=_INSPECT_EXAMPLES,
@@ -104,6 +110,14 @@ def _add_inspect(sub) -> argparse.ArgumentParser:
     ins.add_argument(
         "--tokenizer", metavar="FILE", help="tokenizer.json for a --checkpoint whose vocabulary is not bytes"
     )
+    ins.add_argument(
+        "--hf", metavar="DIR",
+        help="a local Hugging Face model folder (config.json, weights, tokenizer.json) instead of --model",
+    )  # fmt: skip
+    ins.add_argument(
+        "--importance", action="store_true",
+        help="score each head by ablation (loss increase when it alone is masked; one pass per head)",
+    )  # fmt: skip
     ins.add_argument("--layer", type=int, metavar="L", help="only this layer")
     ins.add_argument(
         "--truncate",
@@ -301,6 +315,8 @@ def _inspect(args: argparse.Namespace) -> int:
         layer=args.layer,
         out=args.out,
         truncate=args.truncate,
+        hf=args.hf,
+        importance=args.importance,
     )
     return 0
 

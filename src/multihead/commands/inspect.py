@@ -1,7 +1,9 @@
 """``multihead inspect "TEXT"``: what every head of a real model attends to.
 
-Loads the pretrained MiniLM encoder (default) or a GPT checkpoint (or the
-run directory of ``multihead train``, with its own tokenizer), runs the
+Loads the pretrained MiniLM encoder (default), a GPT checkpoint (or the
+run directory of ``multihead train``, with its own tokenizer) or any local
+Hugging Face model folder (``hf``: config.json, weights and tokenizer.json,
+run on multihead attention through ``multihead.hf``), runs the
 text through it while capturing every head's exact weights, scores each head
 for the documented roles (``tools.roles``), prints a table of heads with
 their roles, a legend of the scores and the strongest token links, and
@@ -10,6 +12,11 @@ writes three files:
     heads.html   head view, model view and role table (one self-contained page)
     heads.png    layers x heads grid of heatmaps
     heads.json   the record (weights and tokens) plus the roles
+
+With ``importance`` every head also gets an ablation score
+(``head_scores``: the loss increase when the head alone is masked), a
+column of the printed table and ``"importance"`` among its scores in
+heads.json and heads.html.
 
 Mistakes are refused before any work: an output folder that cannot be
 written, a missing tokenizer file, options that contradict each other, an
@@ -29,6 +36,7 @@ import torch
 
 from ..tools.capture import AttentionRecord, capture
 from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format_roles, role_legend, strongest_links
+from .head_scores import IMPORTANCE_MEANING, format_with_importance
 from .paths import input_file, output_folder
 from .run_dir import run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
@@ -68,13 +76,15 @@ def _run_minilm(text: str, truncate: bool) -> tuple[AttentionRecord, Encoded, li
     from ..models.minilm import load_minilm
 
     model = load_minilm()
+    from .head_scores import encoder_importance
+
     enc = encode_text(model.tokenizer, text, model.max_seq_length, model=_MINILM, truncate=truncate)
     ids = torch.tensor([enc.ids])  # (1, T)
     with torch.no_grad(), capture(model.encoder) as record:
         model.encoder(ids, attention_mask=torch.ones_like(ids))
     record.source = _MINILM
     note = f"; {_MINILM} is an English, uncased model"
-    return record, enc, notices(enc, model=_MINILM, language_note=note)
+    return record, enc, notices(enc, model=_MINILM, language_note=note), lambda: encoder_importance(model, ids)
 
 
 def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
@@ -106,10 +116,66 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
         raise ValueError(
             f"the checkpoint's vocabulary has {vocab} tokens, not 256 bytes: pass --tokenizer tokenizer.json"
         )
+    from .head_scores import gpt_importance
+
+    ids = torch.tensor([enc.ids])  # (1, T)
     with torch.no_grad(), capture(model) as record:
-        model(torch.tensor([enc.ids]))  # (1, T)
+        model(ids)
     record.source = source
-    return record, enc, notices(enc, model=name)
+    return record, enc, notices(enc, model=name), lambda: gpt_importance(model, ids)
+
+
+def _hf_folder(hf: str) -> Path:
+    """The --hf folder, checked: config.json and tokenizer.json in it."""
+    folder = Path(hf)
+    if not folder.is_dir():
+        raise ValueError(f"--hf {hf}: no such folder (expected a Hugging Face model folder)")
+    for name, what in (("config.json", "the model's configuration"), ("tokenizer.json", "its tokenizers file")):
+        if not (folder / name).is_file():
+            raise ValueError(f"--hf {hf}: no {name} in it ({what})")
+    return folder
+
+
+def _run_hf(text: str, hf: str, truncate: bool):
+    from ..hf import capture as hf_capture
+    from ..hf import load_hf
+    from .head_scores import hf_importance
+
+    folder = _hf_folder(hf)
+    tok = load_tokenizer(str(folder / "tokenizer.json"))
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the terminal shows the heads, not a loading bar
+    try:
+        model = load_hf(folder)
+    except Exception as e:  # transformers raises many types (ValueError, OSError, KeyError) for a foreign folder
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"--hf {hf}: not a transformers model folder ({reason})") from None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    config = model.config
+    limit = next((v for n in ("max_position_embeddings", "n_positions") if isinstance(v := getattr(config, n, None), int)), None)
+    name = f"{config.model_type} model {hf}"
+    enc = encode_text(tok, text, limit or 1 << 30, model=name, truncate=truncate)
+    ids = torch.tensor([enc.ids])  # (1, T)
+    if max(enc.ids) >= config.vocab_size:
+        raise ValueError(f"--hf {hf}: tokenizer.json produced id {max(enc.ids)}, but vocab_size is {config.vocab_size}")
+    with torch.no_grad(), hf_capture(model) as record:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    record.source = name
+    L, H = record.num_layers, record.layers[0].num_heads
+    return record, enc, notices(enc, model=name), lambda: hf_importance(model, ids, L, H)
+
+
+def _visible(record: AttentionRecord, T: int) -> torch.Tensor:
+    """[T, T] bool: causal when every head gives exactly zero weight above the diagonal
+    (masked keys get exact zeros on multihead attention; a softmax over visible keys never does)."""
+    above = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, S)
+    causal = all(bool((entry.weights[..., above] == 0).all()) for entry in record.layers)
+    full = torch.ones(T, T, dtype=torch.bool)
+    return full.tril() if causal else full
 
 
 def inspect_text(
@@ -120,6 +186,8 @@ def inspect_text(
     tokenizer: str | None = None,
     layer: int | None = None,
     truncate: bool = False,
+    hf: str | None = None,
+    importance: bool = False,
 ) -> Inspection:
     """Capture and classify every head on ``text``.
 
@@ -134,11 +202,22 @@ def inspect_text(
         layer: keep only this layer.
         truncate: analyse the first tokens of a text longer than the model's
             maximum (with a notice) instead of refusing it.
+        hf: a local Hugging Face model folder (config.json, weights,
+            tokenizer.json); not with ``model``, ``checkpoint`` or ``tokenizer``.
+        importance: add each head's ablation score as ``"importance"`` to
+            its role scores (``head_scores``).
 
     Raises:
         ValueError: contradicting options, unknown model, a missing or bad
-            tokenizer file, empty or too long text, layer out of range.
+            tokenizer file, empty or too long text, layer out of range, an
+            ``hf`` folder without config.json or tokenizer.json or that
+            transformers cannot load.
     """
+    if hf is not None:
+        given = [f"{flag} {value}" for flag, value in (("--model", model), ("--checkpoint", checkpoint),
+                                                       ("--tokenizer", tokenizer)) if value is not None]  # fmt: skip
+        if given:
+            raise ValueError(f"--hf {hf} brings its model and tokenizer; it cannot go with {' '.join(given)}")
     if checkpoint is not None and model is not None:
         raise ValueError(f"give --model or --checkpoint, not both (got --model {model} --checkpoint {checkpoint})")
     if tokenizer is not None and checkpoint is None:
@@ -152,11 +231,14 @@ def inspect_text(
     check_text(text)
     if tokenizer is not None:
         input_file("--tokenizer", tokenizer, "a Hugging Face tokenizer.json")
-    if checkpoint is not None:
-        record, enc, notes = _run_gpt(text, checkpoint, tokenizer, truncate)
+    if hf is not None:
+        record, enc, notes, scorer = _run_hf(text, hf, truncate)
+        visible = _visible(record, len(enc.ids))
+    elif checkpoint is not None:
+        record, enc, notes, scorer = _run_gpt(text, checkpoint, tokenizer, truncate)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
     else:
-        record, enc, notes = _run_minilm(text, truncate)
+        record, enc, notes, scorer = _run_minilm(text, truncate)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     record.query_tokens = list(enc.tokens)
     if layer is not None:
@@ -164,6 +246,10 @@ def inspect_text(
             raise ValueError(f"--layer {layer} out of range: the model has layers 0..{record.num_layers - 1}")
         record.layers = [record.layers[layer]]
     roles = classify_heads(record, token_ids=enc.ids, mask=visible)
+    if importance:
+        scores = scorer()  # (L, H) in model layer order, as the record's layer numbers
+        for r in roles:
+            r.scores["importance"] = float(scores[r.layer, r.head])
     return Inspection(record, enc.ids, roles, visible, enc.analysed, enc.total, notes)
 
 
@@ -224,6 +310,8 @@ def run(
     layer: int | None = None,
     out: str = "out",
     truncate: bool = False,
+    hf: str | None = None,
+    importance: bool = False,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Path]:
     """The CLI command: print roles, legend and links, write the three files.
@@ -244,20 +332,27 @@ def run(
         raise ImportError("multihead inspect draws heads.png with matplotlib, which is not installed: "
                           "pip install 'multihead[viz]'")
     folder = output_folder("--out", out, OUTPUT_FILES)
-    found = inspect_text(text, model=model, checkpoint=checkpoint, tokenizer=tokenizer, layer=layer, truncate=truncate)
+    found = inspect_text(
+        text, model=model, checkpoint=checkpoint, tokenizer=tokenizer, layer=layer, truncate=truncate, hf=hf,
+        importance=importance,
+    )
     record, roles = found.record, found.roles
     echo(f"{record.source}: {record.num_layers} layers x {record.layers[0].num_heads} heads on")
     echo(f"  {' '.join(record.query_tokens)}")
     for note in found.notices:
         echo(f"notice: {note}")
     echo("")
-    echo(format_roles(roles))
+    echo(format_with_importance(roles) if importance else format_roles(roles))
     echo("")
     echo(format_legend())
+    if importance:
+        echo(f"  importance  {IMPORTANCE_MEANING}")
     echo(_links_table(found))
     folder.mkdir(parents=True, exist_ok=True)
     title = _title(record.source, found)
     legend = {name: {"meaning": meaning, "threshold": limit} for name, meaning, limit in role_legend()}
+    if importance:
+        legend["importance"] = {"meaning": IMPORTANCE_MEANING, "threshold": None}
     paths = {
         "html": write_html(record, folder / "heads.html", roles=roles, title=title, legend=legend, notices=found.notices),
         "png": write_png(record, folder / "heads.png", roles=roles),

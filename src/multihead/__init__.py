@@ -13,7 +13,7 @@ The public API on one screen:
 * ``multihead.convert.from_official`` weights from the variants' official code
 * ``multihead.models``     GPT-2 family, encoder-decoder Transformer, BERT/MiniLM
 * ``multihead.tools``      capture attention, head roles, views, head importance,
-                           masking heads, MHA -> GQA conversion
+                           masking and pruning heads, MHA -> GQA conversion
 * ``multihead.hf``         multihead as the attention of any Hugging Face
                            transformers model (imported on demand: docs/hf.md)
 """

@@ -1,10 +1,12 @@
 """Tools that take models or tensors: capture attention, score head roles,
-draw the views, mask heads and score their importance, convert MHA to GQA."""
+draw the views, mask heads and score their importance, prune heads,
+convert MHA to GQA."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .convert_heads import to_gqa
 from .heads import attention_layers, mask_heads
 from .importance import head_importance
+from .prune import prune_closed_heads, prune_heads
 from .roles import (
     ROLE_THRESHOLDS,
     SCORE_MEANINGS,
@@ -37,4 +39,6 @@ __all__ = [
     "mask_heads",
     "head_importance",
     "to_gqa",
+    "prune_heads",
+    "prune_closed_heads",
 ]

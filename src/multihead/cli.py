@@ -257,7 +257,7 @@ def _add_compare(sub) -> argparse.ArgumentParser:
 _CONVERT_EXAMPLES = """examples:
   multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini --out runs/mini-gqa2
   multihead convert --to gqa --num-kv-heads 2 --method aligned --checkpoint runs/mini --out runs/mini-gqa2a
-  multihead convert --to gqa --num-kv-heads 1 --method aligned --checkpoint tiny-init --calibration-data notes.txt --out tiny-mqa
+  multihead convert --to gqa --num-kv-heads 1 --method aligned --checkpoint tiny-init --calibration-data a.txt --out mqa
   multihead generate --checkpoint runs/mini-gqa2 "To be"
 """
 
@@ -281,11 +281,14 @@ def _add_convert(sub) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     conv.add_argument("--to", required=True, metavar="KIND", help=f"target attention: {', '.join(TARGETS)}")
-    conv.add_argument("--num-kv-heads", type=int, required=True, metavar="G", help="key/value heads per layer, dividing H")
+    conv.add_argument(
+        "--num-kv-heads", type=int, required=True, metavar="G", help="key/value heads per layer, dividing H"
+    )
     conv.add_argument("--method", default="mean", metavar="M", help=f"{' or '.join(METHODS)} (default mean)")
     conv.add_argument(
-        "--checkpoint", required=True, metavar="PATH", help="a GPT checkpoint, or the run directory of 'multihead train'"
-    )
+        "--checkpoint", required=True, metavar="PATH",
+        help="a GPT checkpoint, or the run directory of 'multihead train'",
+    )  # fmt: skip
     conv.add_argument("--out", required=True, metavar="DIR", help="folder for the converted checkpoint and report.json")
     conv.add_argument(
         "--calibration-data", metavar="SOURCE",

@@ -92,7 +92,9 @@ def assert_same_weights(got: GPT, want: GPT) -> None:
 
 def test_mean_on_a_byte_run_reports_and_saves(byte_run, tmp_path):
     out = tmp_path / "gqa"
-    rc, stdout, err = quietly("convert", "--to", "gqa", "--num-kv-heads", "2", "--checkpoint", str(byte_run), "--out", str(out))
+    rc, stdout, err = quietly(
+        "convert", "--to", "gqa", "--num-kv-heads", "2", "--checkpoint", str(byte_run), "--out", str(out)
+    )
     assert rc == 0, err
     original = latest(byte_run)
     want = to_gqa(original, 2).eval()
@@ -130,7 +132,9 @@ def test_aligned_calibrates_on_the_run_training_tokens(byte_run, tmp_path):
 
 def test_bpe_run_brings_its_tokenizer_for_generate(bpe_run, tmp_path):
     out = tmp_path / "gqa"
-    rc, stdout, err = quietly("convert", "--to", "gqa", "--num-kv-heads", "2", "--checkpoint", str(bpe_run), "--out", str(out))
+    rc, stdout, err = quietly(
+        "convert", "--to", "gqa", "--num-kv-heads", "2", "--checkpoint", str(bpe_run), "--out", str(out)
+    )
     assert rc == 0, err
     assert (out / "tokenizer.json").read_bytes() == (bpe_run / "tokenizer" / "tokenizer.json").read_bytes()
     assert f"--tokenizer {out / 'tokenizer.json'}" in stdout

@@ -63,9 +63,13 @@ def _check_options(to: str, method: str, calibration_data: str | None, calibrati
     if method not in METHODS:
         raise ValueError(f"--method {method}: unknown method; valid: {', '.join(METHODS)}")
     if method == "mean":
-        given = [f for f, v in (("--calibration-data", calibration_data), ("--calibration-batches", calibration_batches)) if v is not None]
+        given = [
+            f
+            for f, v in (("--calibration-data", calibration_data), ("--calibration-batches", calibration_batches))
+            if v is not None
+        ]
         if given:
-            raise ValueError(f"{' and '.join(given)} only go with --method aligned (\"mean\" uses no calibration)")
+            raise ValueError(f'{" and ".join(given)} only go with --method aligned ("mean" uses no calibration)')
     if calibration_batches is not None and calibration_batches < 1:
         raise ValueError(f"--calibration-batches {calibration_batches}: give a number >= 1")
 
@@ -136,8 +140,10 @@ def _calibration(model, run_dir: Path | None, tokenizer, data: str | None, count
     elif run_dir is not None:
         tokens, where = read_tokens(run_dir / "data" / "train.bin"), f"{run_dir / 'data' / 'train.bin'}"
     else:
-        raise ValueError("--method aligned needs calibration text: give --calibration-data shakespeare|FILE "
-                         "(or --checkpoint a training run, whose data/train.bin is used)")
+        raise ValueError(
+            "--method aligned needs calibration text: give --calibration-data shakespeare|FILE "
+            "(or --checkpoint a training run, whose data/train.bin is used)"
+        )
     T = model.config.context_length
     if tokens.size < T + 1:
         raise ValueError(f"{where}: {tokens.size} tokens, fewer than the context {T} + 1 a calibration window needs")
@@ -251,8 +257,10 @@ def run(
 
 def _print(report: dict, folder: Path, has_tokenizer: bool, echo: Callable[[str], None]) -> None:
     (a0, a1), (g0, g1) = report["attention"], report["num_kv_heads"]
-    echo(f"{report['source']}: {a0} ({g0} key/value heads) -> {a1} ({g1}), method {report['method']}, "
-         f"{report['num_heads']} query heads")
+    echo(
+        f"{report['source']}: {a0} ({g0} key/value heads) -> {a1} ({g1}), method {report['method']}, "
+        f"{report['num_heads']} query heads"
+    )
     rows = [("parameters", *report["parameters"]), ("KV-cache bytes/token", *report["kv_cache_bytes_per_token"])]
     if report["val_loss"] is not None:
         rows.append(("val loss (nats/token)", *(f"{v:.4f}" for v in report["val_loss"])))
@@ -262,7 +270,9 @@ def _print(report: dict, folder: Path, has_tokenizer: bool, echo: Callable[[str]
         echo(f"  {name:<{width}}  {before!s:>12}  {after!s:>12}")
     if report["val_batches"] is not None:
         echo(f"  (validation: {report['val_batches']})")
-    echo(f"wrote {folder.resolve()} (config.json, model.safetensors, report.json"
-         f"{', tokenizer.json' if has_tokenizer else ''})")
+    echo(
+        f"wrote {folder.resolve()} (config.json, model.safetensors, report.json"
+        f"{', tokenizer.json' if has_tokenizer else ''})"
+    )
     extra = f" --tokenizer {folder / 'tokenizer.json'}" if has_tokenizer else ""
-    echo(f"try: multihead generate --checkpoint {folder}{extra} \"To be\"")
+    echo(f'try: multihead generate --checkpoint {folder}{extra} "To be"')

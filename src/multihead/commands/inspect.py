@@ -156,7 +156,8 @@ def _run_hf(text: str, hf: str, truncate: bool):
         if bar:
             hf_logging.enable_progress_bar()
     config = model.config
-    limit = next((v for n in ("max_position_embeddings", "n_positions") if isinstance(v := getattr(config, n, None), int)), None)
+    sizes = [getattr(config, n, None) for n in ("max_position_embeddings", "n_positions")]
+    limit = next((v for v in sizes if isinstance(v, int)), None)  # None: no positional limit
     name = f"{config.model_type} model {hf}"
     enc = encode_text(tok, text, limit or 1 << 30, model=name, truncate=truncate)
     ids = torch.tensor([enc.ids])  # (1, T)

@@ -156,7 +156,7 @@ def test_aligned_plain_checkpoint_with_calibration_text(plain, tmp_path):
     text = write_text(tmp_path / "calib.txt", seed=3)
     out = tmp_path / "gqa"
     rc, stdout, err = quietly("convert", "--to", "gqa", "--num-kv-heads", "2", "--method", "aligned", "--checkpoint",
-                              str(plain), "--calibration-data", str(text), "--calibration-batches", "1", "--out", str(out))  # fmt: skip
+                              str(plain), "--calibration-data", str(text), "--out", str(out))  # fmt: skip
     assert rc == 0, err
     report = json.loads((out / "report.json").read_text())
     assert report["val_loss"] is None and "val loss" not in stdout
@@ -165,8 +165,8 @@ def test_aligned_plain_checkpoint_with_calibration_text(plain, tmp_path):
     tokens = torch.tensor(list(load_corpus(str(text)).train.encode("utf-8")))
     batches = Batches(tokens.numpy(), batch_size=CALIBRATION_BATCH_SIZE, context_length=32, seed=CALIBRATION_SEED)
     assert_same_weights(load_checkpoint(out), to_gqa(load_checkpoint(plain), 2, method="aligned",
-                                                        calibration=[batches.get(0)[0]]))  # fmt: skip
-    assert DEFAULT_CALIBRATION_BATCHES >= 1
+                        calibration=[batches.get(i)[0] for i in range(DEFAULT_CALIBRATION_BATCHES)]))  # fmt: skip
+    assert report["calibration_batches"] == DEFAULT_CALIBRATION_BATCHES
 
 
 def refused(*argv: str) -> str:

@@ -1,15 +1,11 @@
 """The measuring parts of benchmarks/minilm_pruning.py against plain Python loops."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds benchmarks/
-
-from benchmarks.minilm_pruning import (  # noqa: E402
+from benchmarks.minilm_pruning import (  # the repository root is on pytest's pythonpath
     head_table,
     neighbour_agreement,
     next_line_pairs,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import random
 from pathlib import Path
@@ -11,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from support.cli import quietly
 
-from multihead.cli import main
 from multihead.commands.convert import CALIBRATION_BATCH_SIZE, CALIBRATION_SEED, DEFAULT_CALIBRATION_BATCHES
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
@@ -29,17 +27,6 @@ def write_text(path: Path, lines: int = 300, seed: int = 0) -> Path:
     rng = random.Random(seed)
     path.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(lines)) + "\n")
     return path
-
-
-def quietly(*argv: str) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of ``multihead ARGV``."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 def train(folder: Path, *extra: str) -> Path:

@@ -9,9 +9,7 @@ any head hook. Different operations: float32 tolerances, never bitwise.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 from pathlib import Path
 
@@ -22,12 +20,12 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
+from support.cli import quietly  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from tokenizers.models import WordLevel  # noqa: E402
 from tokenizers.pre_tokenizers import Whitespace  # noqa: E402
 from tokenizers.processors import TemplateProcessing  # noqa: E402
 
-from multihead.cli import main  # noqa: E402
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from multihead.models.gpt import GPT, GPTConfig  # noqa: E402
 from multihead.tools.capture import AttentionRecord, LayerAttention  # noqa: E402
@@ -35,16 +33,6 @@ from multihead.tools.roles import classify_heads  # noqa: E402
 
 WORDS = "the cat sat on mat a dog ran to park and . ,".split()
 TEXT = "the cat sat on the mat , a dog ran to the park ."
-
-
-def quietly(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 def refused(*argv: str) -> str:

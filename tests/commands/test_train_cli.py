@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import math
 import os
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.cli import quietly
 
 from multihead.cli import _parsers, build_parser, main
 from multihead.commands.train import FLAGS, OTHER_FIELDS, config_values, is_rank_zero, parse_attention_options
@@ -229,13 +228,7 @@ TINY = ["--preset", "tiny", "--batch-size", "8", "--eval-batches", "2", "--warmu
 
 def train_quietly(*argv: str) -> tuple[int, str, str]:
     """``multihead train ARGV`` with stdout and stderr captured (for module-scoped fixtures)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(["train", *argv])
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
+    return quietly("train", *argv)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from multihead.train import TrainConfig
 
 
@@ -17,3 +19,14 @@ def tiny_config(tmp_path: Path, text: str, **values) -> TrainConfig:
         data.write_text(text, encoding="utf-8")
     base = dict(data=str(data), preset="tiny", context_length=16, eval_batches=2, out=str(tmp_path / "run"), threads=1)
     return TrainConfig(**{**base, **values})
+
+
+def assert_follows(got, want):
+    """Two 6-step runs' metrics.jsonl records (evaluated at steps 3 and 6)
+    agree step by step to float32 rounding (different sums)."""
+    assert [m["step"] for m in got] == [m["step"] for m in want] == [1, 2, 3, 4, 5, 6]
+    for key in ("train_loss", "grad_norm", "lr"):
+        torch.testing.assert_close(torch.tensor([m[key] for m in got]), torch.tensor([m[key] for m in want]))
+    val = [[m["val_loss"] for m in rows if "val_loss" in m] for rows in (got, want)]
+    assert len(val[0]) == 2  # steps 3 and 6
+    torch.testing.assert_close(torch.tensor(val[0]), torch.tensor(val[1]))

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 from safetensors import safe_open
+from support.training import assert_follows
 from support.training import tiny_config as support_tiny_config
 
 from multihead.models.checkpoint import load_checkpoint
@@ -47,16 +48,6 @@ SCRIPT = textwrap.dedent(
 
 def metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def assert_follows(got, want):
-    """Two runs' metrics.jsonl agree step by step to float32 rounding (different sums)."""
-    assert [m["step"] for m in got] == [m["step"] for m in want] == [1, 2, 3, 4, 5, 6]
-    for key in ("train_loss", "grad_norm", "lr"):
-        torch.testing.assert_close(torch.tensor([m[key] for m in got]), torch.tensor([m[key] for m in want]))
-    val = [[m["val_loss"] for m in rows if "val_loss" in m] for rows in (got, want)]
-    assert len(val[0]) == 2  # steps 3 and 6
-    torch.testing.assert_close(torch.tensor(val[0]), torch.tensor(val[1]))
 
 
 def assert_close(got, want, where, **tolerance):

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from multihead.models.minilm import SentenceEncoder, Tokenized, load_minilm
 from multihead.models.safe_files import write_bytes_atomic
+from multihead.tools.fidelity import fidelity, head_table, neighbour_agreement, pruning_order  # noqa: F401 (re-exported)
 from multihead.tools.heads import mask_heads
 from multihead.tools.importance import head_importance
 from multihead.train.corpus import shakespeare_plays
@@ -171,46 +172,6 @@ def importance_scores(model: SentenceEncoder, lines: Lines, args) -> tuple[dict[
         "random": torch.rand(L, H, generator=generator, dtype=torch.float64),
     }
     return scores, info
-
-
-def pruning_order(scores: torch.Tensor) -> list[tuple[int, int]]:
-    """[L, H] scores -> (layer, head) from the lowest score up (ties: lower index first)."""
-    H = scores.shape[1]
-    order = torch.argsort(scores.flatten(), stable=True)  # (L, H) -> (L * H,)
-    return [(int(i) // H, int(i) % H) for i in order]
-
-
-def head_table(order: list[tuple[int, int]], count: int) -> dict[int, list[int]]:
-    """The first ``count`` heads of ``order`` as ``{layer: [head, ...]}``."""
-    table: dict[int, list[int]] = {}
-    for layer, head in order[:count]:
-        table.setdefault(layer, []).append(head)
-    return table
-
-
-# ---------------------------------------------------------------- fidelity
-def neighbour_agreement(reference: torch.Tensor, pruned: torch.Tensor, k: int = 10) -> float:
-    """Mean over rows i of |top-k(i) under ``pruned`` & top-k(i) under ``reference``| / k.
-
-    Neighbours by cosine among the N rows [N, C], row i itself excluded.
-    """
-    N = reference.shape[0]
-    if not 0 < k < N:
-        raise ValueError(f"k={k} must be in [1, {N - 1}] for {N} rows")
-
-    def neighbours(emb: torch.Tensor) -> torch.Tensor:  # (N, C) -> (N, N) bool, k True per row
-        unit = F.normalize(emb.double(), dim=1)
-        sims = (unit @ unit.T).fill_diagonal_(float("-inf"))  # (N, N)
-        picked = torch.zeros(N, N, dtype=torch.bool)
-        return picked.scatter_(1, sims.topk(k, dim=1).indices, True)
-
-    return float((neighbours(reference) & neighbours(pruned)).sum(dim=1).double().mean() / k)
-
-
-def fidelity(reference: torch.Tensor, pruned: torch.Tensor) -> tuple[float, float]:
-    """(mean cosine to the reference, top-10 neighbour agreement)."""
-    cos = F.cosine_similarity(pruned.double(), reference.double(), dim=1).mean()
-    return float(cos), neighbour_agreement(reference, pruned)
 
 
 # ---------------------------------------------------------------- report

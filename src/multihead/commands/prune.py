@@ -1,0 +1,325 @@
+"""``multihead prune``: remove the least important attention heads for good, save and report.
+
+    multihead prune --model minilm-l6 --method ablation --keep 0.5 --out minilm-half
+    multihead prune --checkpoint runs/mini --method gradient --keep 0.75 --out runs/mini-pruned
+
+Scores every head with ``tools.importance.head_importance`` on calibration
+data, removes the lowest ``L*H - keep`` of them with ``tools.prune.prune_heads``
+(``keep = max(L, round(FRACTION * L * H))``; one ranking over all layers,
+skipping a head whose removal would leave its layer empty:
+``tools.fidelity.keep_heads``), saves the pruned model into ``--out``
+(atomically) and prints a report, also written to ``--out/report.json``.
+
+``--model minilm-l6`` (the pretrained all-MiniLM-L6-v2): Shakespeare's works
+sorted by title, even positions for calibration and odd ones held out (as
+benchmarks/minilm_pruning.py); lines of at least 5 words and at most 64
+tokens. Calibration: ``--calibration-lines`` pairs (line, next line) drawn
+with seed ``SEED``; "gradient" scores the in-batch next-line contrastive
+loss (cross-entropy of 20 * cos, padding excluded, rows normalised per
+layer), "ablation" the drift 1 - cos to the unpruned embeddings of the
+pairs' first lines. Fidelity: mean cosine and top-10 neighbour agreement on
+``HELDOUT_LINES`` held-out lines. Saved with ``save_sentence_encoder``
+(read back with ``load_sentence_encoder``).
+
+``--checkpoint`` (a GPT checkpoint or a ``multihead train`` run directory):
+the language-model loss on ``--calibration-lines`` // 16 (at least 1)
+batches of 16 windows of the run's data/train.bin (or of the bytes of the
+Shakespeare training text for a byte checkpoint that is not a run), seed
+``CALIBRATION_SEED`` as ``multihead convert``. Fidelity (run directory
+only): the loss on the run's fixed validation batches before and after.
+
+Speed-up: the median over ``TIMED_PASSES`` alternating timed forward passes
+of the unpruned and the pruned model on the same held-out batch, as the
+ratio unpruned / pruned.
+
+Mistakes are refused before anything is written: FRACTION outside (0, 1],
+an unknown method, both or neither of --model and --checkpoint, an
+attention kind whose heads cannot be removed alone (moh, dcmha, ...), an
+--out that cannot be written.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .convert import CALIBRATION_BATCH_SIZE, _calibration, _load, _validation
+from .paths import output_folder
+
+__all__ = ["run", "MODELS", "METHODS", "SEED", "HELDOUT_LINES", "DEFAULT_CALIBRATION_LINES", "TIMED_PASSES"]
+
+MODELS = ("minilm-l6",)
+METHODS = ("gradient", "ablation")
+SEED = 0
+HELDOUT_LINES = 500
+DEFAULT_CALIBRATION_LINES = 256
+TIMED_PASSES = 7
+BATCH_SIZE = 64
+SCALE = 20.0  # 1 / temperature of the contrastive loss
+OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.json")
+
+
+def _check_options(model: str | None, checkpoint: str | None, method: str, keep: float, lines: int) -> None:
+    if (model is None) == (checkpoint is None):
+        raise ValueError(
+            f"give exactly one of --model and --checkpoint (got --model {model} and --checkpoint {checkpoint})"
+        )
+    if model is not None and model not in MODELS:
+        raise ValueError(f"--model {model}: unknown model; valid: {', '.join(MODELS)}")
+    if method not in METHODS:
+        raise ValueError(f"--method {method}: unknown method; valid: {', '.join(METHODS)}")
+    if not 0 < keep <= 1:
+        raise ValueError(f"--keep {keep}: give the fraction of heads to keep, in (0, 1]")
+    if lines < 2:
+        raise ValueError(f"--calibration-lines {lines}: give a number >= 2")
+
+
+def _target(model):
+    """The GPT or BertEncoder whose heads are pruned, refused where heads mix."""
+    from ..models.head_layout import PER_LAYER_HEAD_KINDS
+
+    inner = getattr(model, "encoder", model)
+    kind = inner.config.attention
+    if kind not in PER_LAYER_HEAD_KINDS:
+        raise ValueError(
+            f"attention kind {kind!r} mixes its heads with each other, so one head cannot be removed alone; "
+            f"prune takes {', '.join(PER_LAYER_HEAD_KINDS)} layers"
+        )
+    return inner
+
+
+# ------------------------------------------------------------------ MiniLM data and losses
+def _minilm_lines(model, count: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """(calibration pairs, held-out lines), the benchmark's split of Shakespeare's works."""
+    from ..train.corpus import shakespeare_plays
+
+    texts = shakespeare_plays()
+    titles = sorted(texts)
+    calib, held = titles[0::2], titles[1::2]
+
+    def lines(title: str) -> list[str | None]:
+        return [s.strip() if len(s.split()) >= 5 else None for s in texts[title].split("\n")]
+
+    def short(line: str) -> bool:  # [CLS] and [SEP] included
+        return len(model.tokenizer.encode(line).ids) <= 64
+
+    pairs = [(a, b) for t in calib for a, b in zip(lines(t), lines(t)[1:]) if a is not None and b is not None]
+    pairs = [p for p in pairs if short(p[0]) and short(p[1])]
+    seen = {s for t in calib for s in lines(t) if s}
+    heldout = [s for s in sorted({s for t in held for s in lines(t) if s} - seen) if short(s)]
+    if count > len(pairs):
+        raise ValueError(f"--calibration-lines {count}: the calibration works have {len(pairs)} line pairs")
+    return random.Random(SEED).sample(pairs, count), random.Random(SEED + 1).sample(heldout, HELDOUT_LINES)
+
+
+def _contrastive(model, batch) -> torch.Tensor:
+    """In-batch next-line loss: anchor i must pick its own next line; batch = (tokens [2B, T], B)."""
+    tok, B = batch
+    emb = model(tok.input_ids, tok.attention_mask, tok.token_type_ids)  # (2B, C), unit norm
+    logits = SCALE * emb[:B] @ emb[B:].T  # (B, B): 20 * cos
+    return F.cross_entropy(logits, torch.arange(B, device=logits.device))
+
+
+def _drift(model, batch) -> torch.Tensor:
+    """1 - mean cosine to the unpruned embeddings; batch = (tokens [B, T], reference [B, C])."""
+    tok, reference = batch
+    emb = model(tok.input_ids, tok.attention_mask, tok.token_type_ids)  # (B, C)
+    return 1.0 - F.cosine_similarity(emb, reference, dim=1).mean()
+
+
+def _minilm_scores(model, method: str, pairs: list[tuple[str, str]]) -> torch.Tensor:
+    from ..tools.importance import head_importance
+
+    chunks = [pairs[i : i + BATCH_SIZE] for i in range(0, len(pairs), BATCH_SIZE)]
+    if method == "gradient":
+        batches = [(model.tokenize([a for a, _ in c] + [b for _, b in c]), len(c)) for c in chunks]
+        return head_importance(model, batches, _contrastive, method="gradient", progress=True,
+                               token_mask=lambda b: b[0].attention_mask.bool())  # fmt: skip
+    batches = []
+    for c in chunks:
+        tok = model.tokenize([a for a, _ in c])
+        with torch.no_grad():
+            batches.append((tok, model(tok.input_ids, tok.attention_mask, tok.token_type_ids)))
+    return head_importance(model, batches, _drift, method="ablation", normalize=None, progress=True)
+
+
+# ------------------------------------------------------------------ GPT losses
+def _lm_loss(model, x: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of windows x [B, T]."""
+    logits = model(x[:, :-1])  # (B, T-1, V)
+    return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+
+
+def _gpt_scores(model, method: str, batches: list[torch.Tensor]) -> torch.Tensor:
+    from ..tools.importance import head_importance
+
+    normalize = "layer" if method == "gradient" else None
+    return head_importance(model, batches, _lm_loss, method=method, normalize=normalize, progress=True)
+
+
+# ------------------------------------------------------------------ measuring
+def _speedup(before: Callable[[], object], after: Callable[[], object]) -> tuple[float, float, float]:
+    """(median seconds unpruned, median seconds pruned, ratio), alternating passes after one warm-up each."""
+    times: tuple[list[float], list[float]] = ([], [])
+    with torch.no_grad():
+        before(), after()
+        for _ in range(TIMED_PASSES):
+            for i, f in enumerate((before, after)):
+                start = time.perf_counter()
+                f()
+                times[i].append(time.perf_counter() - start)
+    b, a = statistics.median(times[0]), statistics.median(times[1])
+    return b, a, b / a
+
+
+def _count(model) -> int:
+    return model.num_parameters() if hasattr(model, "num_parameters") else sum(p.numel() for p in model.parameters())
+
+
+def run(
+    *,
+    method: str,
+    keep: float,
+    out: str,
+    model: str | None = None,
+    checkpoint: str | None = None,
+    calibration_lines: int = DEFAULT_CALIBRATION_LINES,
+    echo: Callable[[str], None] = print,
+) -> dict:
+    """The CLI command: score, prune, save, report.
+
+    Args:
+        method: "gradient" or "ablation".
+        keep: the fraction of heads to keep, in (0, 1].
+        out: the folder for the pruned model and report.json.
+        model: "minilm-l6", or None with ``checkpoint``.
+        checkpoint: a GPT checkpoint or a ``multihead train`` run directory.
+        calibration_lines: MiniLM: line pairs; GPT: windows (in batches of 16).
+        echo: where the report lines go.
+
+    Returns:
+        the report (as in report.json).
+
+    Raises:
+        ValueError: see the module docstring; nothing is written then.
+    """
+    from ..models.safe_files import write_text_atomic
+    from ..tools.fidelity import fidelity, keep_heads
+    from ..tools.prune import prune_heads
+
+    _check_options(model, checkpoint, method, keep, calibration_lines)
+    folder = output_folder("--out", out, OUTPUT_FILES)
+    run_dir = tokenizer = None
+    if model is not None:
+        from ..models.minilm import load_minilm
+
+        net, source = load_minilm(), f"model {model}"
+        _target(net)
+        pairs, heldout = _minilm_lines(net, calibration_lines)
+        scores = _minilm_scores(net, method, pairs)
+    else:
+        net, run_dir, tokenizer, source = _load(checkpoint)
+        _target(net)
+        tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
+        data = None if run_dir is not None else "shakespeare"
+        count = max(1, calibration_lines // CALIBRATION_BATCH_SIZE)
+        batches = _calibration(net, run_dir, tokenizer, data, count)
+        scores = _gpt_scores(net, method, batches)
+    L, H = scores.shape
+    kept = max(L, round(keep * L * H))
+    table = keep_heads(scores, kept)
+    unpruned = _copy(net)
+    params_before = _count(net)
+    prune_heads(net, table)
+    net.eval()
+    report = {
+        "source": source,
+        "method": method,
+        "keep": keep,
+        "heads": [L * H, kept],
+        "removed": {str(i): sorted(table.get(i, [])) for i in range(L)},
+        "layer_heads": [H - len(table.get(i, [])) for i in range(L)],
+        "parameters": [params_before, _count(net)],
+        "calibration": None,
+        "fidelity": None,
+        "val_loss": None,
+        "val_batches": None,
+        "seconds": None,
+        "speedup": None,
+    }
+    if model is not None:
+        report["calibration"] = f"{len(pairs)} line pairs of the even-numbered works"
+        reference = unpruned.encode(heldout, batch_size=BATCH_SIZE)  # (N, C)
+        cos, agree = fidelity(reference, net.encode(heldout, batch_size=BATCH_SIZE))
+        report["fidelity"] = {"lines": len(heldout), "mean_cosine": cos, "neighbours_top10": agree}
+        tok = net.tokenize(heldout[:BATCH_SIZE])
+
+        def timed(m):
+            return lambda: m(tok.input_ids, tok.attention_mask, tok.token_type_ids)
+    else:
+        report["calibration"] = f"{len(batches)} batches x {CALIBRATION_BATCH_SIZE} windows"
+        x = batches[0]
+
+        def timed(m):
+            return lambda: m(x)
+
+        if run_dir is not None:
+            loss, where = _validation(run_dir)
+            report["val_loss"], report["val_batches"] = [loss(unpruned), loss(net)], where
+    before, after, ratio = _speedup(timed(unpruned), timed(net))
+    report["seconds"], report["speedup"] = [before, after], ratio
+    folder.mkdir(parents=True, exist_ok=True)
+    _save(net, folder)
+    if tokenizer is not None:
+        text = (run_dir / "tokenizer" / "tokenizer.json").read_text(encoding="utf-8")
+        write_text_atomic(folder / "tokenizer.json", text)
+    write_text_atomic(folder / "report.json", json.dumps(report, indent=2) + "\n")
+    _print(report, folder, echo)
+    return report
+
+
+def _copy(model):
+    import copy
+
+    return copy.deepcopy(model).eval()
+
+
+def _save(model, folder: Path) -> None:
+    from ..models.checkpoint import save_checkpoint
+    from ..models.gpt import GPT
+    from ..models.minilm import save_sentence_encoder
+
+    if isinstance(model, GPT):
+        save_checkpoint(model, folder)
+    else:
+        save_sentence_encoder(model, folder)
+
+
+def _print(report: dict, folder: Path, echo: Callable[[str], None]) -> None:
+    total, kept = report["heads"]
+    echo(f"{report['source']}: kept {kept} of {total} heads, method {report['method']} ({report['calibration']})")
+    for layer, heads in report["removed"].items():
+        echo(f"  layer {layer}: removed {heads if heads else 'none'}, {report['layer_heads'][int(layer)]} left")
+    rows = [("parameters", *report["parameters"])]
+    if report["val_loss"] is not None:
+        rows.append(("val loss (nats/token)", *(f"{v:.4f}" for v in report["val_loss"])))
+    rows.append(("forward (ms, median)", *(f"{1000 * s:.2f}" for s in report["seconds"])))
+    width = max(len(r[0]) for r in rows)
+    echo(f"  {'':<{width}}  {'before':>12}  {'after':>12}")
+    for name, before, after in rows:
+        echo(f"  {name:<{width}}  {before!s:>12}  {after!s:>12}")
+    echo(f"  speed-up: {report['speedup']:.2f}x (median of {TIMED_PASSES} alternating passes, same batch)")
+    if report["fidelity"] is not None:
+        f = report["fidelity"]
+        echo(f"  held-out fidelity ({f['lines']} lines): mean cosine {f['mean_cosine']:.4f}, "
+             f"top-10 neighbours kept {f['neighbours_top10']:.3f}")  # fmt: skip
+    if report["val_batches"] is not None:
+        echo(f"  (validation: {report['val_batches']})")
+    echo(f"wrote {folder.resolve()}")

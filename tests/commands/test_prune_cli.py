@@ -1,0 +1,140 @@
+"""``multihead prune --checkpoint``: a training run pruned, saved and reported; mistakes refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from support.cli import quietly
+
+from multihead.commands.convert import CALIBRATION_BATCH_SIZE, CALIBRATION_SEED
+from multihead.models.checkpoint import load_checkpoint, save_checkpoint
+from multihead.models.gpt import GPT, GPTConfig
+from multihead.tools.fidelity import keep_heads
+from multihead.tools.importance import head_importance
+from multihead.tools.prune import prune_heads
+from multihead.train.batches import Batches, read_tokens, val_batches
+from multihead.train.loop import VAL_SEED
+
+TINY = ["--preset", "tiny", "--context-length", "32", "--batch-size", "4", "--eval-batches", "2", "--warmup", "1",
+        "--threads", "1", "--max-steps", "2", "--eval-every", "2", "--checkpoint-every", "2"]  # fmt: skip
+TEXT = "to be or not to be that is the question whether tis nobler in the mind to suffer\n" * 200
+
+
+@pytest.fixture(scope="module")
+def byte_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("bytes")
+    (folder / "text.txt").write_text(TEXT)
+    rc, _, err = quietly("train", "--data", str(folder / "text.txt"), *TINY, "--out", str(folder / "run"))
+    assert rc == 0, err
+    return folder / "run"
+
+
+def latest(run: Path) -> GPT:
+    pointer = json.loads((run / "checkpoints" / "latest").read_text())
+    return load_checkpoint(run / "checkpoints" / pointer["directory"]).eval()
+
+
+def run_val_loss(model: GPT, run: Path) -> float:
+    """Mean cross-entropy over the run's fixed validation batches, written out here."""
+    config = json.loads((run / "config.json").read_text())
+    sets = val_batches(read_tokens(run / "data" / "val.bin"), batch_size=config["batch_size"],
+                       context_length=config["context_length"], num_batches=config["eval_batches"], seed=VAL_SEED)  # fmt: skip
+    with torch.no_grad():
+        losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum") for x, y in sets]
+    return float(sum(losses)) / sum(y.numel() for _, y in sets)
+
+
+def refused(*argv: str) -> str:
+    """Exit 2, nothing on stdout, exactly one line on stderr; return that line."""
+    rc, out, err = quietly("prune", *argv)
+    assert rc == 2 and out == "" and "Traceback" not in err, err
+    assert len(err.splitlines()) == 1 and err.startswith("multihead prune: error: "), err
+    return err.strip()
+
+
+def lm_loss(model, x):  # written out here: next-token cross-entropy of windows [B, T]
+    return F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+
+
+def test_ablation_on_a_byte_run_saves_the_pruned_model(byte_run, tmp_path):
+    out = tmp_path / "pruned"
+    rc, stdout, err = quietly("prune", "--checkpoint", str(byte_run), "--method", "ablation", "--keep", "0.5",
+                              "--calibration-lines", "32", "--out", str(out))  # fmt: skip
+    assert rc == 0, err
+    original = latest(byte_run)
+    batches = Batches(read_tokens(byte_run / "data" / "train.bin"), batch_size=CALIBRATION_BATCH_SIZE,
+                      context_length=original.config.context_length, seed=CALIBRATION_SEED)  # fmt: skip
+    xs = [batches.get(i)[0] for i in range(32 // CALIBRATION_BATCH_SIZE)]
+    scores = head_importance(original, xs, lm_loss, method="ablation", normalize=None)
+    L, H = scores.shape
+    table = keep_heads(scores, round(0.5 * L * H))
+    want = prune_heads(latest(byte_run), table).eval()
+    got = load_checkpoint(out).eval()
+    assert got.config == want.config
+    w, g = want.state_dict(), got.state_dict()
+    assert w.keys() == g.keys()
+    for name in w:  # the same pruning of the same weights: a copy, bitwise
+        assert torch.equal(g[name], w[name]), name
+    report = json.loads((out / "report.json").read_text())
+    assert report["heads"] == [L * H, L * H // 2]
+    assert report["layer_heads"] == [H - len(table.get(i, [])) for i in range(L)] == got.config.layer_heads
+    assert min(report["layer_heads"]) >= 1
+    # each removed head takes D rows of q, k, v (weight and bias) and D input columns of out_proj
+    C, D = original.config.embed_dim, original.config.embed_dim // H
+    removed = sum(len(v) for v in report["removed"].values())
+    assert report["parameters"] == [original.num_parameters(), original.num_parameters() - removed * D * (4 * C + 3)]
+    assert report["parameters"][1] == sum(p.numel() for p in got.parameters())
+    before, after = report["val_loss"]
+    assert before == pytest.approx(run_val_loss(original, byte_run), rel=1e-5)
+    assert after == pytest.approx(run_val_loss(got, byte_run), rel=1e-5)
+    assert report["speedup"] > 0 and len(report["seconds"]) == 2
+    assert "speed-up" in stdout and f"{after:.4f}" in stdout
+
+
+def test_gradient_keep_one_leaves_every_head(byte_run, tmp_path):
+    out = tmp_path / "all"
+    rc, _, err = quietly("prune", "--checkpoint", str(byte_run), "--method", "gradient", "--keep", "1",
+                         "--calibration-lines", "16", "--out", str(out))  # fmt: skip
+    assert rc == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert report["parameters"][0] == report["parameters"][1]
+    assert all(v == [] for v in report["removed"].values())
+    before, after = report["val_loss"]
+    assert after == pytest.approx(before, rel=1e-6)
+
+
+def test_tiny_keep_leaves_one_head_per_layer(tmp_path):
+    torch.manual_seed(0)
+    plain = tmp_path / "ckpt"
+    save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32)), plain)
+    out = tmp_path / "one"
+    rc, _, err = quietly("prune", "--checkpoint", str(plain), "--method", "gradient", "--keep", "0.01",
+                         "--calibration-lines", "16", "--out", str(out))  # fmt: skip
+    assert rc == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert report["layer_heads"] == [1] * len(report["layer_heads"]) and report["val_loss"] is None
+    assert load_checkpoint(out).config.layer_heads == report["layer_heads"]
+
+
+def test_mistakes_are_one_line_and_write_nothing(tmp_path):
+    plain = tmp_path / "ckpt"
+    save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32)), plain)
+    out = tmp_path / "out"
+    base = ["--checkpoint", str(plain), "--out", str(out)]
+    assert "--keep 0.0" in refused(*base, "--method", "gradient", "--keep", "0")
+    assert "--keep 1.5" in refused(*base, "--method", "gradient", "--keep", "1.5")
+    assert "--method taylor: unknown method" in refused(*base, "--method", "taylor", "--keep", "0.5")
+    assert "exactly one of --model and --checkpoint" in refused(*base, "--model", "minilm-l6", "--method",
+                                                                "gradient", "--keep", "0.5")  # fmt: skip
+    moh = tmp_path / "moh"
+    save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32, attention="moh")), moh)
+    assert "'moh'" in refused("--checkpoint", str(moh), "--out", str(out), "--method", "gradient", "--keep", "0.5")
+    file = tmp_path / "file"
+    file.write_text("")
+    assert f"--out {file / 'x'}" in refused("--checkpoint", str(plain), "--out", str(file / "x"), "--method",
+                                            "gradient", "--keep", "0.5")  # fmt: skip
+    assert not out.exists()

@@ -287,3 +287,19 @@ def test_missing_and_corrupt_side_files(folder_copy, weights):
         load_minilm(folder_copy)
     with pytest.raises(FileNotFoundError, match="model folder not found"):
         load_minilm(folder_copy / "nowhere")
+
+
+def test_a_pruned_encoder_saves_and_loads(tmp_path):
+    from multihead.tools.prune import prune_heads
+
+    pruned = prune_heads(load_minilm(), {0: [1, 5], 3: [0, 2, 11]})
+    folder = minilm.save_sentence_encoder(pruned, tmp_path / "pruned")
+    loaded = minilm.load_sentence_encoder(folder)
+    assert loaded.encoder.config.layer_heads == pruned.encoder.config.layer_heads == [10, 12, 12, 9, 12, 12]
+    assert sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in pruned.parameters())
+    text = ["To be, or not to be", "a horse, a horse, my kingdom for a horse"]
+    # the same weights through the same operations on the same shapes
+    torch.testing.assert_close(loaded.encode(text), pruned.encode(text), rtol=0, atol=0)
+    (folder / "config.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="config.json"):
+        minilm.load_sentence_encoder(folder)

@@ -28,7 +28,7 @@ def test_readme_example_runs(tmp_path, capsys):
 
 def test_model_examples_are_five_lines_and_run(tmp_path, capsys):
     blocks = _python_blocks()[1:]
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     for i, block in enumerate(blocks):
         code = [line for line in block.strip().splitlines() if line.strip()]
         assert len(code) <= 5, block
@@ -40,3 +40,4 @@ def test_model_examples_are_five_lines_and_run(tmp_path, capsys):
     assert out[1].startswith("torch.Size([2, 384]) ")
     assert out[2].endswith(" 2")
     assert out[3].startswith("torch.Size([2, 10, 64]) ")
+    assert out[4] == "2 [3, 4]"  # the head surgery example

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from support.cli import quietly
+from support.training import latest, run_val_loss
 
 from multihead.commands.convert import CALIBRATION_BATCH_SIZE, CALIBRATION_SEED, DEFAULT_CALIBRATION_BATCHES
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
 from multihead.tools.convert_heads import to_gqa
-from multihead.train.batches import Batches, read_tokens, val_batches
-from multihead.train.loop import VAL_SEED
+from multihead.train.batches import Batches, read_tokens
 
 WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
 TINY = ["--preset", "tiny", "--context-length", "32", "--batch-size", "4", "--eval-batches", "2", "--warmup", "1",
@@ -44,21 +43,6 @@ def byte_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bpe_run(tmp_path_factory) -> Path:
     return train(tmp_path_factory.mktemp("bpe"), "--tokenizer", "bpe", "--vocab-size", "300")
-
-
-def latest(run: Path) -> GPT:
-    pointer = json.loads((run / "checkpoints" / "latest").read_text())
-    return load_checkpoint(run / "checkpoints" / pointer["directory"]).eval()
-
-
-def run_val_loss(model: GPT, run: Path) -> float:
-    """Mean cross-entropy over the run's fixed validation batches, written out here."""
-    config = json.loads((run / "config.json").read_text())
-    sets = val_batches(read_tokens(run / "data" / "val.bin"), batch_size=config["batch_size"],
-                       context_length=config["context_length"], num_batches=config["eval_batches"], seed=VAL_SEED)  # fmt: skip
-    with torch.no_grad():
-        losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum") for x, y in sets]
-    return float(sum(losses)) / sum(y.numel() for _, y in sets)
 
 
 def kv_bytes(model: GPT) -> int:

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from support.cli import quietly
+from support.training import latest, run_val_loss
 
 from multihead.commands.convert import CALIBRATION_BATCH_SIZE, CALIBRATION_SEED
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
@@ -16,8 +17,7 @@ from multihead.models.gpt import GPT, GPTConfig
 from multihead.tools.fidelity import keep_heads
 from multihead.tools.importance import head_importance
 from multihead.tools.prune import prune_heads
-from multihead.train.batches import Batches, read_tokens, val_batches
-from multihead.train.loop import VAL_SEED
+from multihead.train.batches import Batches, read_tokens
 
 TINY = ["--preset", "tiny", "--context-length", "32", "--batch-size", "4", "--eval-batches", "2", "--warmup", "1",
         "--threads", "1", "--max-steps", "2", "--eval-every", "2", "--checkpoint-every", "2"]  # fmt: skip
@@ -31,21 +31,6 @@ def byte_run(tmp_path_factory) -> Path:
     rc, _, err = quietly("train", "--data", str(folder / "text.txt"), *TINY, "--out", str(folder / "run"))
     assert rc == 0, err
     return folder / "run"
-
-
-def latest(run: Path) -> GPT:
-    pointer = json.loads((run / "checkpoints" / "latest").read_text())
-    return load_checkpoint(run / "checkpoints" / pointer["directory"]).eval()
-
-
-def run_val_loss(model: GPT, run: Path) -> float:
-    """Mean cross-entropy over the run's fixed validation batches, written out here."""
-    config = json.loads((run / "config.json").read_text())
-    sets = val_batches(read_tokens(run / "data" / "val.bin"), batch_size=config["batch_size"],
-                       context_length=config["context_length"], num_batches=config["eval_batches"], seed=VAL_SEED)  # fmt: skip
-    with torch.no_grad():
-        losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum") for x, y in sets]
-    return float(sum(losses)) / sum(y.numel() for _, y in sets)
 
 
 def refused(*argv: str) -> str:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+from multihead.models.checkpoint import load_checkpoint
+from multihead.models.gpt import GPT
 from multihead.train import TrainConfig
+from multihead.train.batches import read_tokens, val_batches
+from multihead.train.loop import VAL_SEED
 
 
 def tiny_config(tmp_path: Path, text: str, **values) -> TrainConfig:
@@ -30,3 +36,19 @@ def assert_follows(got, want):
     val = [[m["val_loss"] for m in rows if "val_loss" in m] for rows in (got, want)]
     assert len(val[0]) == 2  # steps 3 and 6
     torch.testing.assert_close(torch.tensor(val[0]), torch.tensor(val[1]))
+
+
+def latest(run: Path) -> GPT:
+    """The eval-mode model of the checkpoint a run's ``checkpoints/latest`` names."""
+    pointer = json.loads((run / "checkpoints" / "latest").read_text())
+    return load_checkpoint(run / "checkpoints" / pointer["directory"]).eval()
+
+
+def run_val_loss(model: GPT, run: Path) -> float:
+    """Mean cross-entropy over the run's fixed validation batches, written out here."""
+    config = json.loads((run / "config.json").read_text())
+    sets = val_batches(read_tokens(run / "data" / "val.bin"), batch_size=config["batch_size"],
+                       context_length=config["context_length"], num_batches=config["eval_batches"], seed=VAL_SEED)  # fmt: skip
+    with torch.no_grad():
+        losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum") for x, y in sets]
+    return float(sum(losses)) / sum(y.numel() for _, y in sets)

@@ -257,8 +257,8 @@ def _add_compare(sub) -> argparse.ArgumentParser:
 
 
 _CONVERT_EXAMPLES = """examples:
-  multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini --out runs/mini-gqa2
-  multihead convert --to gqa --num-kv-heads 2 --method aligned --checkpoint runs/mini --out runs/mini-gqa2a
+  multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini-mha --out runs/mini-gqa2
+  multihead convert --to gqa --num-kv-heads 2 --method aligned --checkpoint runs/mini-mha --out runs/mini-gqa2a
   multihead convert --to gqa --num-kv-heads 1 --method aligned --checkpoint tiny-init --calibration-data a.txt --out mqa
   multihead generate --checkpoint runs/mini-gqa2 "To be"
 """
@@ -306,7 +306,7 @@ def _add_convert(sub) -> argparse.ArgumentParser:
 _PRUNE_EXAMPLES = """examples:
   multihead prune --model minilm-l6 --method ablation --keep 0.5 --out minilm-half
   multihead prune --model minilm-l6 --method gradient --keep 0.75 --calibration-lines 1024 --out minilm-75
-  multihead prune --checkpoint runs/mini --method gradient --keep 0.5 --out runs/mini-pruned
+  multihead prune --checkpoint runs/mini-mha --method gradient --keep 0.5 --out runs/mini-pruned
 """
 
 

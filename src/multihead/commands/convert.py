@@ -35,21 +35,22 @@ mha/gqa/mqa.
 
 from __future__ import annotations
 
-import contextlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
+from .gpt_inputs import (
+    CALIBRATION_BATCH_SIZE,
+    CALIBRATION_SEED,
+    calibration_windows,
+    load_gpt,
+    validation,
+    write_outputs,
+)
 from .paths import output_folder
-from .run_dir import run_checkpoint
 
 __all__ = ["run", "TARGETS", "CALIBRATION_BATCH_SIZE", "CALIBRATION_SEED", "DEFAULT_CALIBRATION_BATCHES"]
 
 TARGETS = ("gqa",)
-CALIBRATION_BATCH_SIZE = 16
-CALIBRATION_SEED = 99
 DEFAULT_CALIBRATION_BATCHES = 8
 OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.json")
 _FAMILY = ("mha", "gqa", "mqa")
@@ -104,80 +105,6 @@ def _check_model(model, num_kv_heads: int, method: str) -> None:
             )
 
 
-def _load(checkpoint: str):
-    """(model, run directory or None, run tokenizer or None, description)."""
-    from ..models.checkpoint import load_checkpoint
-
-    found = run_checkpoint(checkpoint)
-    if found is None:
-        return load_checkpoint(checkpoint).eval(), None, None, f"checkpoint {checkpoint}"
-    step_dir, tokenizer, step = found
-    return load_checkpoint(step_dir).eval(), Path(checkpoint), tokenizer, f"run {checkpoint}, step {step}"
-
-
-def _encode(text: str, model, tokenizer, source: str) -> list[int]:
-    if tokenizer is not None:
-        return list(tokenizer.encode(text))
-    if model.config.vocab_size == 256:
-        return list(text.encode("utf-8"))
-    raise ValueError(
-        f"--calibration-data {source}: the checkpoint's vocabulary has {model.config.vocab_size} tokens, not 256 "
-        "bytes, and only a training run brings a tokenizer to encode text with"
-    )
-
-
-def _calibration(model, run_dir: Path | None, tokenizer, data: str | None, count: int) -> list[torch.Tensor]:
-    """``count`` token batches [CALIBRATION_BATCH_SIZE, T] of training data."""
-    import numpy as np
-
-    from ..train.batches import Batches, read_tokens
-
-    if data is not None:
-        from ..train.corpus import load_corpus
-
-        tokens = np.asarray(_encode(load_corpus(data).train, model, tokenizer, data), dtype=np.int64)
-        where = f"--calibration-data {data}"
-    elif run_dir is not None:
-        tokens, where = read_tokens(run_dir / "data" / "train.bin"), f"{run_dir / 'data' / 'train.bin'}"
-    else:
-        raise ValueError(
-            "--method aligned needs calibration text: give --calibration-data shakespeare|FILE "
-            "(or --checkpoint a training run, whose data/train.bin is used)"
-        )
-    T = model.config.context_length
-    if tokens.size < T + 1:
-        raise ValueError(f"{where}: {tokens.size} tokens, fewer than the context {T} + 1 a calibration window needs")
-    batches = Batches(tokens, batch_size=CALIBRATION_BATCH_SIZE, context_length=T, seed=CALIBRATION_SEED)
-    return [batches.get(i)[0] for i in range(count)]  # x of each (x, y): (B, T)
-
-
-def _validation(run_dir: Path):
-    """(loss function of a model, description) on the run's fixed validation batches."""
-    from ..models.safe_files import read_json_file
-    from ..train.batches import read_tokens, val_batches
-    from ..train.config import TrainConfig
-    from ..train.loop import VAL_SEED, validation_loss
-    from ..train.world import World
-
-    config = TrainConfig.from_dict(read_json_file(run_dir / "config.json"))
-    sets = val_batches(
-        read_tokens(run_dir / "data" / "val.bin"),
-        batch_size=config.batch_size,
-        context_length=config.context_length,
-        num_batches=config.eval_batches,
-        seed=VAL_SEED,
-    )
-
-    def loss(model) -> float:
-        device = next(model.parameters()).device
-        value = validation_loss(model, sets, config, World(), device, contextlib.nullcontext)
-        model.eval()  # validation_loss leaves the model in training mode
-        return value
-
-    where = f"{config.eval_batches} batches x {config.batch_size} x {config.context_length} tokens of data/val.bin"
-    return loss, where
-
-
 def _kv_bytes(model) -> int:
     """KV-cache bytes per token over all layers, at the model's dtype."""
     size = next(model.parameters()).element_size()
@@ -216,19 +143,18 @@ def run(
         ValueError: see the module docstring; nothing is written then.
     """
     from ..models.checkpoint import save_checkpoint
-    from ..models.safe_files import write_text_atomic
     from ..tools.convert_heads import to_gqa
 
     _check_options(to, method, calibration_data, calibration_batches)
     folder = output_folder("--out", out, OUTPUT_FILES)
-    model, run_dir, tokenizer, source = _load(checkpoint)
+    model, run_dir, tokenizer, source = load_gpt(checkpoint)
     _check_model(model, num_kv_heads, method)
     run_tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
     calibration = None
     if method == "aligned":
         count = DEFAULT_CALIBRATION_BATCHES if calibration_batches is None else calibration_batches
-        calibration = _calibration(model, run_dir, run_tokenizer, calibration_data, count)
-    validate = _validation(run_dir) if run_dir is not None else None
+        calibration = calibration_windows(model, run_dir, run_tokenizer, calibration_data, count)
+    validate = validation(run_dir) if run_dir is not None else None
     new = to_gqa(model, num_kv_heads, method=method, calibration=calibration).eval()
     report = {
         "source": source,
@@ -245,12 +171,7 @@ def run(
     if validate is not None:
         loss, where = validate
         report["val_loss"], report["val_batches"] = [loss(model), loss(new)], where
-    folder.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(new, folder)
-    if run_tokenizer is not None:
-        text = (run_dir / "tokenizer" / "tokenizer.json").read_text(encoding="utf-8")
-        write_text_atomic(folder / "tokenizer.json", text)
-    write_text_atomic(folder / "report.json", json.dumps(report, indent=2) + "\n")
+    write_outputs(folder, lambda f: save_checkpoint(new, f), report, run_dir if run_tokenizer is not None else None)
     _print(report, folder, run_tokenizer is not None, echo)
     return report
 

@@ -40,7 +40,6 @@ attention kind whose heads cannot be removed alone (moh, dcmha, ...), an
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -50,7 +49,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .convert import CALIBRATION_BATCH_SIZE, _calibration, _load, _validation
+from .gpt_inputs import CALIBRATION_BATCH_SIZE, calibration_windows, load_gpt, validation, write_outputs
 from .paths import output_folder
 
 __all__ = ["run", "MODELS", "METHODS", "SEED", "HELDOUT_LINES", "DEFAULT_CALIBRATION_LINES", "TIMED_PASSES"]
@@ -210,7 +209,6 @@ def run(
     Raises:
         ValueError: see the module docstring; nothing is written then.
     """
-    from ..models.safe_files import write_text_atomic
     from ..tools.fidelity import fidelity, keep_heads
     from ..tools.prune import prune_heads
 
@@ -225,12 +223,12 @@ def run(
         pairs, heldout = _minilm_lines(net, calibration_lines)
         scores = _minilm_scores(net, method, pairs)
     else:
-        net, run_dir, tokenizer, source = _load(checkpoint)
+        net, run_dir, tokenizer, source = load_gpt(checkpoint)
         _target(net)
         tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
         data = None if run_dir is not None else "shakespeare"
         count = max(1, calibration_lines // CALIBRATION_BATCH_SIZE)
-        batches = _calibration(net, run_dir, tokenizer, data, count)
+        batches = calibration_windows(net, run_dir, tokenizer, data, count)
         scores = _gpt_scores(net, method, batches)
     L, H = scores.shape
     kept = max(L, round(keep * L * H))
@@ -271,16 +269,11 @@ def run(
             return lambda: m(x)
 
         if run_dir is not None:
-            loss, where = _validation(run_dir)
+            loss, where = validation(run_dir)
             report["val_loss"], report["val_batches"] = [loss(unpruned), loss(net)], where
     before, after, ratio = _speedup(timed(unpruned), timed(net))
     report["seconds"], report["speedup"] = [before, after], ratio
-    folder.mkdir(parents=True, exist_ok=True)
-    _save(net, folder)
-    if tokenizer is not None:
-        text = (run_dir / "tokenizer" / "tokenizer.json").read_text(encoding="utf-8")
-        write_text_atomic(folder / "tokenizer.json", text)
-    write_text_atomic(folder / "report.json", json.dumps(report, indent=2) + "\n")
+    write_outputs(folder, lambda f: _save(net, f), report, run_dir if tokenizer is not None else None)
     _print(report, folder, echo)
     return report
 

@@ -1,0 +1,113 @@
+"""What ``multihead convert`` and ``multihead prune`` read and write for a GPT.
+
+``--checkpoint`` is a GPT checkpoint or a ``multihead train`` run directory
+(``run_dir``). Calibration batches are windows of the run's training tokens
+(or of ``--calibration-data`` text); the validation loss is the run's own,
+on its fixed validation batches, as ``multihead train`` reports it. The
+outputs (the model, the run's tokenizer.json, report.json) are each
+written atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..models.safe_files import write_text_atomic
+from .run_dir import run_checkpoint
+
+__all__ = [
+    "CALIBRATION_BATCH_SIZE", "CALIBRATION_SEED", "load_gpt", "calibration_windows", "validation", "write_outputs",
+]  # fmt: skip
+
+CALIBRATION_BATCH_SIZE = 16
+CALIBRATION_SEED = 99
+
+
+def load_gpt(checkpoint: str):
+    """(model, run directory or None, run tokenizer or None, description)."""
+    from ..models.checkpoint import load_checkpoint
+
+    found = run_checkpoint(checkpoint)
+    if found is None:
+        return load_checkpoint(checkpoint).eval(), None, None, f"checkpoint {checkpoint}"
+    step_dir, tokenizer, step = found
+    return load_checkpoint(step_dir).eval(), Path(checkpoint), tokenizer, f"run {checkpoint}, step {step}"
+
+
+def _encode(text: str, model, tokenizer, source: str) -> list[int]:
+    if tokenizer is not None:
+        return list(tokenizer.encode(text))
+    if model.config.vocab_size == 256:
+        return list(text.encode("utf-8"))
+    raise ValueError(
+        f"--calibration-data {source}: the checkpoint's vocabulary has {model.config.vocab_size} tokens, not 256 "
+        "bytes, and only a training run brings a tokenizer to encode text with"
+    )
+
+
+def calibration_windows(model, run_dir: Path | None, tokenizer, data: str | None, count: int) -> list[torch.Tensor]:
+    """``count`` token batches [CALIBRATION_BATCH_SIZE, T] of training data."""
+    import numpy as np
+
+    from ..train.batches import Batches, read_tokens
+
+    if data is not None:
+        from ..train.corpus import load_corpus
+
+        tokens = np.asarray(_encode(load_corpus(data).train, model, tokenizer, data), dtype=np.int64)
+        where = f"--calibration-data {data}"
+    elif run_dir is not None:
+        tokens, where = read_tokens(run_dir / "data" / "train.bin"), f"{run_dir / 'data' / 'train.bin'}"
+    else:
+        raise ValueError(
+            "--method aligned needs calibration text: give --calibration-data shakespeare|FILE "
+            "(or --checkpoint a training run, whose data/train.bin is used)"
+        )
+    T = model.config.context_length
+    if tokens.size < T + 1:
+        raise ValueError(f"{where}: {tokens.size} tokens, fewer than the context {T} + 1 a calibration window needs")
+    batches = Batches(tokens, batch_size=CALIBRATION_BATCH_SIZE, context_length=T, seed=CALIBRATION_SEED)
+    return [batches.get(i)[0] for i in range(count)]  # x of each (x, y): (B, T)
+
+
+def validation(run_dir: Path):
+    """(loss function of a model, description) on the run's fixed validation batches."""
+    from ..models.safe_files import read_json_file
+    from ..train.batches import read_tokens, val_batches
+    from ..train.config import TrainConfig
+    from ..train.loop import VAL_SEED, validation_loss
+    from ..train.world import World
+
+    config = TrainConfig.from_dict(read_json_file(run_dir / "config.json"))
+    sets = val_batches(
+        read_tokens(run_dir / "data" / "val.bin"),
+        batch_size=config.batch_size,
+        context_length=config.context_length,
+        num_batches=config.eval_batches,
+        seed=VAL_SEED,
+    )
+
+    def loss(model) -> float:
+        device = next(model.parameters()).device
+        value = validation_loss(model, sets, config, World(), device, contextlib.nullcontext)
+        model.eval()  # validation_loss leaves the model in training mode
+        return value
+
+    where = f"{config.eval_batches} batches x {config.batch_size} x {config.context_length} tokens of data/val.bin"
+    return loss, where
+
+
+def write_outputs(folder: Path, save: Callable[[Path], object], report: dict, tokenizer_run: Path | None) -> None:
+    """Write the model (``save(folder)``), the run's tokenizer.json when
+    ``tokenizer_run`` is a BPE run's directory, and report.json into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save(folder)
+    if tokenizer_run is not None:
+        text = (tokenizer_run / "tokenizer" / "tokenizer.json").read_text(encoding="utf-8")
+        write_text_atomic(folder / "tokenizer.json", text)
+    write_text_atomic(folder / "report.json", json.dumps(report, indent=2) + "\n")

@@ -28,7 +28,7 @@ from torch import nn
 from ..modules.base import AttentionLayer
 from .capture import attention_modules
 
-__all__ = ["attention_layers", "mask_heads", "check_head_table"]
+__all__ = ["attention_layers", "mask_heads", "check_head_table", "check_index"]
 
 
 def attention_layers(model: nn.Module) -> list[AttentionLayer]:
@@ -46,7 +46,12 @@ def attention_layers(model: nn.Module) -> list[AttentionLayer]:
     return layers
 
 
-def _index(name: str, value, upper: int, where: str) -> int:
+def check_index(name: str, value: object, upper: int, where: str) -> int:
+    """``value`` as an index in [0, upper); ``where`` ends the error message.
+
+    Raises:
+        TypeError: not an int (bools refused). ValueError: out of range.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {name}={value!r}{where}")
     if not 0 <= value < upper:
@@ -66,11 +71,11 @@ def check_head_table(heads: Mapping, layers: list[AttentionLayer]) -> dict[int, 
         raise TypeError(f"heads must be a mapping {{layer_index: [head, ...]}}, got {type(heads).__name__}")
     table: dict[int, list[int]] = {}
     for layer, chosen in heads.items():
-        i = _index("layer index", layer, len(layers), f" ({len(layers)} attention layers)")
+        i = check_index("layer index", layer, len(layers), f" ({len(layers)} attention layers)")
         if isinstance(chosen, (str, bytes)) or not hasattr(chosen, "__iter__"):
             raise TypeError(f"heads[{layer}] must be a list of head indices, got {chosen!r}")
         H = layers[i].num_heads
-        table[i] = sorted({_index("head", h, H, f" in layer {i} with {H} heads") for h in chosen})
+        table[i] = sorted({check_index("head", h, H, f" in layer {i} with {H} heads") for h in chosen})
     return table
 
 

@@ -61,6 +61,7 @@ from ..models.head_layout import PER_LAYER_HEAD_KINDS
 from ..models.minilm import SentenceEncoder
 from ..modules.kinds.gated import GatedHeadAttention
 from ..modules.kinds.mha import MultiHeadAttention
+from .heads import check_index
 
 __all__ = ["prune_heads", "prune_closed_heads"]
 
@@ -100,14 +101,6 @@ def _build(model: GPT | BertEncoder, config, i: int, dtype: torch.dtype) -> nn.M
 
 
 # ------------------------------------------------------------------ checks and plans
-def _index(name: str, value: object, upper: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {name}={value!r}{where}")
-    if not 0 <= value < upper:
-        raise ValueError(f"{name}={value} out of range [0, {upper}){where}")
-    return value
-
-
 def _check_table(heads_to_prune: object, layers: list[MultiHeadAttention]) -> dict[int, list[int]]:
     """{layer: sorted heads} from the user's table; every index checked, duplicates refused."""
     if not isinstance(heads_to_prune, Mapping):
@@ -116,11 +109,11 @@ def _check_table(heads_to_prune: object, layers: list[MultiHeadAttention]) -> di
         )
     table: dict[int, list[int]] = {}
     for layer, chosen in heads_to_prune.items():
-        i = _index("layer index", layer, len(layers), f" ({len(layers)} attention layers)")
+        i = check_index("layer index", layer, len(layers), f" ({len(layers)} attention layers)")
         if isinstance(chosen, (str, bytes)) or not hasattr(chosen, "__iter__"):
             raise TypeError(f"heads_to_prune[{layer}] must be a list of head indices, got {chosen!r}")
         H = layers[i].num_heads
-        listed = [_index("head", h, H, f" in layer {i} with {H} heads") for h in chosen]
+        listed = [check_index("head", h, H, f" in layer {i} with {H} heads") for h in chosen]
         repeated = sorted({h for h in listed if listed.count(h) > 1})
         if repeated:
             raise ValueError(f"heads_to_prune[{layer}] lists head(s) {repeated} more than once: {listed}")

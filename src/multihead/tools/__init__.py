@@ -1,12 +1,14 @@
 """Tools that take models or tensors: capture attention, score head roles,
 draw the views, mask heads and score their importance, prune heads,
-convert MHA to GQA."""
+convert MHA to GQA, distil a converted or pruned model back towards the
+original."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .convert_heads import to_gqa
 from .heads import attention_layers, mask_heads
 from .importance import head_importance
 from .prune import prune_closed_heads, prune_heads
+from .recovery import recover
 from .roles import (
     ROLE_THRESHOLDS,
     SCORE_MEANINGS,
@@ -41,4 +43,5 @@ __all__ = [
     "to_gqa",
     "prune_heads",
     "prune_closed_heads",
+    "recover",
 ]

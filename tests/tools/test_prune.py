@@ -288,7 +288,7 @@ def test_kinds_whose_heads_mix_are_refused(kind, options):
 
 
 def test_other_models_are_refused():
-    with pytest.raises(TypeError, match="takes a GPT, BertEncoder or SentenceEncoder, got Linear"):
+    with pytest.raises(TypeError, match="takes a GPT, BertEncoder, SentenceEncoder or Transformer, got Linear"):
         prune_heads(torch.nn.Linear(4, 4), {})
 
 

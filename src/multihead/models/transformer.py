@@ -35,8 +35,19 @@ from torch import nn
 from .._checks import dropout_probability, non_negative_int, positive_int
 from ..modules.kv_cache import KVCache
 from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
+from .head_layout import check_layer_heads, layer_head_options
 
-__all__ = ["TransformerConfig", "PRESETS", "Transformer", "DecoderCache", "CopyBatch", "copy_task_batches"]
+__all__ = [
+    "TransformerConfig", "PRESETS", "Transformer", "DecoderCache", "CopyBatch", "copy_task_batches",
+    "ATTENTION_ROLES", "transformer_attention",
+]
+
+# The three places an attention layer sits, and the config fields listing their per-layer head counts.
+ATTENTION_ROLES = {
+    "encoder": ("encoder_layer_heads", "encoder_layer_kv_heads"),  # encoder.{i}.self_attn
+    "decoder": ("decoder_layer_heads", "decoder_layer_kv_heads"),  # decoder.{i}.self_attn
+    "cross": ("cross_layer_heads", "cross_layer_kv_heads"),        # decoder.{i}.cross_attn
+}
 
 
 @dataclass
@@ -59,6 +70,14 @@ class TransformerConfig:
         share_embeddings: share one embedding between source and target (needs
             src_vocab_size == tgt_vocab_size); with ``tie_embeddings`` this is the
             paper's single matrix for both embeddings and the pre-softmax projection.
+        encoder_layer_heads, decoder_layer_heads, cross_layer_heads: query heads
+            of each encoder self-attention, decoder self-attention and decoder
+            cross-attention layer (None: ``num_heads`` in every one), each in
+            [1, num_heads]; written by ``tools.prune.prune_heads`` (see
+            ``models.head_layout``). head_dim stays embed_dim // num_heads.
+        encoder_layer_kv_heads, decoder_layer_kv_heads, cross_layer_kv_heads:
+            key/value heads of the same layers, with the matching ``*_layer_heads``
+            and ``num_kv_heads`` only (None: ``num_kv_heads``).
 
     Raises:
         TypeError / ValueError: naming the offending field and value.
@@ -83,6 +102,12 @@ class TransformerConfig:
     eos_id: int = 2
     tie_embeddings: bool = False
     share_embeddings: bool = False
+    encoder_layer_heads: list[int] | None = None
+    encoder_layer_kv_heads: list[int] | None = None
+    decoder_layer_heads: list[int] | None = None
+    decoder_layer_kv_heads: list[int] | None = None
+    cross_layer_heads: list[int] | None = None
+    cross_layer_kv_heads: list[int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size", "embed_dim", "num_encoder_layers",
@@ -114,6 +139,21 @@ class TransformerConfig:
         with torch.device("meta"):  # the kind's own checks (head sizes, num_kv_heads), no memory used
             build_attention(self.attention, embed_dim=self.embed_dim, num_heads=self.num_heads,
                             **self.attention_options())
+        for role, (heads, kv) in ATTENTION_ROLES.items():
+            layers = self.num_encoder_layers if role == "encoder" else self.num_decoder_layers
+            try:
+                counts = check_layer_heads(attention=self.attention, num_layers=layers, num_heads=self.num_heads,
+                                           num_kv_heads=self.num_kv_heads, layer_heads=getattr(self, heads),
+                                           layer_kv_heads=getattr(self, kv))
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"{heads} / {kv}: {err}") from None
+            setattr(self, heads, counts[0])
+            setattr(self, kv, counts[1])
+
+    @property
+    def head_dim(self) -> int:
+        """D = embed_dim // num_heads (also in layers with fewer heads)."""
+        return self.embed_dim // self.num_heads
 
     def attention_options(self) -> dict:
         """Keyword options passed to ``build_attention`` for every attention layer."""
@@ -148,6 +188,33 @@ PRESETS: dict[str, TransformerConfig] = {
         num_decoder_layers=2, num_heads=4, ffn_dim=128, dropout=0.0, max_len=128,
     ),
 }
+
+
+class _RoleLayout(NamedTuple):
+    """The fields ``layer_head_options`` reads, for the layers of one role."""
+
+    num_heads: int
+    num_kv_heads: int | None
+    head_dim: int
+    layer_heads: list[int] | None
+    layer_kv_heads: list[int] | None
+
+
+def transformer_attention(config: TransformerConfig, role: str, layer: int, **factory) -> nn.Module:
+    """The attention of ``role`` ("encoder", "decoder" or "cross", see ``ATTENTION_ROLES``)
+    in layer ``layer`` as ``config`` describes it (its head counts from
+    ``layer_head_options``), freshly initialised.
+
+    Raises:
+        ValueError: an unknown role.
+    """
+    if role not in ATTENTION_ROLES:
+        raise ValueError(f"role must be one of {list(ATTENTION_ROLES)}, got role={role!r}")
+    heads, kv = ATTENTION_ROLES[role]
+    layout = _RoleLayout(config.num_heads, config.num_kv_heads, config.head_dim, getattr(config, heads),
+                         getattr(config, kv))
+    options = {**config.attention_options(), **layer_head_options(layout, layer), **factory}
+    return build_attention(config.attention, embed_dim=config.embed_dim, **options)
 
 
 def sinusoidal_positions(max_len: int, embed_dim: int) -> torch.Tensor:
@@ -302,16 +369,18 @@ class Transformer(nn.Module):
         C = c.embed_dim
         common = {"dropout": c.dropout, "norm_first": c.norm_first, "eps": c.layer_norm_eps}
 
-        def attn() -> nn.Module:
-            return build_attention(c.attention, embed_dim=C, num_heads=c.num_heads, **c.attention_options())
+        def attn(role: str, i: int) -> nn.Module:
+            return transformer_attention(c, role, i)
 
         self.tgt_embed = nn.Embedding(c.tgt_vocab_size, C)
         self.src_embed = self.tgt_embed if c.share_embeddings else nn.Embedding(c.src_vocab_size, C)
         self.register_buffer("positions", sinusoidal_positions(c.max_len, C), persistent=False)
         self.dropout = nn.Dropout(c.dropout)
-        self.encoder = nn.ModuleList(EncoderLayer(attn(), C, c.ffn_dim, **common) for _ in range(c.num_encoder_layers))
+        self.encoder = nn.ModuleList(
+            EncoderLayer(attn("encoder", i), C, c.ffn_dim, **common) for i in range(c.num_encoder_layers))
         self.decoder = nn.ModuleList(
-            DecoderLayer(attn(), attn(), C, c.ffn_dim, **common) for _ in range(c.num_decoder_layers))
+            DecoderLayer(attn("decoder", i), attn("cross", i), C, c.ffn_dim, **common)
+            for i in range(c.num_decoder_layers))
         final = (lambda: nn.LayerNorm(C, eps=c.layer_norm_eps)) if c.norm_first else nn.Identity
         self.encoder_norm, self.decoder_norm = final(), final()
         self.out_proj = nn.Linear(C, c.tgt_vocab_size)

@@ -40,64 +40,37 @@ Choices, and how they differ from Hugging Face's ``prune_heads``:
   represent here: every layer has num_heads >= 1).
 * Duplicate head indices are an error, not ignored.
 
-Models: ``GPT``, ``BertEncoder`` and a ``SentenceEncoder`` (its encoder is
-pruned), with attention kinds "mha", "gqa", "mqa" and "gated" (whose gate
-parameters ``log_alpha`` are pruned with their heads). Kinds whose heads
-mix with each other ("moh", "dcmha", "talking_heads", "overlapping",
-"collaborative") cannot lose one head alone and are refused.
+Models: ``GPT``, ``BertEncoder``, a ``SentenceEncoder`` (its encoder is
+pruned) and the encoder-decoder ``Transformer``, with attention kinds "mha",
+"gqa", "mqa" and "gated" (whose gate parameters ``log_alpha`` are pruned
+with their heads). Kinds whose heads mix with each other ("moh", "dcmha",
+"talking_heads", "overlapping", "collaborative") cannot lose one head alone
+and are refused. A Transformer's layers are numbered as
+``attention_layers`` numbers them, encoder first, then each decoder layer's
+self- and cross-attention (``tools.prune_targets`` draws the map)::
+
+    N_enc = 2, N_dec = 2:   0 encoder.0.self_attn    2 decoder.0.self_attn   3 decoder.0.cross_attn
+                            1 encoder.1.self_attn    4 decoder.1.self_attn   5 decoder.1.cross_attn
+
+and its config lists the counts per role (``encoder_layer_heads`` = [H0, H1],
+``decoder_layer_heads`` = [H2, H4], ``cross_layer_heads`` = [H3, H5], and the
+``*_layer_kv_heads`` alike), so ``head_importance`` and ``mask_heads``
+tables go to ``prune_heads`` unchanged.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from ..models.bert import BertEncoder, layer_attention
-from ..models.gpt import GPT, block_attention
-from ..models.head_layout import PER_LAYER_HEAD_KINDS
-from ..models.minilm import SentenceEncoder
 from ..modules.kinds.gated import GatedHeadAttention
 from ..modules.kinds.mha import MultiHeadAttention
 from .heads import check_index
+from .prune_targets import PruneTarget, prune_target
 
 __all__ = ["prune_heads", "prune_closed_heads"]
-
-
-# ------------------------------------------------------------------ the model's layers
-def _target(model: nn.Module) -> GPT | BertEncoder:
-    if isinstance(model, SentenceEncoder):
-        model = model.encoder
-    if not isinstance(model, (GPT, BertEncoder)):
-        raise TypeError(f"prune_heads takes a GPT, BertEncoder or SentenceEncoder, got {type(model).__name__}")
-    kind = model.config.attention
-    if kind not in PER_LAYER_HEAD_KINDS:
-        raise ValueError(
-            f"attention kind {kind!r} mixes its heads with each other, so one head cannot be removed alone; "
-            f"prune_heads removes heads of {list(PER_LAYER_HEAD_KINDS)} layers"
-        )
-    return model
-
-
-def _layers(model: GPT | BertEncoder) -> list[MultiHeadAttention]:
-    if isinstance(model, GPT):
-        return [block.attn for block in model.blocks]
-    return [layer.attention for layer in model.layers]
-
-
-def _set_layer(model: GPT | BertEncoder, i: int, attention: nn.Module) -> None:
-    if isinstance(model, GPT):
-        model.blocks[i].attn = attention
-    else:
-        model.layers[i].attention = attention
-
-
-def _build(model: GPT | BertEncoder, config, i: int, dtype: torch.dtype) -> nn.Module:
-    """Layer i's attention for ``config``, on the meta device (no initialisation, no random numbers)."""
-    build = block_attention if isinstance(model, GPT) else layer_attention
-    return build(config, i, device="meta", dtype=dtype)
 
 
 # ------------------------------------------------------------------ checks and plans
@@ -170,9 +143,9 @@ def _pruned_state(layer: MultiHeadAttention, keep_q: list[int], keep_kv: list[in
 
 
 @torch.no_grad()
-def _rebuilt(model, config, i: int, old: MultiHeadAttention, keep_q, keep_kv) -> nn.Module:
+def _rebuilt(target: PruneTarget, config, i: int, old: MultiHeadAttention, keep_q, keep_kv) -> nn.Module:
     ref = old.out_proj.weight
-    new = _build(model, config, i, ref.dtype)
+    new = target.build(config, i, ref.dtype)
     if type(new) is not type(old) or new.head_dim != old.head_dim:
         raise ValueError(
             f"layer {i} is a {type(old).__name__} with head_dim={old.head_dim}, but the model's config builds a "
@@ -191,8 +164,9 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, list[int]]) -> nn
     """Remove the given query heads (and key/value heads left without queries) in place.
 
     Args:
-        model: a ``GPT``, ``BertEncoder`` or ``SentenceEncoder`` whose
-            attention kind is "mha", "gqa", "mqa" or "gated".
+        model: a ``GPT``, ``BertEncoder``, ``SentenceEncoder`` or
+            encoder-decoder ``Transformer`` whose attention kind is "mha",
+            "gqa", "mqa" or "gated".
         heads_to_prune: ``{layer_index: [head, ...]}``; layers numbered as
             ``tools.heads.attention_layers`` numbers them, heads as the
             layer numbers them now (0 .. H-1). An empty list changes nothing.
@@ -201,7 +175,9 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, list[int]]) -> nn
         ``model`` itself, pruned: each pruned layer is a new attention module
         with H' query heads and G' key/value heads; ``model.config`` is a new
         config with ``layer_heads`` (and ``layer_kv_heads`` when the config
-        sets ``num_kv_heads``). Its output equals that of the unpruned model
+        sets ``num_kv_heads``); a Transformer's with ``encoder_layer_heads``,
+        ``decoder_layer_heads`` and ``cross_layer_heads`` (and their
+        ``*_layer_kv_heads``), see the module docstring. Its output equals that of the unpruned model
         under ``mask_heads(model, heads_to_prune)`` up to float rounding.
 
     Raises:
@@ -213,20 +189,19 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, list[int]]) -> nn
             whose heads cannot be removed one by one (the message names it).
         All checks run before anything changes.
     """
-    target = _target(model)
-    layers = _layers(target)
+    target = prune_target(model)
+    layers = target.layers
     table = _check_table(heads_to_prune, layers)
     plans = {i: _plan(i, layers[i], removed) for i, removed in table.items() if removed}
     if not plans:
         return model
-    config = target.config
     heads = [len(plans[i][0]) if i in plans else layer.num_heads for i, layer in enumerate(layers)]
     kv = [len(plans[i][1]) if i in plans else layer.num_kv_heads for i, layer in enumerate(layers)]
-    config = dataclasses.replace(config, layer_heads=heads, layer_kv_heads=None if config.num_kv_heads is None else kv)
+    config = target.with_counts(heads, kv)
     rebuilt = {i: _rebuilt(target, config, i, layers[i], *plan) for i, plan in plans.items()}
     for i, attention in rebuilt.items():
-        _set_layer(target, i, attention)
-    target.config = config
+        target.set_layer(i, attention)
+    target.model.config = config
     return model
 
 
@@ -247,10 +222,11 @@ def prune_closed_heads(model: nn.Module) -> dict[int, list[int]]:
             whose heads are all closed, or closed heads that leave GQA
             groups of different sizes (see :func:`prune_heads`).
     """
-    target = _target(model)
-    if target.config.attention != "gated":
-        raise ValueError(f"prune_closed_heads needs attention kind 'gated', got attention={target.config.attention!r}")
-    layers = _layers(target)
+    target = prune_target(model)
+    kind = target.model.config.attention
+    if kind != "gated":
+        raise ValueError(f"prune_closed_heads needs attention kind 'gated', got attention={kind!r}")
+    layers = target.layers
     table = {i: layer.closed_heads() for i, layer in enumerate(layers) if isinstance(layer, GatedHeadAttention)}
     table = {i: heads for i, heads in table.items() if heads}
     prune_heads(model, table)

@@ -177,8 +177,9 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, list[int]]) -> nn
         config with ``layer_heads`` (and ``layer_kv_heads`` when the config
         sets ``num_kv_heads``); a Transformer's with ``encoder_layer_heads``,
         ``decoder_layer_heads`` and ``cross_layer_heads`` (and their
-        ``*_layer_kv_heads``), see the module docstring. Its output equals that of the unpruned model
-        under ``mask_heads(model, heads_to_prune)`` up to float rounding.
+        ``*_layer_kv_heads``), see the module docstring. Its output equals
+        that of the unpruned model under ``mask_heads(model, heads_to_prune)``
+        up to float rounding.
 
     Raises:
         TypeError: another kind of model, a table that is not a mapping of

@@ -307,6 +307,8 @@ _PRUNE_EXAMPLES = """examples:
   multihead prune --model minilm-l6 --method ablation --keep 0.5 --out minilm-half
   multihead prune --model minilm-l6 --method gradient --keep 0.75 --calibration-lines 1024 --out minilm-75
   multihead prune --checkpoint runs/mini-mha --method gradient --keep 0.5 --out runs/mini-pruned
+  multihead prune --hf path/to/hf-bert-or-gpt2 --method gradient --keep 0.5 --out pruned
+  multihead generate --checkpoint runs/mini-pruned "To be"
 """
 
 
@@ -315,24 +317,35 @@ def _add_prune(sub) -> argparse.ArgumentParser:
 
     prune = sub.add_parser(
         "prune",
-        help="remove the least important attention heads of MiniLM or a GPT checkpoint for good",
+        help="remove the least important attention heads of MiniLM, a GPT checkpoint or a HF BERT/GPT-2 for good",
         description=(
             "Score every attention head on calibration data, remove the lowest-scoring ones (one ranking over "
             "all layers, at least one head left per layer), save the pruned model into --out and report the "
-            f"heads removed, parameters, fidelity (MiniLM: {HELDOUT_LINES} held-out Shakespeare lines; a run: "
-            "its validation loss) and the measured forward speed-up."
+            f"heads removed, parameters, fidelity (MiniLM, BERT: {HELDOUT_LINES} held-out Shakespeare lines; a run: "
+            "its validation loss; GPT-2: the loss on Shakespeare's validation text) and the measured forward "
+            "speed-up. The model is saved in multihead's own format (per-layer head counts), with its "
+            "tokenizer.json: read it back with load_sentence_encoder, load_checkpoint or --checkpoint. "
+            "See docs/surgery.md."
         ),
         epilog=_PRUNE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     prune.add_argument("--model", metavar="NAME", help=f"a pretrained model: {', '.join(MODELS)}")
     prune.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint or a multihead train run directory")
+    prune.add_argument(
+        "--hf", metavar="DIR",
+        help="a local Hugging Face folder (config.json, model.safetensors, tokenizer.json) of model_type bert or gpt2",
+    )  # fmt: skip
     prune.add_argument("--method", required=True, metavar="M", help=f"importance scores: {' or '.join(METHODS)}")
     prune.add_argument("--keep", required=True, type=float, metavar="FRACTION", help="share of heads kept, in (0, 1]")
     prune.add_argument("--out", required=True, metavar="DIR", help="folder for the pruned model and report.json")
     prune.add_argument(
         "--calibration-lines", type=int, default=DEFAULT_CALIBRATION_LINES, metavar="N",
         help=f"MiniLM: calibration line pairs; GPT: windows, 16 per batch (default {DEFAULT_CALIBRATION_LINES})",
+    )  # fmt: skip
+    prune.add_argument(
+        "--heldout-lines", type=int, metavar="N",
+        help=f"MiniLM, BERT: held-out lines of the fidelity (default {HELDOUT_LINES})",
     )  # fmt: skip
     return prune
 
@@ -419,7 +432,9 @@ def _prune(args: argparse.Namespace) -> int:
         out=args.out,
         model=args.model,
         checkpoint=args.checkpoint,
+        hf=args.hf,
         calibration_lines=args.calibration_lines,
+        heldout_lines=args.heldout_lines,
     )
     return 0
 

@@ -108,10 +108,13 @@ def test_bpe_run_brings_its_tokenizer_for_generate(bpe_run, tmp_path):
     )
     assert rc == 0, err
     assert (out / "tokenizer.json").read_bytes() == (bpe_run / "tokenizer" / "tokenizer.json").read_bytes()
-    assert f"--tokenizer {out / 'tokenizer.json'}" in stdout
-    rc, text, err = quietly("generate", "--checkpoint", str(out), "--tokenizer", str(out / "tokenizer.json"),
-                            "to be", "--max-new-tokens", "3", "--seed", "0")  # fmt: skip
-    assert rc == 0 and text.startswith("to be"), err
+    assert f"try: multihead generate --checkpoint {out} " in stdout and "--tokenizer" not in stdout
+    # the folder alone brings its tokenizer.json (run_dir); the same file given by hand gives the same text
+    rc, text, err = quietly("generate", "--checkpoint", str(out), "to be", "--max-new-tokens", "3", "--seed", "0")
+    assert rc == 0 and text.startswith("to be") and f"checkpoint {out}, bpe tokenizer" in err, err
+    by_hand = quietly("generate", "--checkpoint", str(out), "--tokenizer", str(out / "tokenizer.json"),
+                      "to be", "--max-new-tokens", "3", "--seed", "0")  # fmt: skip
+    assert by_hand[:2] == (0, text), by_hand[2]
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_mistakes_are_one_line_and_write_nothing(tmp_path):
     assert "--keep 0.0" in refused(*base, "--method", "gradient", "--keep", "0")
     assert "--keep 1.5" in refused(*base, "--method", "gradient", "--keep", "1.5")
     assert "--method taylor: unknown method" in refused(*base, "--method", "taylor", "--keep", "0.5")
-    assert "exactly one of --model and --checkpoint" in refused(*base, "--model", "minilm-l6", "--method",
+    assert "exactly one of --model, --checkpoint and --hf" in refused(*base, "--model", "minilm-l6", "--method",
                                                                 "gradient", "--keep", "0.5")  # fmt: skip
     moh = tmp_path / "moh"
     save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32, attention="moh")), moh)

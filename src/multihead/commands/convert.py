@@ -20,11 +20,10 @@ the run's data/train.bin, or from the training part of
 ``--calibration-data`` (``shakespeare`` or a UTF-8 file) encoded with the
 run's tokenizer, or as bytes for a byte-level checkpoint.
 
-The output folder of a BPE run also gets the run's ``tokenizer.json``:
-``multihead generate --checkpoint OUT --tokenizer OUT/tokenizer.json``
-(a byte-level model needs no tokenizer). The run's ``tokenizer/`` folder is
-not copied as a folder: a folder with ``tokenizer/`` is read as a training
-run by ``--checkpoint``.
+The output folder of a BPE run (or of a checkpoint folder with its
+tokenizer.json) also gets that ``tokenizer.json``, beside config.json:
+``multihead generate --checkpoint OUT`` and ``multihead inspect --checkpoint
+OUT`` read it from there (``run_dir``); a byte-level model needs none.
 
 Mistakes are refused before anything is written: an --out that cannot be
 written, G outside [1, H] or not dividing the key/value heads, an unknown
@@ -43,6 +42,7 @@ from .gpt_inputs import (
     CALIBRATION_SEED,
     calibration_windows,
     load_gpt,
+    tokenizer_json,
     validation,
     write_outputs,
 )
@@ -171,7 +171,8 @@ def run(
     if validate is not None:
         loss, where = validate
         report["val_loss"], report["val_batches"] = [loss(model), loss(new)], where
-    write_outputs(folder, lambda f: save_checkpoint(new, f), report, run_dir if run_tokenizer is not None else None)
+    tokenizer_file = tokenizer_json(checkpoint, run_dir) if run_tokenizer is not None else None
+    write_outputs(folder, lambda f: save_checkpoint(new, f), report, tokenizer_file)
     _print(report, folder, run_tokenizer is not None, echo)
     return report
 
@@ -195,5 +196,4 @@ def _print(report: dict, folder: Path, has_tokenizer: bool, echo: Callable[[str]
         f"wrote {folder.resolve()} (config.json, model.safetensors, report.json"
         f"{', tokenizer.json' if has_tokenizer else ''})"
     )
-    extra = f" --tokenizer {folder / 'tokenizer.json'}" if has_tokenizer else ""
-    echo(f'try: multihead generate --checkpoint {folder}{extra} "To be"')
+    echo(f'try: multihead generate --checkpoint {folder} "To be"')

@@ -148,14 +148,15 @@ def run(
     found = None if checkpoint is None or save_init is not None else run_checkpoint(checkpoint)
     if found is not None:
         step_dir, run_tok, step = found
-        if tok is not None:
+        if tok is not None and step is not None:
             raise ValueError(
                 f"--checkpoint {checkpoint} is a training run with its own tokenizer; "
                 f"--tokenizer {tokenizer} cannot replace it"
             )
         model = load_checkpoint(step_dir)
-        tok = run_tok
-        source = f"run {checkpoint}, step {step} ({step_dir}), {tok.kind} tokenizer"
+        tok = run_tok if tok is None else tok  # beside a checkpoint folder: --tokenizer, when given, is used
+        where = f"run {checkpoint}, step {step} ({step_dir})" if step is not None else f"checkpoint {checkpoint}"
+        source = f"{where}, {getattr(tok, 'kind', 'the --tokenizer')} tokenizer"
     elif checkpoint is not None:
         model = load_checkpoint(checkpoint)
         source = f"checkpoint {checkpoint}"

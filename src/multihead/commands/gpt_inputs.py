@@ -21,7 +21,8 @@ from ..models.safe_files import write_text_atomic
 from .run_dir import run_checkpoint
 
 __all__ = [
-    "CALIBRATION_BATCH_SIZE", "CALIBRATION_SEED", "load_gpt", "calibration_windows", "validation", "write_outputs",
+    "CALIBRATION_BATCH_SIZE", "CALIBRATION_SEED", "load_gpt", "calibration_windows", "validation", "tokenizer_json",
+    "write_outputs",
 ]  # fmt: skip
 
 CALIBRATION_BATCH_SIZE = 16
@@ -29,13 +30,18 @@ CALIBRATION_SEED = 99
 
 
 def load_gpt(checkpoint: str):
-    """(model, run directory or None, run tokenizer or None, description)."""
+    """(model, run directory or None, tokenizer or None, description).
+
+    The tokenizer is a run's, or the tokenizer.json beside a checkpoint
+    (``run_dir.run_checkpoint``; then the run directory is None)."""
     from ..models.checkpoint import load_checkpoint
 
     found = run_checkpoint(checkpoint)
     if found is None:
         return load_checkpoint(checkpoint).eval(), None, None, f"checkpoint {checkpoint}"
     step_dir, tokenizer, step = found
+    if step is None:  # a checkpoint folder with its tokenizer.json: no run data to calibrate or validate on
+        return load_checkpoint(step_dir).eval(), None, tokenizer, f"checkpoint {checkpoint}"
     return load_checkpoint(step_dir).eval(), Path(checkpoint), tokenizer, f"run {checkpoint}, step {step}"
 
 
@@ -102,12 +108,19 @@ def validation(run_dir: Path):
     return loss, where
 
 
-def write_outputs(folder: Path, save: Callable[[Path], object], report: dict, tokenizer_run: Path | None) -> None:
-    """Write the model (``save(folder)``), the run's tokenizer.json when
-    ``tokenizer_run`` is a BPE run's directory, and report.json into ``folder``."""
+def tokenizer_json(checkpoint: str, run_dir: Path | None) -> Path:
+    """The tokenizer.json that came with ``--checkpoint``: a run's ``tokenizer/``
+    file, or the one beside a checkpoint folder."""
+    return run_dir / "tokenizer" / "tokenizer.json" if run_dir is not None else Path(checkpoint) / "tokenizer.json"
+
+
+def write_outputs(folder: Path, save: Callable[[Path], object], report: dict, tokenizer_file: Path | None) -> None:
+    """Write the model (``save(folder)``), a copy of ``tokenizer_file`` (a BPE
+    run's or a Hugging Face folder's tokenizer.json) as tokenizer.json, and
+    report.json into ``folder``. A checkpoint folder with its tokenizer.json
+    beside config.json is read whole by ``--checkpoint`` (``run_dir``)."""
     folder.mkdir(parents=True, exist_ok=True)
     save(folder)
-    if tokenizer_run is not None:
-        text = (tokenizer_run / "tokenizer" / "tokenizer.json").read_text(encoding="utf-8")
-        write_text_atomic(folder / "tokenizer.json", text)
+    if tokenizer_file is not None:
+        write_text_atomic(folder / "tokenizer.json", tokenizer_file.read_text(encoding="utf-8"))
     write_text_atomic(folder / "report.json", json.dumps(report, indent=2) + "\n")

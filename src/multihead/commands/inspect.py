@@ -93,15 +93,16 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
     found = run_checkpoint(checkpoint)  # a `multihead train` run directory brings its own tokenizer
     if found is not None:
-        if tok is not None:
+        step_dir, run_tok, step = found
+        if tok is not None and step is not None:
             raise ValueError(
                 f"--checkpoint {checkpoint} is a training run with its own tokenizer; "
                 f"--tokenizer {tokenizer} cannot replace it"
             )
-        step_dir, run_tok, step = found
         model = load_checkpoint(step_dir).eval()
-        tok = None if run_tok.kind == "bytes" else run_tok  # a BPE run's tokenizer, as tokenizers.Tokenizer JSON
-        source = f"GPT run {Path(checkpoint).name}, step {step}"
+        if tok is None:  # beside a checkpoint folder: --tokenizer, when given, is used
+            tok = None if run_tok.kind == "bytes" else run_tok  # a BPE run's tokenizer, as tokenizers.Tokenizer JSON
+        source = f"GPT run {Path(checkpoint).name}, step {step}" if step is not None else f"GPT checkpoint {Path(checkpoint).name}"
     else:
         model = load_checkpoint(checkpoint).eval()
         source = f"GPT checkpoint {Path(checkpoint).name}"

@@ -2,6 +2,7 @@
 
     multihead prune --model minilm-l6 --method ablation --keep 0.5 --out minilm-half
     multihead prune --checkpoint runs/mini --method gradient --keep 0.75 --out runs/mini-pruned
+    multihead prune --hf path/to/bert-or-gpt2 --method gradient --keep 0.5 --out pruned
 
 Scores every head with ``tools.importance.head_importance`` on calibration
 data, removes the lowest ``L*H - keep`` of them with ``tools.prune.prune_heads``
@@ -18,8 +19,18 @@ with seed ``SEED``; "gradient" scores the in-batch next-line contrastive
 loss (cross-entropy of 20 * cos, padding excluded, rows normalised per
 layer), "ablation" the drift 1 - cos to the unpruned embeddings of the
 pairs' first lines. Fidelity: mean cosine and top-10 neighbour agreement on
-``HELDOUT_LINES`` held-out lines. Saved with ``save_sentence_encoder``
-(read back with ``load_sentence_encoder``).
+``--heldout-lines`` (default ``HELDOUT_LINES``) held-out lines. Saved with
+``save_sentence_encoder`` (read back with ``load_sentence_encoder``).
+
+``--hf DIR`` (a local Hugging Face folder, ``prune_hf``): model_type "bert"
+is pruned as MiniLM (the same lines, losses and fidelity; the folder's
+sentence-transformers pooling, else mean pooling) and saved the same way;
+model_type "gpt2" is loaded as a multihead ``GPT`` and pruned as a
+checkpoint, on windows of Shakespeare's text through the folder's
+tokenizer.json (training part: calibration; validation part: the loss
+before and after, ``prune_hf.VAL_WINDOWS`` windows). Either is saved in
+multihead's format (a Hugging Face config cannot hold per-layer head
+counts) with the tokenizer.json beside it; any other model_type is refused.
 
 ``--checkpoint`` (a GPT checkpoint or a ``multihead train`` run directory):
 the language-model loss on ``--calibration-lines`` // 16 (at least 1)
@@ -33,7 +44,7 @@ of the unpruned and the pruned model on the same held-out batch, as the
 ratio unpruned / pruned.
 
 Mistakes are refused before anything is written: FRACTION outside (0, 1],
-an unknown method, both or neither of --model and --checkpoint, an
+an unknown method, not exactly one of --model, --checkpoint and --hf, an
 attention kind whose heads cannot be removed alone (moh, dcmha, ...), an
 --out that cannot be written.
 """
@@ -49,10 +60,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .gpt_inputs import CALIBRATION_BATCH_SIZE, calibration_windows, load_gpt, validation, write_outputs
+from .gpt_inputs import (
+    CALIBRATION_BATCH_SIZE,
+    CALIBRATION_SEED,
+    calibration_windows,
+    load_gpt,
+    tokenizer_json,
+    validation,
+    write_outputs,
+)
 from .paths import output_folder
 
 __all__ = ["run", "MODELS", "METHODS", "SEED", "HELDOUT_LINES", "DEFAULT_CALIBRATION_LINES", "TIMED_PASSES"]
+
+_Sources = tuple[str | None, str | None, str | None]
 
 MODELS = ("minilm-l6",)
 METHODS = ("gradient", "ablation")
@@ -65,10 +86,12 @@ SCALE = 20.0  # 1 / temperature of the contrastive loss
 OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.json")
 
 
-def _check_options(model: str | None, checkpoint: str | None, method: str, keep: float, lines: int) -> None:
-    if (model is None) == (checkpoint is None):
+def _check_options(sources: _Sources, method: str, keep: float, lines: int, heldout: int | None) -> None:
+    model, checkpoint, hf = sources
+    if sum(v is not None for v in sources) != 1:
         raise ValueError(
-            f"give exactly one of --model and --checkpoint (got --model {model} and --checkpoint {checkpoint})"
+            f"give exactly one of --model, --checkpoint and --hf "
+            f"(got --model {model}, --checkpoint {checkpoint} and --hf {hf})"
         )
     if model is not None and model not in MODELS:
         raise ValueError(f"--model {model}: unknown model; valid: {', '.join(MODELS)}")
@@ -78,6 +101,11 @@ def _check_options(model: str | None, checkpoint: str | None, method: str, keep:
         raise ValueError(f"--keep {keep}: give the fraction of heads to keep, in (0, 1]")
     if lines < 2:
         raise ValueError(f"--calibration-lines {lines}: give a number >= 2")
+    if heldout is not None and heldout < 2:
+        raise ValueError(f"--heldout-lines {heldout}: give a number >= 2 (neighbours are ranked among them)")
+    if heldout is not None and checkpoint is not None:
+        raise ValueError(f"--heldout-lines {heldout} is for encoders (--model, a BERT --hf); a GPT checkpoint "
+                         "is measured on its run's validation batches")  # fmt: skip
 
 
 def _target(model):
@@ -95,7 +123,7 @@ def _target(model):
 
 
 # ------------------------------------------------------------------ MiniLM data and losses
-def _minilm_lines(model, count: int) -> tuple[list[tuple[str, str]], list[str]]:
+def _minilm_lines(model, count: int, held_count: int) -> tuple[list[tuple[str, str]], list[str]]:
     """(calibration pairs, held-out lines), the benchmark's split of Shakespeare's works."""
     from ..train.corpus import shakespeare_plays
 
@@ -106,8 +134,11 @@ def _minilm_lines(model, count: int) -> tuple[list[tuple[str, str]], list[str]]:
     def lines(title: str) -> list[str | None]:
         return [s.strip() if len(s.split()) >= 5 else None for s in texts[title].split("\n")]
 
+    unique = sorted({s for t in titles for s in lines(t) if s})
+    lengths = {s: len(model.tokenizer.encode(s).ids) for s in unique}  # truncated at max_seq_length
+
     def short(line: str) -> bool:  # [CLS] and [SEP] included
-        return len(model.tokenizer.encode(line).ids) <= 64
+        return lengths[line] <= 64
 
     pairs = [(a, b) for t in calib for a, b in zip(lines(t), lines(t)[1:]) if a is not None and b is not None]
     pairs = [p for p in pairs if short(p[0]) and short(p[1])]
@@ -115,7 +146,9 @@ def _minilm_lines(model, count: int) -> tuple[list[tuple[str, str]], list[str]]:
     heldout = [s for s in sorted({s for t in held for s in lines(t) if s} - seen) if short(s)]
     if count > len(pairs):
         raise ValueError(f"--calibration-lines {count}: the calibration works have {len(pairs)} line pairs")
-    return random.Random(SEED).sample(pairs, count), random.Random(SEED + 1).sample(heldout, HELDOUT_LINES)
+    if held_count > len(heldout):
+        raise ValueError(f"--heldout-lines {held_count}: the held-out works have {len(heldout)} new lines")
+    return random.Random(SEED).sample(pairs, count), random.Random(SEED + 1).sample(heldout, held_count)
 
 
 def _contrastive(model, batch) -> torch.Tensor:
@@ -189,7 +222,9 @@ def run(
     out: str,
     model: str | None = None,
     checkpoint: str | None = None,
+    hf: str | None = None,
     calibration_lines: int = DEFAULT_CALIBRATION_LINES,
+    heldout_lines: int | None = None,
     echo: Callable[[str], None] = print,
 ) -> dict:
     """The CLI command: score, prune, save, report.
@@ -198,9 +233,12 @@ def run(
         method: "gradient" or "ablation".
         keep: the fraction of heads to keep, in (0, 1].
         out: the folder for the pruned model and report.json.
-        model: "minilm-l6", or None with ``checkpoint``.
+        model: "minilm-l6"; exactly one of ``model``, ``checkpoint``, ``hf``.
         checkpoint: a GPT checkpoint or a ``multihead train`` run directory.
-        calibration_lines: MiniLM: line pairs; GPT: windows (in batches of 16).
+        hf: a local Hugging Face BERT or GPT-2 folder.
+        calibration_lines: encoders: line pairs; GPT: windows (in batches of 16).
+        heldout_lines: encoders: held-out lines of the fidelity (None:
+            ``HELDOUT_LINES``).
         echo: where the report lines go.
 
     Returns:
@@ -212,23 +250,48 @@ def run(
     from ..tools.fidelity import fidelity, keep_heads
     from ..tools.prune import prune_heads
 
-    _check_options(model, checkpoint, method, keep, calibration_lines)
+    _check_options((model, checkpoint, hf), method, keep, calibration_lines, heldout_lines)
     folder = output_folder("--out", out, OUTPUT_FILES)
-    run_dir = tokenizer = None
-    if model is not None:
-        from ..models.minilm import load_minilm
+    hf_type = None
+    if hf is not None:
+        from . import prune_hf
 
-        net, source = load_minilm(), f"model {model}"
+        hf_folder, hf_type = prune_hf.check_folder(hf)
+        if hf_type == "gpt2" and heldout_lines is not None:
+            raise ValueError(f"--heldout-lines {heldout_lines} is for encoders; the GPT-2 --hf {hf} is measured "
+                             f"on {prune_hf.VAL_WINDOWS} windows of the Shakespeare validation text")  # fmt: skip
+    encoder = model is not None or hf_type == "bert"
+    run_dir = tokenizer_file = validate = None
+    pooling = None
+    if encoder:
+        if model is not None:
+            from ..models.minilm import load_minilm
+
+            net, source = load_minilm(), f"model {model}"
+            pooling = f"{net.pooling} pooling{', L2-normalised' if net.normalize else ''}"
+        else:
+            net, pooling = prune_hf.load_encoder(hf_folder)
+            source = f"bert model {hf}"
         _target(net)
-        pairs, heldout = _minilm_lines(net, calibration_lines)
+        pairs, heldout = _minilm_lines(net, calibration_lines, HELDOUT_LINES if heldout_lines is None else heldout_lines)
         scores = _minilm_scores(net, method, pairs)
     else:
-        net, run_dir, tokenizer, source = load_gpt(checkpoint)
-        _target(net)
-        tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
-        data = None if run_dir is not None else "shakespeare"
         count = max(1, calibration_lines // CALIBRATION_BATCH_SIZE)
-        batches = calibration_windows(net, run_dir, tokenizer, data, count)
+        if hf is not None:
+            net, hf_tokenizer = prune_hf.load_gpt2(hf_folder)
+            source, tokenizer_file = f"gpt2 model {hf}", hf_folder / "tokenizer.json"
+            _target(net)
+            batches = prune_hf.gpt2_calibration(net, hf_tokenizer, count, CALIBRATION_BATCH_SIZE, CALIBRATION_SEED, hf)
+            validate = prune_hf.gpt2_validation(net, hf_tokenizer, CALIBRATION_BATCH_SIZE, hf)
+        else:
+            net, run_dir, tokenizer, source = load_gpt(checkpoint)
+            _target(net)
+            tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
+            if tokenizer is not None:
+                tokenizer_file = tokenizer_json(checkpoint, run_dir)
+            data = None if run_dir is not None else "shakespeare"
+            batches = calibration_windows(net, run_dir, tokenizer, data, count)
+            validate = validation(run_dir) if run_dir is not None else None
         scores = _gpt_scores(net, method, batches)
     L, H = scores.shape
     kept = max(L, round(keep * L * H))
@@ -245,6 +308,7 @@ def run(
         "removed": {str(i): sorted(table.get(i, [])) for i in range(L)},
         "layer_heads": [H - len(table.get(i, [])) for i in range(L)],
         "parameters": [params_before, _count(net)],
+        "pooling": pooling,
         "calibration": None,
         "fidelity": None,
         "val_loss": None,
@@ -252,7 +316,7 @@ def run(
         "seconds": None,
         "speedup": None,
     }
-    if model is not None:
+    if encoder:
         report["calibration"] = f"{len(pairs)} line pairs of the even-numbered works"
         reference = unpruned.encode(heldout, batch_size=BATCH_SIZE)  # (N, C)
         cos, agree = fidelity(reference, net.encode(heldout, batch_size=BATCH_SIZE))
@@ -268,12 +332,12 @@ def run(
         def timed(m):
             return lambda: m(x)
 
-        if run_dir is not None:
-            loss, where = validation(run_dir)
+        if validate is not None:
+            loss, where = validate
             report["val_loss"], report["val_batches"] = [loss(unpruned), loss(net)], where
     before, after, ratio = _speedup(timed(unpruned), timed(net))
     report["seconds"], report["speedup"] = [before, after], ratio
-    write_outputs(folder, lambda f: _save(net, f), report, run_dir if tokenizer is not None else None)
+    write_outputs(folder, lambda f: _save(net, f), report, tokenizer_file)
     _print(report, folder, echo)
     return report
 
@@ -313,6 +377,10 @@ def _print(report: dict, folder: Path, echo: Callable[[str], None]) -> None:
         f = report["fidelity"]
         echo(f"  held-out fidelity ({f['lines']} lines): mean cosine {f['mean_cosine']:.4f}, "
              f"top-10 neighbours kept {f['neighbours_top10']:.3f}")  # fmt: skip
+    if report["pooling"] is not None:
+        echo(f"  (embeddings: {report['pooling']})")
     if report["val_batches"] is not None:
         echo(f"  (validation: {report['val_batches']})")
-    echo(f"wrote {folder.resolve()}")
+    echo(f"wrote {folder.resolve()} ({', '.join(n for n in OUTPUT_FILES if (folder / n).is_file())})")
+    reader = "load_sentence_encoder" if report["fidelity"] is not None else "load_checkpoint or --checkpoint"
+    echo(f"  (multihead's own format, per-layer head counts in config.json: read it back with {reader})")

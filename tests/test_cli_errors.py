@@ -66,7 +66,7 @@ def refused(capsys, argv: list[str], *, usage: bool = False) -> str:
     assert exc.value.code == 2, err
     assert out == "" and "Traceback" not in err, err
     lines = err.splitlines()
-    command = argv[0] if argv and not argv[0].startswith("-") and argv[0] in ("inspect", "generate", "textbook") else None
+    command = argv[0] if argv and not argv[0].startswith("-") and argv[0] in ("inspect", "generate", "textbook", "prune") else None
     prefix = f"multihead {command}" if command else "multihead"
     assert lines and lines[-1].startswith(f"{prefix}: error: "), err
     assert sum("error:" in line for line in lines) == 1, err
@@ -223,6 +223,31 @@ def test_generate_mistakes_are_refused_before_building_a_model(case, work, tiny_
 def test_generate_value_mistakes(argv, message, work, capsys):
     assert fill([message], work)[0] in refused(capsys, fill(argv, work))
     assert files_under(work) == ["a-file", "a-folder"]
+
+
+# -- prune: refused before any model is loaded ---------------------------------------------------------
+
+PRUNE_EARLY = {
+    "no source": (["prune", "--method", "gradient", "--keep", "0.5", "--out", "out"], "exactly one of --model, --checkpoint and --hf"),
+    "hf and checkpoint": (["prune", "--hf", "{tmp}/a-folder", "--checkpoint", "{ckpt}", "--method", "gradient", "--keep", "0.5", "--out", "out"],
+                          "exactly one of --model, --checkpoint and --hf"),
+    "hf missing": (["prune", "--hf", "{tmp}/none", "--method", "gradient", "--keep", "0.5", "--out", "out"], "--hf {tmp}/none: no such folder"),
+    "hf without config": (["prune", "--hf", "{tmp}/a-folder", "--method", "gradient", "--keep", "0.5", "--out", "out"],
+                          "--hf {tmp}/a-folder: no config.json in it"),
+    "heldout-lines 0": (["prune", "--model", "minilm-l6", "--heldout-lines", "0", "--method", "gradient", "--keep", "0.5", "--out", "out"],
+                        "--heldout-lines 0: give a number >= 2"),
+    "heldout-lines with a GPT": (["prune", "--checkpoint", "{ckpt}", "--heldout-lines", "9", "--method", "gradient", "--keep", "0.5", "--out", "out"],
+                                 "--heldout-lines 9 is for encoders"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PRUNE_EARLY)
+def test_prune_mistakes_are_refused_before_loading_a_model(case, work, tiny_ckpt, no_model, capsys):
+    argv, message = PRUNE_EARLY[case]
+    before = files_under(work)
+    line = refused(capsys, fill(argv, work, tiny_ckpt))
+    assert fill([message], work, tiny_ckpt)[0] in line, line
+    assert files_under(work) == before
 
 
 # -- textbook ------------------------------------------------------------------------------------------

@@ -269,7 +269,7 @@ X = [torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(0))]
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"method": "taylor"}, ValueError, r"unknown method='taylor'; valid: \['gradient', 'ablation'\]"),
+        ({"method": "taylor"}, ValueError, r"unknown method='taylor'; valid: \['gradient', 'ablation', 'gates'\]"),
         ({"normalize": "global"}, ValueError, r"unknown normalize='global'"),
         ({"absolute": "batch"}, ValueError, r"unknown absolute='batch'"),
         ({"method": "ablation", "token_mask": lambda b: None}, ValueError, "token_mask applies to method='gradient'"),

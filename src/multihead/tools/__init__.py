@@ -1,10 +1,13 @@
 """Tools that take models or tensors: capture attention, score head roles,
-draw the views, mask heads and score their importance, prune heads,
+draw the views, mask heads and score their importance (gradient,
+ablation, learned gates), prune heads,
 convert MHA to GQA, distil a converted or pruned model back towards the
 original."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .convert_heads import to_gqa
+from .distill import distillation, divergence
+from .gate_importance import GateSweep, GateTraining, gate_sweep
 from .heads import attention_layers, mask_heads
 from .importance import head_importance
 from .prune import prune_closed_heads, prune_heads
@@ -40,6 +43,11 @@ __all__ = [
     "attention_layers",
     "mask_heads",
     "head_importance",
+    "gate_sweep",
+    "GateTraining",
+    "GateSweep",
+    "distillation",
+    "divergence",
     "to_gqa",
     "prune_heads",
     "prune_closed_heads",

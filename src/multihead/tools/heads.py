@@ -28,7 +28,7 @@ from torch import nn
 from ..modules.base import AttentionLayer
 from .capture import attention_modules
 
-__all__ = ["attention_layers", "mask_heads", "check_head_table", "check_index"]
+__all__ = ["attention_layers", "mask_heads", "check_head_table", "check_index", "eval_mode"]
 
 
 def attention_layers(model: nn.Module) -> list[AttentionLayer]:
@@ -117,3 +117,15 @@ def _zero_heads(chosen: list[int], num_heads: int):
         return out.masked_fill(hide, 0.0)
 
     return hook
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode inside (no dropout); every submodule's own training flag restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training

@@ -82,11 +82,13 @@ import torch
 from torch import nn
 
 from ..modules.base import AttentionLayer
-from .heads import attention_layers, mask_heads
+from .gate_importance import GateTraining, gate_sweep
+from .heads import eval_mode, mask_heads
+from .scoring import check_all_ran, check_scalar_loss, scored_inputs
 
 __all__ = ["head_importance", "METHODS", "NORMALIZATIONS", "ABSOLUTE_MODES"]
 
-METHODS = ("gradient", "ablation")
+METHODS = ("gradient", "ablation", "gates")
 NORMALIZATIONS = ("layer", None)
 ABSOLUTE_MODES = ("token", "example")
 
@@ -100,6 +102,7 @@ def head_importance(
     normalize: str | None = "layer",
     absolute: str = "token",
     token_mask: Callable | None = None,
+    gate_training: GateTraining | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
     """Score every head of every attention layer of ``model``.
@@ -108,13 +111,17 @@ def head_importance(
         model: a module containing multihead attention layers.
         batches: an iterable of batches (anything ``loss_fn`` accepts).
         loss_fn: ``loss_fn(model, batch) -> loss``, a scalar tensor.
-        method: "gradient" or "ablation" (see the module docstring).
-        normalize: "layer" (each row divided by its L2 norm + 1e-20) or None.
+        method: "gradient", "ablation" or "gates" (see the module docstring).
+        normalize: "layer" (each row divided by its L2 norm + 1e-20) or None;
+            "gradient" and "ablation" only ("gates" returns probabilities).
         absolute: "token" (|dot| per token, the official code) or "example"
             (|sum over tokens| per example, the paper); "gradient" only.
         token_mask: ``token_mask(batch) -> [B, T] bool``, True for the tokens
             that count (e.g. not padding); None counts every token.
             "gradient" only.
+        gate_training: :class:`~multihead.tools.gate_importance.GateTraining`
+            (penalties, steps, lr, init, seed); "gates" only, default
+            ``GateTraining()``.
         progress: show a bar on stderr (tqdm, else rich) over the passes.
 
     Returns:
@@ -128,7 +135,8 @@ def head_importance(
             no batches; a loss with more than one element or without a
             gradient path to the heads; a layer the loss never ran; a
             token_mask of the wrong shape or selecting no token; a
-            token_mask with method="ablation".
+            token_mask with a method other than "gradient"; gate_training
+            with a method other than "gates".
     """
     if method not in METHODS:
         raise ValueError(f"unknown method={method!r}; valid: {list(METHODS)}")
@@ -140,18 +148,20 @@ def head_importance(
         raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
     if token_mask is not None and not callable(token_mask):
         raise TypeError(f"token_mask must be callable as token_mask(batch), got {type(token_mask).__name__}")
-    if method == "ablation" and token_mask is not None:
-        raise ValueError("token_mask applies to method='gradient' only; with 'ablation' the loss decides what counts")
-    layers = attention_layers(model)
-    counts = [layer.num_heads for layer in layers]
-    if len(set(counts)) != 1:
-        raise ValueError(f"every attention layer must have the same number of heads, got {counts} (layer order)")
-    batches = list(batches)
-    if not batches:
-        raise ValueError("batches is empty: head importance needs at least one batch")
-    L, H = len(layers), counts[0]
+    if method != "gradient" and token_mask is not None:
+        raise ValueError(f"token_mask applies to method='gradient' only; with {method!r} the loss decides what counts")
+    if gate_training is not None and method != "gates":
+        raise ValueError(f"gate_training applies to method='gates' only, got method={method!r}")
+    if gate_training is not None and not isinstance(gate_training, GateTraining):
+        raise TypeError(f"gate_training must be a GateTraining, got {type(gate_training).__name__}")
+    layers, batches = scored_inputs(model, batches)
+    L, H = len(layers), layers[0].num_heads
+    if method == "gates":
+        training = GateTraining() if gate_training is None else gate_training
+        with _bar(len(training.penalties) * (training.steps + 1), progress) as step:
+            return gate_sweep(model, batches, loss_fn, training, step=step).scores
     passes = len(batches) * (1 if method == "gradient" else L * H + 1)
-    with _eval_mode(model), _bar(passes, progress) as step:
+    with eval_mode(model), _bar(passes, progress) as step:
         if method == "gradient":
             scores = _gradient(model, layers, batches, loss_fn, absolute, token_mask, step)
         else:
@@ -171,11 +181,11 @@ def _gradient(model, layers, batches, loss_fn, absolute, token_mask, step) -> to
         handles = [layer.register_head_hook(_gate_hook(gates[i])) for i, layer in enumerate(layers)]
         try:
             with torch.enable_grad():
-                loss = _scalar_loss(loss_fn(model, batch))
+                loss = check_scalar_loss(loss_fn(model, batch))
         finally:
             for handle in handles:
                 handle.remove()
-        _check_all_ran(layers, [len(g) for g in gates])
+        check_all_ran(layers, [len(g) for g in gates])
         flat = [g for calls in gates for g in calls]
         if not loss.requires_grad:
             raise ValueError(
@@ -244,7 +254,7 @@ def _ablation(model, layers, batches, loss_fn, step) -> torch.Tensor:
     finally:
         for handle in handles:
             handle.remove()
-    _check_all_ran(layers, calls)
+    check_all_ran(layers, calls)
     scores = torch.zeros(L, H, dtype=torch.float64)
     for i in range(L):
         for h in range(H):
@@ -263,43 +273,12 @@ def _counter(calls: list[int], i: int):
 def _mean_loss(model, batches, loss_fn, step) -> float:
     total = 0.0
     for batch in batches:
-        total += float(_scalar_loss(loss_fn(model, batch)).detach().double())
+        total += float(check_scalar_loss(loss_fn(model, batch)).detach().double())
         step()
     return total / len(batches)
 
 
-# ---------------------------------------------------------------- shared
-def _scalar_loss(loss) -> torch.Tensor:
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
-    if loss.numel() != 1:
-        raise ValueError(f"loss_fn must return a scalar tensor, got shape {tuple(loss.shape)}")
-    if not loss.dtype.is_floating_point:
-        raise TypeError(f"loss_fn must return a floating-point loss, got dtype {loss.dtype}")
-    return loss.reshape(())
-
-
-def _check_all_ran(layers: list[AttentionLayer], calls: list[int]) -> None:
-    idle = [i for i, n in enumerate(calls) if n == 0]
-    if idle:
-        raise ValueError(
-            f"attention layers {idle} never ran their forward during loss_fn (of {len(layers)} layers); "
-            "their heads cannot be scored"
-        )
-
-
-@contextmanager
-def _eval_mode(model: nn.Module):
-    """Eval mode inside; every submodule's own training flag restored after."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
+# ---------------------------------------------------------------- progress
 @contextmanager
 def _bar(total: int, enabled: bool):
     """Yields ``step()``; a tqdm (else rich) bar on stderr when enabled."""

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .. import hard_concrete
 from ..cost import AttentionCost
 from ..registry import register_attention
 from .mha import MultiHeadAttention
@@ -161,17 +162,13 @@ class GatedHeadAttention(MultiHeadAttention):
         with torch.no_grad():
             self.log_alpha.uniform_(-bound, bound)
 
-    def _stretch(self, s: torch.Tensor) -> torch.Tensor:
-        low, high = self.stretch
-        return (s * (high - low) + low).clamp(0.0, 1.0)
-
     def _gate_dtype(self) -> torch.dtype:
         return torch.promote_types(self.log_alpha.dtype, torch.float32)  # fp16/bf16 gates in fp32
 
     def eval_gates(self) -> torch.Tensor:
         """Deterministic gates [H] = clip(sigmoid(log_alpha) (high - low) + low, 0, 1),
         differentiable in ``log_alpha``."""
-        return self._stretch(torch.sigmoid(self.log_alpha.to(self._gate_dtype())))
+        return hard_concrete.eval_gates(self.log_alpha.to(self._gate_dtype()), self.stretch)
 
     def sample_gates(self, num_samples: int | None = None) -> torch.Tensor:
         """Training-time gates, [H] (or [num_samples, H]), differentiable in ``log_alpha``.
@@ -179,10 +176,11 @@ class GatedHeadAttention(MultiHeadAttention):
         Draws u = eps + (1 - 2 eps) torch.rand(...) from the global generator,
         then g = clip(sigmoid((ln u - ln(1 - u) + log_alpha) / T) (high - low) + low, 0, 1).
         """
-        la = self.log_alpha.to(self._gate_dtype())
         shape = (self.num_heads,) if num_samples is None else (int(num_samples), self.num_heads)
-        u = torch.rand(shape, dtype=la.dtype, device=la.device) * (1 - 2 * self.eps) + self.eps
-        return self._stretch(torch.sigmoid((torch.log(u) - torch.log1p(-u) + la) / self.temperature))
+        return hard_concrete.sample_gates(
+            self.log_alpha.to(self._gate_dtype()), shape, temperature=self.temperature, limits=self.stretch,
+            eps=self.eps,
+        )  # fmt: skip
 
     def gates(self) -> torch.Tensor:
         """The gates a forward uses now: sampled in training, deterministic in eval."""
@@ -202,10 +200,9 @@ class GatedHeadAttention(MultiHeadAttention):
 
     def open_probabilities(self) -> torch.Tensor:
         """P(g_h != 0) [H] = clip(sigmoid(log_alpha - T ln(-low / high)), eps, 1 - eps)."""
-        low, high = self.stretch
-        la = self.log_alpha.to(self._gate_dtype())
-        p = torch.sigmoid(la - self.temperature * math.log(-low / high))
-        return p.clamp(self.eps, 1 - self.eps)
+        return hard_concrete.open_probabilities(
+            self.log_alpha.to(self._gate_dtype()), temperature=self.temperature, limits=self.stretch, eps=self.eps
+        )
 
     def l0_penalty(self) -> torch.Tensor:
         """l0_coef * sum_h P(g_h != 0): the differentiable expected number of open heads

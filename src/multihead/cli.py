@@ -314,6 +314,7 @@ _PRUNE_EXAMPLES = """examples:
 
 def _add_prune(sub) -> argparse.ArgumentParser:
     from .commands.prune import DEFAULT_CALIBRATION_LINES, HELDOUT_LINES, METHODS, MODELS
+    from .commands.prune_scores import GATE_PENALTIES, GATE_STEPS
 
     prune = sub.add_parser(
         "prune",
@@ -347,7 +348,23 @@ def _add_prune(sub) -> argparse.ArgumentParser:
         "--heldout-lines", type=int, metavar="N",
         help=f"MiniLM, BERT: held-out lines of the fidelity (default {HELDOUT_LINES})",
     )  # fmt: skip
+    prune.add_argument(
+        "--gate-penalties", type=_floats, metavar="P,P,...",
+        help="--method gates: L0 penalties, one gate training each (default: "
+        + "; ".join(f"{family} {','.join(map(str, p))}" for family, p in GATE_PENALTIES.items()) + ")",
+    )  # fmt: skip
+    prune.add_argument(
+        "--gate-steps", type=int, metavar="N", help=f"--method gates: Adam steps per penalty (default {GATE_STEPS})"
+    )
     return prune
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    """'0.1,0.3' -> (0.1, 0.3)."""
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give comma-separated numbers such as 0.1,0.3, got {text!r}") from None
 
 
 def _textbook(args: argparse.Namespace) -> int:
@@ -435,6 +452,8 @@ def _prune(args: argparse.Namespace) -> int:
         hf=args.hf,
         calibration_lines=args.calibration_lines,
         heldout_lines=args.heldout_lines,
+        gate_penalties=args.gate_penalties,
+        gate_steps=args.gate_steps,
     )
     return 0
 

@@ -12,9 +12,12 @@ from support.cli import quietly
 from support.training import latest, run_val_loss
 
 from multihead.commands.convert import CALIBRATION_BATCH_SIZE, CALIBRATION_SEED
+from multihead.commands.prune_scores import GATE_LR
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
+from multihead.tools.distill import distillation
 from multihead.tools.fidelity import keep_heads
+from multihead.tools.gate_importance import GateTraining, gate_sweep
 from multihead.tools.importance import head_importance
 from multihead.tools.prune import prune_heads
 from multihead.train.batches import Batches, read_tokens
@@ -80,6 +83,29 @@ def test_ablation_on_a_byte_run_saves_the_pruned_model(byte_run, tmp_path):
     assert "speed-up" in stdout and f"{after:.4f}" in stdout
 
 
+def test_gates_score_the_kl_to_the_unpruned_model(byte_run, tmp_path):
+    out = tmp_path / "gates"
+    rc, stdout, err = quietly("prune", "--checkpoint", str(byte_run), "--method", "gates", "--keep", "0.5",
+                              "--calibration-lines", "16", "--gate-penalties", "0.5,2", "--gate-steps", "3",
+                              "--out", str(out))  # fmt: skip
+    assert rc == 0, err
+    original = latest(byte_run)
+    batches = Batches(read_tokens(byte_run / "data" / "train.bin"), batch_size=CALIBRATION_BATCH_SIZE,
+                      context_length=original.config.context_length, seed=CALIBRATION_SEED)  # fmt: skip
+    xs = [batches.get(0)[0]]
+    pairs, kl = distillation(original, xs, lambda m, x: m(x[:, :-1]), objective="kl")
+    training = GateTraining(penalties=(0.5, 2.0), steps=3, lr=GATE_LR)
+    scores = gate_sweep(original, pairs, kl, training).scores
+    L, H = scores.shape
+    want = prune_heads(latest(byte_run), keep_heads(scores, round(0.5 * L * H)))
+    got = load_checkpoint(out)
+    assert got.config == want.config
+    report = json.loads((out / "report.json").read_text())
+    assert report["method"] == "gates"
+    assert report["gates"] == {"penalties": [0.5, 2.0], "steps": 3, "lr": GATE_LR}
+    assert "gates trained at penalties [0.5, 2.0], 3 steps each" in stdout
+
+
 def test_gradient_keep_one_leaves_every_head(byte_run, tmp_path):
     out = tmp_path / "all"
     rc, _, err = quietly("prune", "--checkpoint", str(byte_run), "--method", "gradient", "--keep", "1",
@@ -115,6 +141,14 @@ def test_mistakes_are_one_line_and_write_nothing(tmp_path):
     assert "--method taylor: unknown method" in refused(*base, "--method", "taylor", "--keep", "0.5")
     assert "exactly one of --model, --checkpoint and --hf" in refused(*base, "--model", "minilm-l6", "--method",
                                                                 "gradient", "--keep", "0.5")  # fmt: skip
+    assert "are for --method gates, not --method gradient" in refused(*base, "--method", "gradient", "--keep", "0.5",
+                                                                      "--gate-steps", "3")  # fmt: skip
+    assert "steps must be an int >= 1, got steps=0" in refused(*base, "--method", "gates", "--keep", "0.5",
+                                                               "--gate-steps", "0")  # fmt: skip
+    assert "every penalty must be a finite float >= 0" in refused(*base, "--method", "gates", "--keep", "0.5",
+                                                                  "--gate-penalties", "0.1,-1")  # fmt: skip
+    rc, _, err = quietly("prune", *base, "--method", "gates", "--keep", "0.5", "--gate-penalties", "a")
+    assert rc == 2 and err.splitlines()[-1].endswith("give comma-separated numbers such as 0.1,0.3, got 'a'"), err
     moh = tmp_path / "moh"
     save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32, attention="moh")), moh)
     assert "'moh'" in refused("--checkpoint", str(moh), "--out", str(out), "--method", "gradient", "--keep", "0.5")

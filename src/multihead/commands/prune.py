@@ -58,7 +58,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
@@ -70,19 +69,18 @@ from .gpt_inputs import (
     write_outputs,
 )
 from .paths import output_folder
+from .prune_scores import METHODS, encoder_scores, gpt_scores
 
 __all__ = ["run", "MODELS", "METHODS", "SEED", "HELDOUT_LINES", "DEFAULT_CALIBRATION_LINES", "TIMED_PASSES"]
 
 _Sources = tuple[str | None, str | None, str | None]
 
 MODELS = ("minilm-l6",)
-METHODS = ("gradient", "ablation")
 SEED = 0
 HELDOUT_LINES = 500
 DEFAULT_CALIBRATION_LINES = 256
 TIMED_PASSES = 7
 BATCH_SIZE = 64
-SCALE = 20.0  # 1 / temperature of the contrastive loss
 OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.json")
 
 
@@ -106,6 +104,24 @@ def _check_options(sources: _Sources, method: str, keep: float, lines: int, held
     if heldout is not None and checkpoint is not None:
         raise ValueError(f"--heldout-lines {heldout} is for encoders (--model, a BERT --hf); a GPT checkpoint "
                          "is measured on its run's validation batches")  # fmt: skip
+
+
+def _check_gates(method: str, penalties: tuple[float, ...] | None, steps: int | None) -> None:
+    """Refuse --gate-penalties / --gate-steps without --method gates, or with bad values."""
+    from ..tools.gate_importance import GateTraining
+
+    if method != "gates" and (penalties is not None or steps is not None):
+        raise ValueError(f"--gate-penalties and --gate-steps are for --method gates, not --method {method}")
+    try:
+        GateTraining(penalties=(0.0,) if penalties is None else penalties, steps=1 if steps is None else steps)
+    except ValueError as err:
+        raise ValueError(f"--gate-penalties / --gate-steps: {err}") from None
+
+
+def _gates(method: str, family: str, penalties, steps):
+    from .prune_scores import gate_training
+
+    return gate_training(family, penalties, steps) if method == "gates" else None
 
 
 def _target(model):
@@ -151,51 +167,6 @@ def _minilm_lines(model, count: int, held_count: int) -> tuple[list[tuple[str, s
     return random.Random(SEED).sample(pairs, count), random.Random(SEED + 1).sample(heldout, held_count)
 
 
-def _contrastive(model, batch) -> torch.Tensor:
-    """In-batch next-line loss: anchor i must pick its own next line; batch = (tokens [2B, T], B)."""
-    tok, B = batch
-    emb = model(tok.input_ids, tok.attention_mask, tok.token_type_ids)  # (2B, C), unit norm
-    logits = SCALE * emb[:B] @ emb[B:].T  # (B, B): 20 * cos
-    return F.cross_entropy(logits, torch.arange(B, device=logits.device))
-
-
-def _drift(model, batch) -> torch.Tensor:
-    """1 - mean cosine to the unpruned embeddings; batch = (tokens [B, T], reference [B, C])."""
-    tok, reference = batch
-    emb = model(tok.input_ids, tok.attention_mask, tok.token_type_ids)  # (B, C)
-    return 1.0 - F.cosine_similarity(emb, reference, dim=1).mean()
-
-
-def _minilm_scores(model, method: str, pairs: list[tuple[str, str]]) -> torch.Tensor:
-    from ..tools.importance import head_importance
-
-    chunks = [pairs[i : i + BATCH_SIZE] for i in range(0, len(pairs), BATCH_SIZE)]
-    if method == "gradient":
-        batches = [(model.tokenize([a for a, _ in c] + [b for _, b in c]), len(c)) for c in chunks]
-        return head_importance(model, batches, _contrastive, method="gradient", progress=True,
-                               token_mask=lambda b: b[0].attention_mask.bool())  # fmt: skip
-    batches = []
-    for c in chunks:
-        tok = model.tokenize([a for a, _ in c])
-        with torch.no_grad():
-            batches.append((tok, model(tok.input_ids, tok.attention_mask, tok.token_type_ids)))
-    return head_importance(model, batches, _drift, method="ablation", normalize=None, progress=True)
-
-
-# ------------------------------------------------------------------ GPT losses
-def _lm_loss(model, x: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy of windows x [B, T]."""
-    logits = model(x[:, :-1])  # (B, T-1, V)
-    return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
-
-
-def _gpt_scores(model, method: str, batches: list[torch.Tensor]) -> torch.Tensor:
-    from ..tools.importance import head_importance
-
-    normalize = "layer" if method == "gradient" else None
-    return head_importance(model, batches, _lm_loss, method=method, normalize=normalize, progress=True)
-
-
 # ------------------------------------------------------------------ measuring
 def _speedup(before: Callable[[], object], after: Callable[[], object]) -> tuple[float, float, float]:
     """(median seconds unpruned, median seconds pruned, ratio), alternating passes after one warm-up each."""
@@ -225,12 +196,14 @@ def run(
     hf: str | None = None,
     calibration_lines: int = DEFAULT_CALIBRATION_LINES,
     heldout_lines: int | None = None,
+    gate_penalties: tuple[float, ...] | None = None,
+    gate_steps: int | None = None,
     echo: Callable[[str], None] = print,
 ) -> dict:
     """The CLI command: score, prune, save, report.
 
     Args:
-        method: "gradient" or "ablation".
+        method: "gradient", "ablation" or "gates".
         keep: the fraction of heads to keep, in (0, 1].
         out: the folder for the pruned model and report.json.
         model: "minilm-l6"; exactly one of ``model``, ``checkpoint``, ``hf``.
@@ -239,6 +212,9 @@ def run(
         calibration_lines: encoders: line pairs; GPT: windows (in batches of 16).
         heldout_lines: encoders: held-out lines of the fidelity (None:
             ``HELDOUT_LINES``).
+        gate_penalties, gate_steps: "gates": the L0 penalties (one training
+            each) and Adam steps per penalty (None: ``prune_scores``'
+            defaults for the model family).
         echo: where the report lines go.
 
     Returns:
@@ -251,6 +227,7 @@ def run(
     from ..tools.prune import prune_heads
 
     _check_options((model, checkpoint, hf), method, keep, calibration_lines, heldout_lines)
+    _check_gates(method, gate_penalties, gate_steps)
     folder = output_folder("--out", out, OUTPUT_FILES)
     hf_type = None
     if hf is not None:
@@ -274,7 +251,8 @@ def run(
             source = f"bert model {hf}"
         _target(net)
         pairs, heldout = _minilm_lines(net, calibration_lines, HELDOUT_LINES if heldout_lines is None else heldout_lines)
-        scores = _minilm_scores(net, method, pairs)
+        gates = _gates(method, "encoder", gate_penalties, gate_steps)
+        scores = encoder_scores(net, method, pairs, gates)
     else:
         count = max(1, calibration_lines // CALIBRATION_BATCH_SIZE)
         if hf is not None:
@@ -292,7 +270,8 @@ def run(
             data = None if run_dir is not None else "shakespeare"
             batches = calibration_windows(net, run_dir, tokenizer, data, count)
             validate = validation(run_dir) if run_dir is not None else None
-        scores = _gpt_scores(net, method, batches)
+        gates = _gates(method, "gpt", gate_penalties, gate_steps)
+        scores = gpt_scores(net, method, batches, gates)
     L, H = scores.shape
     kept = max(L, round(keep * L * H))
     table = keep_heads(scores, kept)
@@ -309,6 +288,7 @@ def run(
         "layer_heads": [H - len(table.get(i, [])) for i in range(L)],
         "parameters": [params_before, _count(net)],
         "pooling": pooling,
+        "gates": None if gates is None else {"penalties": list(gates.penalties), "steps": gates.steps, "lr": gates.lr},
         "calibration": None,
         "fidelity": None,
         "val_loss": None,
@@ -362,6 +342,9 @@ def _save(model, folder: Path) -> None:
 def _print(report: dict, folder: Path, echo: Callable[[str], None]) -> None:
     total, kept = report["heads"]
     echo(f"{report['source']}: kept {kept} of {total} heads, method {report['method']} ({report['calibration']})")
+    if report["gates"] is not None:
+        g = report["gates"]
+        echo(f"  gates trained at penalties {g['penalties']}, {g['steps']} steps each (lr {g['lr']})")
     for layer, heads in report["removed"].items():
         echo(f"  layer {layer}: removed {heads if heads else 'none'}, {report['layer_heads'][int(layer)]} left")
     rows = [("parameters", *report["parameters"])]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multihead.tools.distill import divergence, distillation
+from multihead.tools.distill import distillation, divergence
 
 F64 = torch.float64
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}

@@ -32,8 +32,8 @@ __all__ = ["METHODS", "GATE_PENALTIES", "GATE_STEPS", "GATE_LR", "encoder_scores
 
 METHODS = ("gradient", "ablation", "gates")
 GATE_PENALTIES = {"encoder": (0.01, 0.03, 0.1), "gpt": (0.1, 0.3, 1.0)}
-GATE_STEPS = 150
-GATE_LR = 0.1
+GATE_STEPS = GateTraining.steps
+GATE_LR = GateTraining.lr
 BATCH_SIZE = 64
 SCALE = 20.0  # 1 / temperature of the contrastive loss
 

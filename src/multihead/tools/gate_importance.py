@@ -82,8 +82,8 @@ class GateTraining:
     """
 
     penalties: Sequence[float] = (0.1,)
-    steps: int = 200
-    lr: float = 0.05
+    steps: int = 150
+    lr: float = 0.1
     init: float = 3.0
     seed: int = 0
 

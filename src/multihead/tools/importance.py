@@ -3,6 +3,7 @@ Better than One?", NeurIPS 2019): one number per (layer, head).
 
     scores = head_importance(model, batches, loss_fn)                 # [L, H] float64
     scores = head_importance(model, batches, loss_fn, method="ablation")
+    scores = head_importance(model, pairs, keep_outputs, method="gates")   # tools.gate_importance
 
 ``loss_fn(model, batch)`` returns a scalar loss tensor for one batch (the
 batch-mean cross-entropy of a classifier, a language-model loss, ...).
@@ -29,7 +30,14 @@ mean loss of the full model; L * H + 1 passes over the batches, without
 gradients. Positive: the loss rises without the head. ``absolute`` and
 ``token_mask`` do not apply (the loss says which tokens count).
 
-Both methods run the model in eval mode (no dropout) and restore every
+method="gates" (Voita et al., ACL 2019): hard-concrete gates on every head
+trained with an L0 penalty on ``loss_fn`` (the model itself unchanged); the
+score is each gate's probability of being open, averaged over a sweep of
+penalties (``gate_training``); see ``tools.gate_importance``, and
+``tools.distill.distillation`` for a loss that keeps the model's own outputs.
+``normalize`` does not apply (probabilities are comparable across layers).
+
+All methods run the model in eval mode (no dropout) and restore every
 submodule's own mode afterwards. Layers are numbered as in
 ``tools.heads.attention_layers`` (model order); every layer must have the
 same number of query heads H (GQA/MQA: the H query heads).

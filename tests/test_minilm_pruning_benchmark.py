@@ -10,7 +10,9 @@ from benchmarks.minilm_pruning import (  # the repository root is on pytest's py
     neighbour_agreement,
     next_line_pairs,
     pruning_order,
+    speed_up,
     split_works,
+    sweep_tables,
     work_lines,
 )
 
@@ -61,3 +63,40 @@ def test_lines_pairs_and_work_split():
     assert next_line_pairs(lines) == [("To be, or not to be, that is", "the question: whether tis nobler in the mind")]
     calib, held = split_works(["c", "a", "d", "b", "e"])
     assert (calib, held) == (["a", "c", "e"], ["b", "d"])
+
+
+def _loop_removals(scores: list[list[float]], count: int) -> dict[int, list[int]]:
+    """Lowest score first (ties: lower layer, then lower head), never a layer's last head."""
+    left = [len(row) for row in scores]
+    table: dict[int, list[int]] = {}
+    for _, i, h in sorted((s, i, h) for i, row in enumerate(scores) for h, s in enumerate(row)):
+        if count == 0:
+            break
+        if left[i] > 1:
+            left[i] -= 1
+            table.setdefault(i, []).append(h)
+            count -= 1
+    return table
+
+
+def test_sweep_tables_remove_int_share_and_keep_a_head_per_layer():
+    g = torch.Generator().manual_seed(3)
+    scores = torch.rand(3, 4, generator=g, dtype=torch.float64)
+    scores[0] -= 1.0  # layer 0 ranks first: the sweep must stop at its last head
+    fractions = (0.0, 0.25, 0.5, 0.75)
+    tables = sweep_tables(scores, fractions)
+    assert [count for count, _ in tables] == [int(12 * p) for p in fractions] == [0, 3, 6, 9]
+    for count, table in tables:
+        assert table == _loop_removals(scores.tolist(), count)
+        assert sum(len(hs) for hs in table.values()) == count
+        assert all(len(table.get(i, [])) <= 3 for i in range(3))
+    assert len(tables[-1][1][0]) == 3  # layer 0 keeps exactly one head at 75 %
+
+
+def test_speed_up_is_the_median_of_per_round_ratios():
+    assert speed_up([2.0, 4.0, 6.0], [1.0, 1.0, 3.0]) == 2.0  # ratios 2, 4, 2
+    assert speed_up([3.0, 1.0], [1.0, 1.0]) == 2.0  # even count: mean of the middle two (3 and 1)
+    with pytest.raises(ValueError, match="got 2 and 1"):
+        speed_up([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="got 0 and 0"):
+        speed_up([], [])

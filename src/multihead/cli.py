@@ -294,12 +294,14 @@ def _add_convert(sub) -> argparse.ArgumentParser:
     conv.add_argument("--out", required=True, metavar="DIR", help="folder for the converted checkpoint and report.json")
     conv.add_argument(
         "--calibration-data", metavar="SOURCE",
-        help="aligned only: shakespeare or a UTF-8 text file (default: a run directory's data/train.bin)",
+        help="aligned or recovery: shakespeare or a UTF-8 text file (default: a run directory's data/train.bin)",
     )  # fmt: skip
     conv.add_argument(
         "--calibration-batches", type=int, metavar="N",
-        help=f"aligned only: batches of {CALIBRATION_BATCH_SIZE} windows (default {DEFAULT_CALIBRATION_BATCHES})",
+        help=f"aligned or recovery: batches of {CALIBRATION_BATCH_SIZE} windows "
+        f"(default {DEFAULT_CALIBRATION_BATCHES})",
     )  # fmt: skip
+    _add_recover_steps(conv)
     return conv
 
 
@@ -307,6 +309,7 @@ _PRUNE_EXAMPLES = """examples:
   multihead prune --model minilm-l6 --method ablation --keep 0.5 --out minilm-half
   multihead prune --model minilm-l6 --method gradient --keep 0.75 --calibration-lines 1024 --out minilm-75
   multihead prune --checkpoint runs/mini-mha --method gradient --keep 0.5 --out runs/mini-pruned
+  multihead prune --checkpoint runs/mini-mha --method gates --keep 0.5 --recover-steps 200 --out runs/mini-gates
   multihead prune --hf path/to/hf-bert-or-gpt2 --method gradient --keep 0.5 --out pruned
   multihead generate --checkpoint runs/mini-pruned "To be"
 """
@@ -356,7 +359,15 @@ def _add_prune(sub) -> argparse.ArgumentParser:
     prune.add_argument(
         "--gate-steps", type=int, metavar="N", help=f"--method gates: Adam steps per penalty (default {GATE_STEPS})"
     )
+    _add_recover_steps(prune)
     return prune
+
+
+def _add_recover_steps(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--recover-steps", type=int, default=0, metavar="N",
+        help="then distil the result towards the original for N steps on the calibration data (default 0: none)",
+    )  # fmt: skip
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -436,6 +447,7 @@ def _convert(args: argparse.Namespace) -> int:
         method=args.method,
         calibration_data=args.calibration_data,
         calibration_batches=args.calibration_batches,
+        recover_steps=args.recover_steps,
     )
     return 0
 
@@ -454,6 +466,7 @@ def _prune(args: argparse.Namespace) -> int:
         heldout_lines=args.heldout_lines,
         gate_penalties=args.gate_penalties,
         gate_steps=args.gate_steps,
+        recover_steps=args.recover_steps,
     )
     return 0
 

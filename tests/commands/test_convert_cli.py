@@ -12,9 +12,11 @@ from support.cli import quietly
 from support.training import latest, run_val_loss
 
 from multihead.commands.convert import CALIBRATION_BATCH_SIZE, CALIBRATION_SEED, DEFAULT_CALIBRATION_BATCHES
+from multihead.commands.recovery_option import RECOVER_LR
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
 from multihead.tools.convert_heads import to_gqa
+from multihead.tools.recovery import recover
 from multihead.train.batches import Batches, read_tokens
 
 WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
@@ -101,6 +103,29 @@ def test_aligned_calibrates_on_the_run_training_tokens(byte_run, tmp_path):
     assert report["val_loss"][1] == pytest.approx(run_val_loss(want.eval(), byte_run), rel=1e-5)
 
 
+def test_recovery_distils_towards_the_original(byte_run, tmp_path):
+    out = tmp_path / "recovered"
+    rc, stdout, err = quietly("convert", "--to", "gqa", "--num-kv-heads", "1", "--recover-steps", "3",
+                              "--calibration-batches", "2", "--checkpoint", str(byte_run), "--out", str(out))  # fmt: skip
+    assert rc == 0, err
+    original = latest(byte_run)
+    batches = Batches(read_tokens(byte_run / "data" / "train.bin"), batch_size=CALIBRATION_BATCH_SIZE,
+                      context_length=original.config.context_length, seed=CALIBRATION_SEED)  # fmt: skip
+    xs = [batches.get(i)[0] for i in range(2)]
+    converted = to_gqa(original, 1).eval()
+    before = run_val_loss(converted, byte_run)
+    losses = recover(converted, original, xs, lambda m, x: m(x[:, :-1]), steps=3, lr=RECOVER_LR["gpt"],
+                     objective="kl", progress=False)  # fmt: skip
+    got = load_checkpoint(out).eval()
+    assert_same_weights(got, converted.eval())
+    report = json.loads((out / "report.json").read_text())
+    assert report["recovery"]["steps"] == 3 and report["recovery"]["objective"] == "kl"
+    assert report["recovery"]["loss"] == pytest.approx([losses[0], losses[-1]], rel=1e-4)
+    assert report["recovery"]["before"] == pytest.approx(before, rel=1e-5)
+    assert report["val_loss"][1] == pytest.approx(run_val_loss(got, byte_run), rel=1e-5)
+    assert "recovery: 3 steps of kl distillation" in stdout
+
+
 def test_bpe_run_brings_its_tokenizer_for_generate(bpe_run, tmp_path):
     out = tmp_path / "gqa"
     rc, stdout, err = quietly(
@@ -160,6 +185,8 @@ def test_mistakes_are_one_line_and_write_nothing(plain, tmp_path):
     assert "--method median: unknown method" in refused(*base, "--num-kv-heads", "2", "--method", "median")
     assert "--to mla: unknown target" in refused(*base[2:], "--to", "mla", "--num-kv-heads", "2")
     assert "only go with --method aligned" in refused(*base, "--num-kv-heads", "2", "--calibration-data", "shakespeare")
+    assert "--recover-steps -1: give a number of steps >= 0" in refused(*base, "--num-kv-heads", "2",
+                                                                        "--recover-steps", "-1")  # fmt: skip
     assert "needs calibration text" in refused(*base, "--num-kv-heads", "2", "--method", "aligned")
     assert "--calibration-batches 0" in refused(*base, "--num-kv-heads", "2", "--method", "aligned",
                                                "--calibration-data", "x.txt", "--calibration-batches", "0")  # fmt: skip

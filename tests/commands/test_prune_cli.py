@@ -13,6 +13,7 @@ from support.training import latest, run_val_loss
 
 from multihead.commands.convert import CALIBRATION_BATCH_SIZE, CALIBRATION_SEED
 from multihead.commands.prune_scores import GATE_LR
+from multihead.commands.recovery_option import RECOVER_LR
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
 from multihead.tools.distill import distillation
@@ -20,6 +21,7 @@ from multihead.tools.fidelity import keep_heads
 from multihead.tools.gate_importance import GateTraining, gate_sweep
 from multihead.tools.importance import head_importance
 from multihead.tools.prune import prune_heads
+from multihead.tools.recovery import recover
 from multihead.train.batches import Batches, read_tokens
 
 TINY = ["--preset", "tiny", "--context-length", "32", "--batch-size", "4", "--eval-batches", "2", "--warmup", "1",
@@ -104,6 +106,29 @@ def test_gates_score_the_kl_to_the_unpruned_model(byte_run, tmp_path):
     assert report["method"] == "gates"
     assert report["gates"] == {"penalties": [0.5, 2.0], "steps": 3, "lr": GATE_LR}
     assert "gates trained at penalties [0.5, 2.0], 3 steps each" in stdout
+
+
+def test_recovery_after_pruning(byte_run, tmp_path):
+    out = tmp_path / "recovered"
+    rc, stdout, err = quietly("prune", "--checkpoint", str(byte_run), "--method", "ablation", "--keep", "0.5",
+                              "--calibration-lines", "16", "--recover-steps", "2", "--out", str(out))  # fmt: skip
+    assert rc == 0, err
+    original = latest(byte_run)
+    batches = Batches(read_tokens(byte_run / "data" / "train.bin"), batch_size=CALIBRATION_BATCH_SIZE,
+                      context_length=original.config.context_length, seed=CALIBRATION_SEED)  # fmt: skip
+    xs = [batches.get(0)[0]]
+    scores = head_importance(original, xs, lm_loss, method="ablation", normalize=None)
+    L, H = scores.shape
+    pruned = prune_heads(latest(byte_run), keep_heads(scores, round(0.5 * L * H))).eval()
+    before = run_val_loss(pruned, byte_run)
+    recover(pruned, original, xs, lambda m, x: m(x[:, :-1]), steps=2, lr=RECOVER_LR["gpt"], progress=False)
+    got = load_checkpoint(out).eval()
+    for name, value in pruned.state_dict().items():  # the same steps in the command and here
+        torch.testing.assert_close(got.state_dict()[name], value, msg=name)
+    report = json.loads((out / "report.json").read_text())
+    assert report["recovery"]["before"] == pytest.approx(before, rel=1e-5)
+    assert report["val_loss"][1] == pytest.approx(run_val_loss(got, byte_run), rel=1e-5)
+    assert "recovery: 2 steps of kl distillation" in stdout
 
 
 def test_gradient_keep_one_leaves_every_head(byte_run, tmp_path):

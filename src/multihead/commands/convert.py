@@ -47,6 +47,7 @@ from .gpt_inputs import (
     write_outputs,
 )
 from .paths import output_folder
+from .recovery_option import check_recover_steps, describe, recover_model
 
 __all__ = ["run", "TARGETS", "CALIBRATION_BATCH_SIZE", "CALIBRATION_SEED", "DEFAULT_CALIBRATION_BATCHES"]
 
@@ -56,21 +57,24 @@ OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.js
 _FAMILY = ("mha", "gqa", "mqa")
 
 
-def _check_options(to: str, method: str, calibration_data: str | None, calibration_batches: int | None) -> None:
+def _check_options(to: str, method: str, calibration_data: str | None, calibration_batches: int | None,
+                   recover_steps: int) -> None:  # fmt: skip
     from ..tools.convert_heads import METHODS
 
     if to not in TARGETS:
         raise ValueError(f"--to {to}: unknown target; valid: {', '.join(TARGETS)}")
     if method not in METHODS:
         raise ValueError(f"--method {method}: unknown method; valid: {', '.join(METHODS)}")
-    if method == "mean":
+    check_recover_steps(recover_steps)
+    if method == "mean" and not recover_steps:
         given = [
             f
             for f, v in (("--calibration-data", calibration_data), ("--calibration-batches", calibration_batches))
             if v is not None
         ]
         if given:
-            raise ValueError(f'{" and ".join(given)} only go with --method aligned ("mean" uses no calibration)')
+            raise ValueError(f'{" and ".join(given)} only go with --method aligned or --recover-steps '
+                             '("mean" uses no calibration)')
     if calibration_batches is not None and calibration_batches < 1:
         raise ValueError(f"--calibration-batches {calibration_batches}: give a number >= 1")
 
@@ -120,6 +124,7 @@ def run(
     method: str = "mean",
     calibration_data: str | None = None,
     calibration_batches: int | None = None,
+    recover_steps: int = 0,
     echo: Callable[[str], None] = print,
 ) -> dict:
     """The CLI command: convert, save, report.
@@ -132,8 +137,10 @@ def run(
             (and tokenizer.json from a BPE run).
         method: "mean" or "aligned" (``to_gqa``).
         calibration_data: "shakespeare" or a text file ("aligned" only).
-        calibration_batches: batches for "aligned" (default
+        calibration_batches: batches for "aligned" and recovery (default
             ``DEFAULT_CALIBRATION_BATCHES``).
+        recover_steps: steps of distillation towards the original after the
+            conversion, on the calibration batches (``recovery_option``); 0: none.
         echo: where the report lines go.
 
     Returns:
@@ -145,17 +152,22 @@ def run(
     from ..models.checkpoint import save_checkpoint
     from ..tools.convert_heads import to_gqa
 
-    _check_options(to, method, calibration_data, calibration_batches)
+    _check_options(to, method, calibration_data, calibration_batches, recover_steps)
     folder = output_folder("--out", out, OUTPUT_FILES)
     model, run_dir, tokenizer, source = load_gpt(checkpoint)
     _check_model(model, num_kv_heads, method)
     run_tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
     calibration = None
-    if method == "aligned":
+    if method == "aligned" or recover_steps:
         count = DEFAULT_CALIBRATION_BATCHES if calibration_batches is None else calibration_batches
         calibration = calibration_windows(model, run_dir, run_tokenizer, calibration_data, count)
     validate = validation(run_dir) if run_dir is not None else None
-    new = to_gqa(model, num_kv_heads, method=method, calibration=calibration).eval()
+    new = to_gqa(model, num_kv_heads, method=method, calibration=calibration if method == "aligned" else None).eval()
+    recovery = None
+    if recover_steps:
+        before = None if validate is None else validate[0](new)
+        recovery = recover_model(new, model, calibration, "gpt", recover_steps)
+        recovery["before"] = before
     report = {
         "source": source,
         "method": method,
@@ -167,6 +179,7 @@ def run(
         "calibration_batches": None if calibration is None else len(calibration),
         "val_loss": None,
         "val_batches": None,
+        "recovery": recovery,
     }
     if validate is not None:
         loss, where = validate
@@ -190,6 +203,8 @@ def _print(report: dict, folder: Path, has_tokenizer: bool, echo: Callable[[str]
     echo(f"  {'':<{width}}  {'before':>12}  {'after':>12}")
     for name, before, after in rows:
         echo(f"  {name:<{width}}  {before!s:>12}  {after!s:>12}")
+    if report["recovery"] is not None:
+        echo(describe(report["recovery"]))
     if report["val_batches"] is not None:
         echo(f"  (validation: {report['val_batches']})")
     echo(

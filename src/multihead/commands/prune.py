@@ -69,7 +69,8 @@ from .gpt_inputs import (
     write_outputs,
 )
 from .paths import output_folder
-from .prune_scores import METHODS, encoder_scores, gpt_scores
+from .prune_scores import METHODS, anchor_batches, encoder_scores, gpt_scores
+from .recovery_option import check_recover_steps, describe, recover_model
 
 __all__ = ["run", "MODELS", "METHODS", "SEED", "HELDOUT_LINES", "DEFAULT_CALIBRATION_LINES", "TIMED_PASSES"]
 
@@ -198,6 +199,7 @@ def run(
     heldout_lines: int | None = None,
     gate_penalties: tuple[float, ...] | None = None,
     gate_steps: int | None = None,
+    recover_steps: int = 0,
     echo: Callable[[str], None] = print,
 ) -> dict:
     """The CLI command: score, prune, save, report.
@@ -215,6 +217,8 @@ def run(
         gate_penalties, gate_steps: "gates": the L0 penalties (one training
             each) and Adam steps per penalty (None: ``prune_scores``'
             defaults for the model family).
+        recover_steps: steps of distillation towards the unpruned model
+            after pruning (``recovery_option``); 0: none.
         echo: where the report lines go.
 
     Returns:
@@ -228,6 +232,7 @@ def run(
 
     _check_options((model, checkpoint, hf), method, keep, calibration_lines, heldout_lines)
     _check_gates(method, gate_penalties, gate_steps)
+    check_recover_steps(recover_steps)
     folder = output_folder("--out", out, OUTPUT_FILES)
     hf_type = None
     if hf is not None:
@@ -293,14 +298,18 @@ def run(
         "fidelity": None,
         "val_loss": None,
         "val_batches": None,
+        "recovery": None,
         "seconds": None,
         "speedup": None,
     }
     if encoder:
         report["calibration"] = f"{len(pairs)} line pairs of the even-numbered works"
         reference = unpruned.encode(heldout, batch_size=BATCH_SIZE)  # (N, C)
-        cos, agree = fidelity(reference, net.encode(heldout, batch_size=BATCH_SIZE))
-        report["fidelity"] = {"lines": len(heldout), "mean_cosine": cos, "neighbours_top10": agree}
+
+        def measure(m) -> dict:
+            cos, agree = fidelity(reference, m.encode(heldout, batch_size=BATCH_SIZE))
+            return {"lines": len(heldout), "mean_cosine": cos, "neighbours_top10": agree}
+
         tok = net.tokenize(heldout[:BATCH_SIZE])
 
         def timed(m):
@@ -308,13 +317,20 @@ def run(
     else:
         report["calibration"] = f"{len(batches)} batches x {CALIBRATION_BATCH_SIZE} windows"
         x = batches[0]
+        measure = None if validate is None else validate[0]
 
         def timed(m):
             return lambda: m(x)
 
-        if validate is not None:
-            loss, where = validate
-            report["val_loss"], report["val_batches"] = [loss(unpruned), loss(net)], where
+    if recover_steps:
+        before = None if measure is None else measure(net)
+        data = anchor_batches(net, pairs) if encoder else batches
+        report["recovery"] = recover_model(net, unpruned, data, "encoder" if encoder else "gpt", recover_steps)
+        report["recovery"]["before"] = before
+    if encoder:
+        report["fidelity"] = measure(net)
+    elif measure is not None:
+        report["val_loss"], report["val_batches"] = [measure(unpruned), measure(net)], validate[1]
     before, after, ratio = _speedup(timed(unpruned), timed(net))
     report["seconds"], report["speedup"] = [before, after], ratio
     write_outputs(folder, lambda f: _save(net, f), report, tokenizer_file)
@@ -356,6 +372,8 @@ def _print(report: dict, folder: Path, echo: Callable[[str], None]) -> None:
     for name, before, after in rows:
         echo(f"  {name:<{width}}  {before!s:>12}  {after!s:>12}")
     echo(f"  speed-up: {report['speedup']:.2f}x (median of {TIMED_PASSES} alternating passes, same batch)")
+    if report["recovery"] is not None:
+        echo(describe(report["recovery"]))
     if report["fidelity"] is not None:
         f = report["fidelity"]
         echo(f"  held-out fidelity ({f['lines']} lines): mean cosine {f['mean_cosine']:.4f}, "

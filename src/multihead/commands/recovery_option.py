@@ -19,7 +19,7 @@ from .prune_scores import embed, logits
 
 __all__ = ["RECOVER_LR", "check_recover_steps", "recover_model", "describe"]
 
-RECOVER_LR = {"gpt": 1e-3, "encoder": 2e-5}
+RECOVER_LR = {"gpt": 1e-3, "encoder": 3e-4}
 
 
 def check_recover_steps(steps: object) -> int:

@@ -82,9 +82,7 @@ pmichel31415/fairseq ``prune.py``):
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -92,6 +90,7 @@ from torch import nn
 from ..modules.base import AttentionLayer
 from .gate_importance import GateTraining, gate_sweep
 from .heads import eval_mode, mask_heads
+from .progress import progress_bar
 from .scoring import check_all_ran, check_scalar_loss, scored_inputs
 
 __all__ = ["head_importance", "METHODS", "NORMALIZATIONS", "ABSOLUTE_MODES"]
@@ -166,10 +165,10 @@ def head_importance(
     L, H = len(layers), layers[0].num_heads
     if method == "gates":
         training = GateTraining() if gate_training is None else gate_training
-        with _bar(len(training.penalties) * (training.steps + 1), progress) as step:
+        with progress_bar(len(training.penalties) * (training.steps + 1), progress, "head importance", "pass") as step:
             return gate_sweep(model, batches, loss_fn, training, step=step).scores
     passes = len(batches) * (1 if method == "gradient" else L * H + 1)
-    with eval_mode(model), _bar(passes, progress) as step:
+    with eval_mode(model), progress_bar(passes, progress, "head importance", "pass") as step:
         if method == "gradient":
             scores = _gradient(model, layers, batches, loss_fn, absolute, token_mask, step)
         else:
@@ -284,31 +283,3 @@ def _mean_loss(model, batches, loss_fn, step) -> float:
         total += float(check_scalar_loss(loss_fn(model, batch)).detach().double())
         step()
     return total / len(batches)
-
-
-# ---------------------------------------------------------------- progress
-@contextmanager
-def _bar(total: int, enabled: bool):
-    """Yields ``step()``; a tqdm (else rich) bar on stderr when enabled."""
-    if not enabled:
-        yield lambda: None
-        return
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    if tqdm is not None:
-        bar = tqdm(total=total, desc="head importance", unit="pass", file=sys.stderr)
-        try:
-            yield lambda: bar.update(1)
-        finally:
-            bar.close()
-        return
-    try:
-        from rich.progress import Progress
-    except ImportError:
-        yield lambda: None  # neither installed: no bar
-        return
-    with Progress(transient=True) as rich_bar:
-        task = rich_bar.add_task("head importance", total=total)
-        yield lambda: rich_bar.advance(task)

@@ -36,20 +36,19 @@ arguments compute the same steps.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..train.config import TrainConfig, learning_rate
 from ..train.loop import parameter_groups
+from .distill import OBJECTIVES, check_objective, divergence
+from .heads import eval_mode
+from .progress import progress_bar
 
 __all__ = ["recover", "OBJECTIVES"]
 
-OBJECTIVES = ("kl", "cosine", "mse")
 _BETAS = (0.9, 0.95)  # the training loop's defaults (TrainConfig.beta1, beta2)
 _ADAM_EPS = 1e-8
 
@@ -125,10 +124,9 @@ def recover(
     groups = _groups(student, weight_decay, params)
     trained = [p for g in groups for p in g["params"]]
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=_BETAS, eps=_ADAM_EPS)
-    loss_of = _LOSSES[objective]
     losses: list[float] = []
     devices = [student_device] if (student_device := _device(student)).type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), _eval_mode(teacher), _bar(steps, progress, objective) as show:
+    with torch.random.fork_rng(devices=devices), eval_mode(teacher), progress_bar(steps, progress, "recovery") as show:
         torch.manual_seed(seed)
         student.train()
         try:
@@ -144,38 +142,18 @@ def recover(
                         f"student and teacher outputs differ in shape: student {tuple(got.shape)}, "
                         f"teacher {tuple(want.shape)} (batch {step % len(batches)})"
                     )
-                loss = loss_of(got, want)
+                loss = divergence(got, want, objective)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward(inputs=trained)
                 if grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(trained, grad_clip)
                 optimizer.step()
                 losses.append(float(loss.detach()))
-                show(losses[-1])
+                show(f"{objective} {losses[-1]:.4f}")
         finally:
             optimizer.zero_grad(set_to_none=True)
             student.eval()
     return losses
-
-
-# ---------------------------------------------------------------- objectives
-def _kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """KL(p_teacher || p_student) over the last dim, mean over the rest."""
-    log_s = F.log_softmax(student.float(), dim=-1)
-    log_t = F.log_softmax(teacher.float(), dim=-1)
-    return F.kl_div(log_s, log_t, reduction="none", log_target=True).sum(dim=-1).mean()
-
-
-def _cosine(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of 1 - cos along the last dim."""
-    return (1.0 - F.cosine_similarity(student.float(), teacher.float(), dim=-1)).mean()
-
-
-def _mse(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(student.float(), teacher.float())
-
-
-_LOSSES = {"kl": _kl, "cosine": _cosine, "mse": _mse}
 
 
 # ---------------------------------------------------------------- pieces
@@ -196,8 +174,7 @@ def _check_arguments(student, teacher, outputs, steps, lr, objective, weight_dec
             raise TypeError(f"{name} must be a float, got {name}={value!r} ({type(value).__name__})")
         if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
             raise ValueError(f"{name} must be a finite float {'>= 0' if zero_ok else '> 0'}, got {name}={value!r}")
-    if objective not in _LOSSES:
-        raise ValueError(f"unknown objective={objective!r}; valid objectives: {list(OBJECTIVES)}")
+    check_objective(objective)
     shared = {id(p) for p in teacher.parameters()} & {id(p) for p in student.parameters()}
     if shared:
         raise ValueError(
@@ -238,47 +215,3 @@ def _output(outputs, model: nn.Module, batch, name: str) -> torch.Tensor:
 def _device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
-
-
-@contextmanager
-def _eval_mode(model: nn.Module):
-    """Eval mode inside; every submodule's own mode restored after."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
-@contextmanager
-def _bar(total: int, enabled: bool, objective: str):
-    """Yields ``show(loss)``; a tqdm (else rich) bar on stderr when enabled."""
-    if not enabled:
-        yield lambda loss: None
-        return
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    if tqdm is not None:
-        bar = tqdm(total=total, desc="recovery", unit="step", file=sys.stderr)
-
-        def show(loss: float) -> None:
-            bar.set_postfix_str(f"{objective} {loss:.4f}", refresh=False)
-            bar.update(1)
-
-        try:
-            yield show
-        finally:
-            bar.close()
-        return
-    try:
-        from rich.progress import Progress
-    except ImportError:
-        yield lambda loss: None  # neither installed: no bar
-        return
-    with Progress(transient=True) as rich_bar:
-        task = rich_bar.add_task("recovery", total=total)
-        yield lambda loss: rich_bar.update(task, advance=1, description=f"recovery {objective} {loss:.4f}")

@@ -156,6 +156,23 @@ def test_tiny_keep_leaves_one_head_per_layer(tmp_path):
     assert load_checkpoint(out).config.layer_heads == report["layer_heads"]
 
 
+def test_a_pruned_model_prunes_again(tmp_path):
+    torch.manual_seed(0)
+    plain = tmp_path / "ckpt"
+    save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32, num_layers=2)), plain)
+    once, twice = tmp_path / "once", tmp_path / "twice"
+    for source, out, keep in ((plain, once, "0.75"), (once, twice, "0.5")):
+        rc, _, err = quietly("prune", "--checkpoint", str(source), "--method", "gradient", "--keep", keep,
+                             "--calibration-lines", "16", "--out", str(out))  # fmt: skip
+        assert rc == 0, err
+    first = json.loads((once / "report.json").read_text())
+    second = json.loads((twice / "report.json").read_text())
+    assert first["heads"] == [8, 6] and second["heads"] == [6, 3]  # of the heads the model has
+    for layer, left in enumerate(second["layer_heads"]):
+        assert left == first["layer_heads"][layer] - len(second["removed"][str(layer)]) >= 1
+    assert load_checkpoint(twice).config.layer_heads == second["layer_heads"]
+
+
 def test_mistakes_are_one_line_and_write_nothing(tmp_path):
     plain = tmp_path / "ckpt"
     save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32)), plain)

@@ -23,6 +23,7 @@ from multihead.tools.distill import distillation
 from multihead.tools.gate_importance import GateSweep, GateTraining, gate_sweep
 from multihead.tools.heads import attention_layers
 from multihead.tools.importance import head_importance
+from multihead.tools.prune import prune_heads
 
 F64 = torch.float64
 V, T, L, H = 11, 8, 2, 4
@@ -109,6 +110,17 @@ def test_sweep_rows_and_scores():
     scores = head_importance(model, pairs, loss, method="gates", gate_training=training)
     # same operations, same seed, same inputs: bitwise
     torch.testing.assert_close(scores, sweep.scores, rtol=0, atol=0)
+
+
+def test_layers_of_different_head_counts():
+    model = _gpt()
+    prune_heads(model, {0: [1, 3]})  # layer 0 keeps 2 heads, layer 1 all 4
+    pairs, loss = distillation(model, _batches(1), _logits)
+    sweep = gate_sweep(model, pairs, loss, GateTraining(penalties=(1.0,), steps=5))
+    assert sweep.open_probability.shape == (1, L, H)
+    assert bool(sweep.open_probability[0, 0, 2:].isnan().all()) and bool(sweep.gates[0, 0, 2:].isnan().all())
+    assert not bool(sweep.open_probability[0, 1].isnan().any())
+    assert len(sweep.closing_order()) == 6 and all(h < 2 for layer, h in sweep.closing_order() if layer == 0)
 
 
 def test_model_untouched():

@@ -6,7 +6,7 @@
 
 Scores every head with ``tools.importance.head_importance`` on calibration
 data, removes the lowest ``L*H - keep`` of them with ``tools.prune.prune_heads``
-(``keep = max(L, round(FRACTION * L * H))``; one ranking over all layers,
+(``keep = max(L, round(FRACTION * N))`` of the model's N heads; one ranking over all layers,
 skipping a head whose removal would leave its layer empty:
 ``tools.fidelity.keep_heads``), saves the pruned model into ``--out``
 (atomically) and prints a report, also written to ``--out/report.json``.
@@ -277,8 +277,10 @@ def run(
             validate = validation(run_dir) if run_dir is not None else None
         gates = _gates(method, "gpt", gate_penalties, gate_steps)
         scores = gpt_scores(net, method, batches, gates)
-    L, H = scores.shape
-    kept = max(L, round(keep * L * H))
+    L = scores.shape[0]
+    counts = (~scores.isnan()).sum(dim=1).tolist()  # heads per layer (fewer in a model pruned before)
+    total = sum(counts)
+    kept = max(L, round(keep * total))
     table = keep_heads(scores, kept)
     unpruned = _copy(net)
     params_before = _count(net)
@@ -288,9 +290,9 @@ def run(
         "source": source,
         "method": method,
         "keep": keep,
-        "heads": [L * H, kept],
+        "heads": [total, kept],
         "removed": {str(i): sorted(table.get(i, [])) for i in range(L)},
-        "layer_heads": [H - len(table.get(i, [])) for i in range(L)],
+        "layer_heads": [counts[i] - len(table.get(i, [])) for i in range(L)],
         "parameters": [params_before, _count(net)],
         "pooling": pooling,
         "gates": None if gates is None else {"penalties": list(gates.penalties), "steps": gates.steps, "lr": gates.lr},

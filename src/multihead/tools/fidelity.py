@@ -21,10 +21,15 @@ __all__ = ["pruning_order", "head_table", "keep_heads", "neighbour_agreement", "
 
 
 def pruning_order(scores: torch.Tensor) -> list[tuple[int, int]]:
-    """[L, H] scores -> (layer, head) from the lowest score up (ties: lower index first)."""
+    """[L, H] scores -> (layer, head) from the lowest score up (ties: lower index first).
+
+    NaN entries (no such head: a pruned layer's missing heads, as
+    ``head_importance`` gives them) are left out.
+    """
     H = scores.shape[1]
     order = torch.argsort(scores.flatten(), stable=True)  # (L, H) -> (L * H,)
-    return [(int(i) // H, int(i) % H) for i in order]
+    missing = scores.flatten().isnan()
+    return [(int(i) // H, int(i) % H) for i in order if not missing[i]]
 
 
 def head_table(order: list[tuple[int, int]], count: int) -> dict[int, list[int]]:
@@ -43,24 +48,26 @@ def keep_heads(scores: torch.Tensor, keep: int) -> dict[int, list[int]]:
     best head always stays.
 
     Args:
-        scores: [L, H] importance scores (higher = keep longer).
-        keep: heads to keep overall, in [L, L * H].
+        scores: [L, H] importance scores (higher = keep longer); NaN marks
+            a head a layer does not have (pruned before).
+        keep: heads to keep overall, in [L, N], N the heads the table has.
 
     Returns:
         ``{layer: [head, ...]}`` of the L * H - keep heads to remove (layers
         that lose none are absent), heads in pruning order.
 
     Raises:
-        ValueError: ``keep`` outside [L, L * H].
+        ValueError: ``keep`` outside [L, N].
     """
     L, H = scores.shape
     if isinstance(keep, bool) or not isinstance(keep, int):
         raise TypeError(f"keep must be an int, got {type(keep).__name__}")
-    if not L <= keep <= L * H:
-        raise ValueError(f"keep={keep} heads: must be in [{L}, {L * H}] for {L} layers of {H} heads")
-    left = [H] * L
+    left = (~scores.isnan()).sum(dim=1).tolist()  # heads per layer
+    total = sum(left)
+    if not L <= keep <= total:
+        raise ValueError(f"keep={keep} heads: must be in [{L}, {total}] for {L} layers of {left} heads")
     table: dict[int, list[int]] = {}
-    remove = L * H - keep
+    remove = total - keep
     for layer, head in pruning_order(scores):
         if remove == 0:
             break

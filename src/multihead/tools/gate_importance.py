@@ -62,8 +62,9 @@ from torch import nn
 
 from ..modules import hard_concrete
 from ..modules.base import AttentionLayer
+from .fidelity import pruning_order
 from .heads import eval_mode
-from .scoring import check_all_ran, check_scalar_loss, scored_inputs
+from .scoring import check_all_ran, check_scalar_loss, score_table, scored_inputs
 
 __all__ = ["GateTraining", "GateSweep", "gate_sweep"]
 
@@ -137,9 +138,7 @@ class GateSweep:
 
     def closing_order(self) -> list[tuple[int, int]]:
         """Every (layer, head), lowest score first (ties in layer-major order)."""
-        H = self.scores.shape[1]
-        order = torch.sort(self.scores.flatten(), stable=True).indices.tolist()
-        return [(k // H, k % H) for k in order]
+        return pruning_order(self.scores)
 
 
 def gate_sweep(
@@ -153,8 +152,9 @@ def gate_sweep(
     """Train hard-concrete gates on every head, once per penalty.
 
     Args:
-        model: a module containing multihead attention layers, all with the
-            same number H of query heads (GQA/MQA: the query heads).
+        model: a module containing multihead attention layers (heads: the
+            query heads; layers may have different counts, the tables are
+            then [., L, Hmax] with NaN past a layer's last head).
         batches: a non-empty sequence of batches ``loss_fn`` accepts (e.g. the
             pairs of ``tools.distill.distillation``).
         loss_fn: ``loss_fn(model, batch) -> scalar loss``, the data term.
@@ -166,31 +166,37 @@ def gate_sweep(
         a :class:`GateSweep`.
 
     Raises:
-        ValueError: no batches; layers with different head counts; a loss
+        ValueError: no batches; a loss
             that is not a scalar or has no gradient path to the heads.
     """
     training = GateTraining() if training is None else training
     layers, batches = scored_inputs(model, batches)
+    missing = score_table(layers)  # [L, Hmax]: 0 where a head exists, NaN past a layer's last head
     probs, gates, losses = [], [], []
     generator = torch.Generator().manual_seed(training.seed)
     with eval_mode(model):
         for penalty in training.penalties:
             log_alpha = _train(model, layers, batches, loss_fn, penalty, training, generator, step)
-            shut = hard_concrete.eval_gates(log_alpha)  # [L, H]
+            shut = hard_concrete.eval_gates(log_alpha)  # [L, Hmax]
             losses.append(_mean_loss(model, layers, batches, loss_fn, shut))
             step()
-            probs.append(hard_concrete.open_probabilities(log_alpha).double())
-            gates.append(shut.double())
+            probs.append(hard_concrete.open_probabilities(log_alpha).double() + missing)  # NaN past a layer's heads
+            gates.append(shut.double() + missing)
     return GateSweep(training.penalties, torch.stack(probs), torch.stack(gates), tuple(losses))
 
 
 def _train(model, layers, batches, loss_fn, penalty: float, training: GateTraining, generator, step) -> torch.Tensor:
-    """log_alpha [L, H] (detached) after ``training.steps`` Adam steps at this penalty."""
-    L, H = len(layers), layers[0].num_heads
-    log_alpha = torch.full((L, H), float(training.init), dtype=torch.float32, requires_grad=True)
+    """log_alpha [L, Hmax] (detached) after ``training.steps`` Adam steps at this penalty."""
+    exists = ~score_table(layers).isnan()  # [L, Hmax]: True where layer i has head h
+    log_alpha = torch.full(exists.shape, float(training.init), dtype=torch.float32, requires_grad=True)
     optimizer = torch.optim.Adam([log_alpha], lr=training.lr)
+    counts = [layer.num_heads for layer in layers]
+
+    def sampled(i: int) -> torch.Tensor:
+        return hard_concrete.sample_gates(log_alpha[i, : counts[i]], generator=generator)
+
     for k in range(training.steps):
-        with _gated(layers, lambda i: hard_concrete.sample_gates(log_alpha[i], generator=generator)) as calls:
+        with _gated(layers, sampled) as calls:
             data = check_scalar_loss(loss_fn(model, batches[k % len(batches)]))
         check_all_ran(layers, calls)
         if not data.requires_grad:
@@ -198,8 +204,8 @@ def _train(model, layers, batches, loss_fn, penalty: float, training: GateTraini
                 "the loss has no gradient path to the attention heads (was it computed under "
                 "torch.no_grad() or detached?)"
             )
-        l0 = hard_concrete.open_probabilities(log_alpha).sum(dim=1).mean()  # mean over layers of sum_h
-        (grad,) = torch.autograd.grad(data.float() + penalty * l0, [log_alpha])
+        open_heads = (hard_concrete.open_probabilities(log_alpha) * exists).sum(dim=1)  # (L,): sum_h P(open)
+        (grad,) = torch.autograd.grad(data.float() + penalty * open_heads.mean(), [log_alpha])
         log_alpha.grad = grad  # only the gates get a gradient; the model's parameters get none
         optimizer.step()
         step()
@@ -210,7 +216,7 @@ def _train(model, layers, batches, loss_fn, penalty: float, training: GateTraini
 def _mean_loss(model, layers, batches, loss_fn, gates: torch.Tensor) -> float:
     """loss_fn averaged over the batches with the heads multiplied by ``gates`` [L, H]."""
     total = 0.0
-    with _gated(layers, lambda i: gates[i]):
+    with _gated(layers, lambda i: gates[i, : layers[i].num_heads]):
         for batch in batches:
             total += float(check_scalar_loss(loss_fn(model, batch)).double())
     return total / len(batches)

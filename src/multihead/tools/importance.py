@@ -39,8 +39,9 @@ penalties (``gate_training``); see ``tools.gate_importance``, and
 
 All methods run the model in eval mode (no dropout) and restore every
 submodule's own mode afterwards. Layers are numbered as in
-``tools.heads.attention_layers`` (model order); every layer must have the
-same number of query heads H (GQA/MQA: the H query heads).
+``tools.heads.attention_layers`` (model order); heads are the query heads
+(GQA/MQA). Layers may have different head counts (a pruned model): the
+table is [L, Hmax] and holds NaN past each layer's last head.
 
 Differences from the official code (``calculate_head_importance`` in
 pmichel31415/pytorch-pretrained-BERT, branch paul, and
@@ -91,7 +92,7 @@ from ..modules.base import AttentionLayer
 from .gate_importance import GateTraining, gate_sweep
 from .heads import eval_mode, mask_heads
 from .progress import progress_bar
-from .scoring import check_all_ran, check_scalar_loss, scored_inputs
+from .scoring import check_all_ran, check_scalar_loss, score_table, scored_inputs
 
 __all__ = ["head_importance", "METHODS", "NORMALIZATIONS", "ABSOLUTE_MODES"]
 
@@ -132,14 +133,14 @@ def head_importance(
         progress: show a bar on stderr (tqdm, else rich) over the passes.
 
     Returns:
-        [L, H] float64 scores on the CPU, L attention layers, H query heads.
+        [L, H] float64 scores on the CPU, L attention layers, H query heads
+        (the most of any layer; NaN where a layer has fewer).
 
     Raises:
         TypeError: a model that is not a module, a loss that is not a tensor,
             a token_mask that is not a bool tensor.
         ValueError: an unknown method / normalize / absolute; a model without
-            attention layers, or whose layers have different head counts;
-            no batches; a loss with more than one element or without a
+            attention layers; no batches; a loss with more than one element or without a
             gradient path to the heads; a layer the loss never ran; a
             token_mask of the wrong shape or selecting no token; a
             token_mask with a method other than "gradient"; gate_training
@@ -162,26 +163,26 @@ def head_importance(
     if gate_training is not None and not isinstance(gate_training, GateTraining):
         raise TypeError(f"gate_training must be a GateTraining, got {type(gate_training).__name__}")
     layers, batches = scored_inputs(model, batches)
-    L, H = len(layers), layers[0].num_heads
+    heads = sum(layer.num_heads for layer in layers)
     if method == "gates":
         training = GateTraining() if gate_training is None else gate_training
         with progress_bar(len(training.penalties) * (training.steps + 1), progress, "head importance", "pass") as step:
             return gate_sweep(model, batches, loss_fn, training, step=step).scores
-    passes = len(batches) * (1 if method == "gradient" else L * H + 1)
+    passes = len(batches) * (1 if method == "gradient" else heads + 1)
     with eval_mode(model), progress_bar(passes, progress, "head importance", "pass") as step:
         if method == "gradient":
             scores = _gradient(model, layers, batches, loss_fn, absolute, token_mask, step)
         else:
             scores = _ablation(model, layers, batches, loss_fn, step)
     if normalize == "layer":
-        scores = scores / (scores.norm(dim=1, keepdim=True) + 1e-20)
+        scores = scores / (scores.nan_to_num().norm(dim=1, keepdim=True) + 1e-20)
     return scores
 
 
 # ---------------------------------------------------------------- gradient
 def _gradient(model, layers, batches, loss_fn, absolute, token_mask, step) -> torch.Tensor:
-    L, H = len(layers), layers[0].num_heads
-    total = torch.zeros(L, H, dtype=torch.float64)
+    L = len(layers)
+    total = score_table(layers)  # [L, Hmax]: 0, NaN past a layer's last head
     counted = torch.zeros(L, dtype=torch.float64)  # tokens ("token") or examples ("example") per layer
     for batch in batches:
         gates: list[list[torch.Tensor]] = [[] for _ in layers]
@@ -211,13 +212,13 @@ def _gradient(model, layers, batches, loss_fn, absolute, token_mask, step) -> to
                 B, _, T = dot.shape  # dot [B, H, T] = <ctx, dL/dctx> per token
                 m = _mask(keep, B, T, i).to(torch.float64)[:, None, :]  # (B, T) -> (B, 1, T)
                 if absolute == "token":
-                    total[i] += (dot.abs() * m).sum(dim=(0, 2))
+                    total[i, : dot.shape[1]] += (dot.abs() * m).sum(dim=(0, 2))
                     counted[i] += m.sum()
                 else:
                     s = (dot * m).sum(dim=2)  # (B, H): dL/dxi_h per example, this call
                     per_example = s if per_example is None else per_example + s
             if per_example is not None:
-                total[i] += per_example.abs().sum(dim=0)
+                total[i, : per_example.shape[1]] += per_example.abs().sum(dim=0)
                 counted[i] += per_example.shape[0]
         step()
     if bool((counted == 0).any()):
@@ -253,7 +254,7 @@ def _mask(keep, B: int, T: int, layer: int) -> torch.Tensor:
 # ---------------------------------------------------------------- ablation
 @torch.no_grad()
 def _ablation(model, layers, batches, loss_fn, step) -> torch.Tensor:
-    L, H = len(layers), layers[0].num_heads
+    L = len(layers)
     calls = [0] * L
     handles = [layer.register_head_hook(_counter(calls, i)) for i, layer in enumerate(layers)]
     try:
@@ -262,9 +263,9 @@ def _ablation(model, layers, batches, loss_fn, step) -> torch.Tensor:
         for handle in handles:
             handle.remove()
     check_all_ran(layers, calls)
-    scores = torch.zeros(L, H, dtype=torch.float64)
+    scores = score_table(layers)  # [L, Hmax]: 0, NaN past a layer's last head
     for i in range(L):
-        for h in range(H):
+        for h in range(layers[i].num_heads):
             with mask_heads(model, {i: [h]}):
                 scores[i, h] = _mean_loss(model, batches, loss_fn, step) - base
     return scores

@@ -10,24 +10,30 @@ from torch import nn
 from ..modules.base import AttentionLayer
 from .heads import attention_layers
 
-__all__ = ["scored_inputs", "check_scalar_loss", "check_all_ran"]
+__all__ = ["scored_inputs", "score_table", "check_scalar_loss", "check_all_ran"]
 
 
 def scored_inputs(model: nn.Module, batches: Iterable) -> tuple[list[AttentionLayer], list]:
-    """The model's attention layers (all with the same head count H) and the batches as a list.
+    """The model's attention layers and the batches as a list.
 
     Raises:
         TypeError: ``model`` is not a module.
-        ValueError: no attention layer; layers with different head counts; no batches.
+        ValueError: no attention layer; no batches.
     """
     layers = attention_layers(model)
-    counts = [layer.num_heads for layer in layers]
-    if len(set(counts)) != 1:
-        raise ValueError(f"every attention layer must have the same number of heads, got {counts} (layer order)")
     batches = list(batches)
     if not batches:
         raise ValueError("batches is empty: scoring heads needs at least one batch")
     return layers, batches
+
+
+def score_table(layers: list[AttentionLayer]) -> torch.Tensor:
+    """[L, Hmax] float64: zeros where layer i has head h, NaN past its last head (pruned layers)."""
+    counts = [layer.num_heads for layer in layers]
+    table = torch.full((len(layers), max(counts)), float("nan"), dtype=torch.float64)
+    for i, n in enumerate(counts):
+        table[i, :n] = 0.0
+    return table
 
 
 def check_scalar_loss(loss) -> torch.Tensor:

@@ -18,6 +18,13 @@ With ``importance`` every head also gets an ablation score
 column of the printed table and ``"importance"`` among its scores in
 heads.json and heads.html.
 
+A pruned GPT checkpoint (``multihead prune``: layers with fewer heads than
+``num_heads``) is shown with every head it had (``tools.head_slots``): the
+removed heads as "pruned" rows and grey cells, the kept ones with their
+index before pruning, read from the report.json beside the checkpoint when
+it matches the checkpoint's ``layer_heads`` (otherwise the removed heads
+follow the kept ones, indices unknown).
+
 Mistakes are refused before any work: an output folder that cannot be
 written, a missing tokenizer file, options that contradict each other, an
 empty text; a text longer than the model's maximum is refused unless
@@ -26,6 +33,7 @@ empty text; a text longer than the model's maximum is refused unless
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,8 +43,9 @@ from pathlib import Path
 import torch
 
 from ..tools.capture import AttentionRecord, capture
+from ..tools.head_slots import HeadSlots
 from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format_roles, role_legend, strongest_links
-from .head_scores import IMPORTANCE_MEANING, format_with_importance
+from .head_scores import IMPORTANCE_MEANING, format_head_table
 from .paths import input_file, output_folder
 from .run_dir import run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
@@ -61,6 +70,7 @@ class Inspection:
         analysed: the part of the text that was analysed.
         total_tokens: tokens of the whole text (more than ``token_ids`` when cut).
         notices: what the reader must know (text cut, words not understood).
+        slots: a pruned model's heads before pruning (None: nothing pruned).
     """
 
     record: AttentionRecord
@@ -70,6 +80,7 @@ class Inspection:
     analysed: str
     total_tokens: int
     notices: list[str] = field(default_factory=list)
+    slots: HeadSlots | None = None
 
 
 def _run_minilm(text: str, truncate: bool) -> tuple[AttentionRecord, Encoded, list[str]]:
@@ -84,11 +95,11 @@ def _run_minilm(text: str, truncate: bool) -> tuple[AttentionRecord, Encoded, li
         model.encoder(ids, attention_mask=torch.ones_like(ids))
     record.source = _MINILM
     note = f"; {_MINILM} is an English, uncased model"
-    return record, enc, notices(enc, model=_MINILM, language_note=note), lambda: encoder_importance(model, ids)
+    return record, enc, notices(enc, model=_MINILM, language_note=note), lambda: encoder_importance(model, ids), None
 
 
 def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
-    from ..models.checkpoint import load_checkpoint
+    from ..models.checkpoint import checkpoint_paths, load_checkpoint
 
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
     found = run_checkpoint(checkpoint)  # a `multihead train` run directory brings its own tokenizer
@@ -99,12 +110,12 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
                 f"--checkpoint {checkpoint} is a training run with its own tokenizer; "
                 f"--tokenizer {tokenizer} cannot replace it"
             )
-        model = load_checkpoint(step_dir).eval()
+        model, folder = load_checkpoint(step_dir).eval(), step_dir
         if tok is None:  # beside a checkpoint folder: --tokenizer, when given, is used
             tok = None if run_tok.kind == "bytes" else run_tok  # a BPE run's tokenizer, as tokenizers.Tokenizer JSON
         source = f"GPT run {Path(checkpoint).name}, step {step}" if step is not None else f"GPT checkpoint {Path(checkpoint).name}"
     else:
-        model = load_checkpoint(checkpoint).eval()
+        model, folder = load_checkpoint(checkpoint).eval(), checkpoint_paths(checkpoint)[0].parent
         source = f"GPT checkpoint {Path(checkpoint).name}"
     vocab, limit, name = model.config.vocab_size, model.config.context_length, f"the checkpoint {checkpoint}"
     if tok is not None:
@@ -123,7 +134,36 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
     with torch.no_grad(), capture(model) as record:
         model(ids)
     record.source = source
-    return record, enc, notices(enc, model=name), lambda: gpt_importance(model, ids)
+    slots, notes = _pruned_slots(model.config, folder / "report.json")
+    return record, enc, [*notices(enc, model=name), *notes], lambda: gpt_importance(model, ids), slots
+
+
+def _pruned_slots(config, report_path: Path) -> tuple[HeadSlots | None, list[str]]:
+    """(the heads before pruning, notices) of a checkpoint whose layers have fewer than ``num_heads`` heads.
+
+    The indices of the removed heads come from prune's report.json at
+    ``report_path`` when its ``layer_heads`` is the config's; else they are unknown.
+    """
+    counts = config.layer_heads
+    if counts is None or all(h == config.num_heads for h in counts):
+        return None, []
+    if not report_path.is_file():
+        return HeadSlots.from_counts(config.num_heads, counts), []
+    try:
+        if report_path.stat().st_size > 1 << 20:  # prune writes a few kilobytes
+            raise ValueError(f"{report_path.stat().st_size} bytes, more than a report")
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+        if not isinstance(report, dict) or report.get("layer_heads") != list(counts):
+            raise ValueError(f"its layer_heads {report.get('layer_heads') if isinstance(report, dict) else None} "
+                             f"are not the checkpoint's {list(counts)}")  # fmt: skip
+        removed = report.get("removed")
+        if not isinstance(removed, dict):
+            raise ValueError("it has no 'removed' table")
+        table = {int(layer): [int(h) for h in heads] for layer, heads in removed.items()}
+        return HeadSlots.from_counts(config.num_heads, counts, table), []
+    except (ValueError, TypeError, OSError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        note = f"{report_path} does not describe this checkpoint ({e}); the pruned heads' former indices are unknown"
+        return HeadSlots.from_counts(config.num_heads, counts), [note]
 
 
 def _hf_folder(hf: str) -> Path:
@@ -168,7 +208,7 @@ def _run_hf(text: str, hf: str, truncate: bool):
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
     record.source = name
     L, H = record.num_layers, record.layers[0].num_heads
-    return record, enc, notices(enc, model=name), lambda: hf_importance(model, ids, L, H)
+    return record, enc, notices(enc, model=name), lambda: hf_importance(model, ids, L, H), None
 
 
 def _visible(record: AttentionRecord, T: int) -> torch.Tensor:
@@ -234,13 +274,13 @@ def inspect_text(
     if tokenizer is not None:
         input_file("--tokenizer", tokenizer, "a Hugging Face tokenizer.json")
     if hf is not None:
-        record, enc, notes, scorer = _run_hf(text, hf, truncate)
+        record, enc, notes, scorer, slots = _run_hf(text, hf, truncate)
         visible = _visible(record, len(enc.ids))
     elif checkpoint is not None:
-        record, enc, notes, scorer = _run_gpt(text, checkpoint, tokenizer, truncate)
+        record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
     else:
-        record, enc, notes, scorer = _run_minilm(text, truncate)
+        record, enc, notes, scorer, slots = _run_minilm(text, truncate)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     record.query_tokens = list(enc.tokens)
     if layer is not None:
@@ -249,10 +289,10 @@ def inspect_text(
         record.layers = [record.layers[layer]]
     roles = classify_heads(record, token_ids=enc.ids, mask=visible)
     if importance:
-        scores = scorer()  # (L, H) in model layer order, as the record's layer numbers
+        scores = scorer()  # (L, H) in model layer order, as the record's layer numbers; NaN past a layer's heads
         for r in roles:
             r.scores["importance"] = float(scores[r.layer, r.head])
-    return Inspection(record, enc.ids, roles, visible, enc.analysed, enc.total, notes)
+    return Inspection(record, enc.ids, roles, visible, enc.analysed, enc.total, notes, slots)
 
 
 def _label(tokens: list[str], counts: Counter, i: int) -> str:
@@ -338,17 +378,26 @@ def run(
         text, model=model, checkpoint=checkpoint, tokenizer=tokenizer, layer=layer, truncate=truncate, hf=hf,
         importance=importance,
     )
-    record, roles = found.record, found.roles
-    echo(f"{record.source}: {record.num_layers} layers x {record.layers[0].num_heads} heads on")
+    record, roles, slots = found.record, found.roles, found.slots
+    if slots is not None:
+        echo(f"{record.source}: {slots.summary([e.layer for e in record.layers])} on")
+    else:
+        echo(f"{record.source}: {record.num_layers} layers x {record.layers[0].num_heads} heads on")
     echo(f"  {' '.join(record.query_tokens)}")
     for note in found.notices:
         echo(f"notice: {note}")
     echo("")
-    echo(format_with_importance(roles) if importance else format_roles(roles))
+    if slots is None and not importance:
+        echo(format_roles(roles))
+    else:
+        echo(format_head_table(roles, importance=importance, slots=slots, layers=[e.layer for e in record.layers]))
     echo("")
     echo(format_legend())
     if importance:
         echo(f"  importance  {IMPORTANCE_MEANING}")
+    if slots is not None:
+        was = "; was: the head's index before pruning (multihead prune's report.json)" if slots.original else ""
+        echo(f"  pruned rows: heads removed from the model{was}")
     echo(_links_table(found))
     folder.mkdir(parents=True, exist_ok=True)
     title = _title(record.source, found)
@@ -356,9 +405,11 @@ def run(
     if importance:
         legend["importance"] = {"meaning": IMPORTANCE_MEANING, "threshold": None}
     paths = {
-        "html": write_html(record, folder / "heads.html", roles=roles, title=title, legend=legend, notices=found.notices),
-        "png": write_png(record, folder / "heads.png", roles=roles),
-        "json": write_json(record, folder / "heads.json", roles=roles),
+        "html": write_html(
+            record, folder / "heads.html", roles=roles, title=title, legend=legend, notices=found.notices, slots=slots
+        ),
+        "png": write_png(record, folder / "heads.png", roles=roles, slots=slots),
+        "json": write_json(record, folder / "heads.json", roles=roles, slots=slots),
     }
     echo("")
     for kind, path in paths.items():

@@ -33,6 +33,14 @@ more than once, the k-th role for (layer, head) belongs to its k-th call.
 
 Colours in the heatmaps are sqrt(weight) on a fixed 0..1 scale, so weak
 links stay visible and heads remain comparable.
+
+``slots`` (a ``head_slots.HeadSlots``) draws a pruned model with every
+layer's heads before pruning: the removed ones as grey cells labelled
+"pruned", the kept ones with their index before pruning when known; the
+titles count the heads kept, and heads.json gets ``"pruned"`` (``{"layer",
+"head"}``, head = index before pruning or null), ``"num_heads"`` and each
+layer's ``"original_heads"``. A role with an ``"importance"`` score shows
+it in the model view's cells and the PNG's titles.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ import torch
 
 from .._checks import non_negative_int, positive_int
 from .capture import AttentionRecord
+from .head_slots import HeadSlots
 
 __all__ = ["write_html", "write_png", "write_json"]
 
@@ -76,6 +85,7 @@ def write_html(
     batch: int = 0,
     legend: Mapping | None = None,
     notices: list[str] | None = None,
+    slots: HeadSlots | None = None,
 ) -> Path:
     """Write one self-contained HTML page: head view, model view, role table.
 
@@ -92,6 +102,7 @@ def write_html(
         legend: column name -> {"meaning": str, "threshold": number or None}
             (or just the meaning as a str), see the module docstring.
         notices: sentences shown at the top of the page.
+        slots: the heads before pruning, see the module docstring.
 
     Returns:
         ``path`` as a Path.
@@ -100,10 +111,12 @@ def write_html(
         TypeError: record not an AttentionRecord, tokens not strings, bad
             roles, legend or notices of the wrong types.
         ValueError: empty record, tokens not matching T/S, batch out of range,
-            roles naming a layer or head that is not in the record.
+            roles naming a layer or head that is not in the record, slots
+            whose kept heads do not match the record's head counts.
     """
     tokens = _validate(record, batch)
     role_rows = _match_roles(roles, record)
+    _check_slots(slots, record)
     if title is None:
         title = f"{record.source} attention" if record.source else "Attention"
     if not isinstance(title, str):
@@ -122,6 +135,16 @@ def write_html(
         "legend": _legend(legend),
         "notices": _strings("notices", notices) if notices is not None else [],
     }
+    if slots is not None:  # left out for an unpruned model: its page stays as it was
+        data["slots"] = {
+            "num_heads": slots.num_heads,
+            "original": slots.original,
+            "summary": slots.summary([e.layer for e in record.layers]),
+            "layers": [  # per drawn row: each slot's current head (None: removed) and index before pruning
+                [{"head": h, "original": s if slots.original else None} for s, h in enumerate(slots.slots(e.layer))]
+                for e in record.layers
+            ],
+        }
     css, js = _asset("heads.css"), _asset("heads.js")
     csp = (
         f"default-src 'none'; script-src '{_sha256(js)}'; style-src '{_sha256(css)}'; "
@@ -139,6 +162,7 @@ def write_png(
     roles: list | None = None,
     batch: int = 0,
     max_tokens: int | None = None,
+    slots: HeadSlots | None = None,
 ) -> Path:
     """Write a grid of heatmaps (rows = layers, columns = heads) as PNG.
 
@@ -152,6 +176,7 @@ def write_png(
         roles: optional per-head roles, see the module docstring.
         batch: which batch item to show.
         max_tokens: show only the first ``max_tokens`` queries and keys.
+        slots: the heads before pruning, see the module docstring.
 
     Returns:
         ``path`` as a Path.
@@ -168,22 +193,28 @@ def write_png(
     except ImportError as exc:
         raise ImportError(f"write_png needs matplotlib, which is not installed: {_VIZ_HINT}") from exc
     q_tokens, k_tokens = _validate(record, batch)
+    _check_slots(slots, record)
     if max_tokens is not None:
         max_tokens = positive_int("max_tokens", max_tokens)
         q_tokens, k_tokens = q_tokens[:max_tokens], k_tokens[:max_tokens]
-    labels_of = {(row, r["head"]): r["labels"] for row, r in _match_roles(roles, record)}
+    matched = _match_roles(roles, record)
+    labels_of = {(row, r["head"]): r["labels"] for row, r in matched}
+    importance = {(row, r["head"]): r["scores"]["importance"] for row, r in matched if "importance" in r["scores"]}
     T, S = len(q_tokens), len(k_tokens)
-    rows, cols = len(record.layers), max(e.num_heads for e in record.layers)
+    rows, cols = len(record.layers), slots.num_heads if slots else max(e.num_heads for e in record.layers)
+    # grid[row][col]: the head drawn in that column, None for a removed head
+    grid = [slots.slots(e.layer) if slots else tuple(range(e.num_heads)) for e in record.layers]
     # Layout in inches, placed by hand (constrained layout takes seconds on 144 axes).
     cell = max(1.4, 0.11 * max(T, S))
     with_tokens = max(T, S) <= 40 and max(rows, cols) * cell <= 24
     if not with_tokens:
         cell = 1.4 if cols <= 12 else max(0.8, 17 / cols)
     titles = {
-        (row, head): "\n".join([f"L{row} H{head}", *textwrap.wrap(", ".join(labels_of.get((row, head), [])), int(cell * 12))])
-        for row, entry in enumerate(record.layers)
-        for head in range(entry.num_heads)
-    }
+        (row, col): "\n".join([_cell_name(row, col, head, slots), *_cell_lines(labels_of.get((row, head), []),
+                                                                                importance.get((row, head)), cell)])
+        for row, heads in enumerate(grid)
+        for col, head in enumerate(heads)
+    }  # fmt: skip
     title_h = 0.1 + 0.14 * max(t.count("\n") + 1 for t in titles.values())
     q_labels, k_labels = [_plain(_short(t)) for t in q_tokens], [_plain(_short(t)) for t in k_tokens]
     left = 0.3 + (0.055 * max(map(len, q_labels)) if with_tokens else 0)
@@ -194,21 +225,30 @@ def write_png(
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     norm, image = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0), None
-    lowest = {h: max(r for r, e in enumerate(record.layers) if h < e.num_heads) for h in range(cols)}
+    # token labels on the lowest drawn heatmap of each column and the first of each row
+    lowest = {c: max((r for r, heads in enumerate(grid) if c < len(heads) and heads[c] is not None), default=-1)
+              for c in range(cols)}  # fmt: skip
+    first = [next(c for c, h in enumerate(heads) if h is not None) for heads in grid]
     for row, entry in enumerate(record.layers):
         weights = entry.weights[batch, :, :T, :S].detach().double().nan_to_num(0.0, 0.0, 0.0)
         y = height - top - row * (title_h + cell + gap) - title_h - cell
-        for head in range(entry.num_heads):
-            x = left + head * (cell + gap)
+        for col, head in enumerate(grid[row]):
+            x = left + col * (cell + gap)
             ax = fig.add_axes((x / width, y / height, cell / width, cell / height))
-            image = ax.imshow(weights[head].numpy(), cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
-            ax.set_title(_plain(titles[(row, head)]), fontsize=8, pad=3)
+            if head is None:  # a removed head: an empty grey cell
+                ax.set_facecolor("#d0d0d0")
+                ax.text(0.5, 0.5, "pruned", color="#555555", fontsize=9, ha="center", va="center",
+                        transform=ax.transAxes)  # fmt: skip
+            else:
+                w = weights[head].numpy()
+                image = ax.imshow(w, cmap="viridis", norm=norm, interpolation="nearest", aspect="auto")
+            ax.set_title(_plain(titles[(row, col)]), fontsize=8, pad=3, color="#777777" if head is None else "black")
             ax.tick_params(length=2, pad=1)  # ticks (each an object, slow to draw) only on the outer axes
-            if with_tokens and row == lowest[head]:
+            if with_tokens and row == lowest[col] and head is not None:
                 ax.set_xticks(range(S), k_labels, rotation=90, fontsize=6)
             else:
                 ax.set_xticks([])
-            if with_tokens and head == 0:
+            if with_tokens and col == first[row] and head is not None:
                 ax.set_yticks(range(T), q_labels, fontsize=6)
             else:
                 ax.set_yticks([])
@@ -217,7 +257,8 @@ def write_png(
     fig.colorbar(image, cax=cax).set_label("attention weight (sqrt scale)", fontsize=8)
     cax.tick_params(labelsize=7)
     name = _plain(record.source or "attention")
-    fig.suptitle(f"{name}: {rows} layers x {cols} heads (rows = queries, columns = keys)", fontsize=10, y=1 - 0.2 / height)
+    heads = slots.summary([e.layer for e in record.layers]) if slots else f"{rows} layers x {cols} heads"
+    fig.suptitle(f"{name}: {heads} (rows = queries, columns = keys)", fontsize=10, y=1 - 0.2 / height)
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
@@ -225,18 +266,36 @@ def write_png(
 
 
 def write_json(
-    record: AttentionRecord, path: str | os.PathLike, *, roles: list | None = None, batch: int = 0
+    record: AttentionRecord,
+    path: str | os.PathLike,
+    *,
+    roles: list | None = None,
+    batch: int = 0,
+    slots: HeadSlots | None = None,
 ) -> Path:
     """Write ``record.to_dict(batch)`` plus ``"roles"`` as JSON (atomically).
 
-    ``AttentionRecord.from_dict`` reads the file back (it ignores ``roles``).
+    ``AttentionRecord.from_dict`` reads the file back (it ignores ``roles``
+    and what ``slots`` adds, see the module docstring).
 
     Raises:
         TypeError, ValueError: as ``write_html``.
     """
     _validate(record, batch)
+    _check_slots(slots, record)
     payload = record.to_dict(batch)
     payload["roles"] = [r for _, r in _match_roles(roles, record)] if roles is not None else None
+    if slots is not None:
+        payload["num_heads"] = slots.num_heads
+        payload["pruned"] = [
+            {"layer": e.layer, "head": s if slots.original else None}
+            for e in record.layers
+            for s in slots.pruned(e.layer)
+        ]
+        for entry, out in zip(record.layers, payload["layers"]):
+            out["original_heads"] = [slots.original_index(entry.layer, h) for h in range(entry.num_heads)]
+        for role in payload["roles"] or []:
+            role["original_head"] = slots.original_index(role["layer"], role["head"])
     return _write_atomic(path, json.dumps(payload, allow_nan=False).encode("utf-8"))
 
 
@@ -278,6 +337,34 @@ def _validate(record: AttentionRecord, batch: int) -> tuple[list[str], list[str]
         source = "key_tokens" if record.key_tokens is not None else "key_tokens (defaulting to query_tokens)"
         raise ValueError(f"{source} has {len(keys)} tokens but the weights have S={S} keys")
     return queries, keys
+
+
+def _check_slots(slots, record: AttentionRecord) -> None:
+    """``slots`` is None or a HeadSlots whose kept heads are the record's heads, layer by layer."""
+    if slots is None:
+        return
+    if not isinstance(slots, HeadSlots):
+        raise TypeError(f"slots must be a HeadSlots, got {type(slots).__name__}")
+    for entry in record.layers:
+        kept = sum(h is not None for h in slots.slots(entry.layer))
+        if kept != entry.num_heads:
+            raise ValueError(
+                f"slots keep {kept} heads in layer {entry.layer}, "
+                f"but the record's layer {entry.layer} has {entry.num_heads}"
+            )
+
+
+def _cell_name(row: int, col: int, head: int | None, slots: HeadSlots | None) -> str:
+    """A PNG cell's first title line: "L0 H1", "L0 H1 (was H2)", "L0 pruned (was H2)" or "L0 pruned"."""
+    if head is None:
+        return f"L{row} pruned (was H{col})" if slots.original else f"L{row} pruned"
+    return f"L{row} H{head}" + (f" (was H{col})" if slots and slots.original and col != head else "")
+
+
+def _cell_lines(labels: list[str], importance: float | None, cell: float) -> list[str]:
+    """A PNG cell's role labels (wrapped to the cell) and importance score."""
+    lines = textwrap.wrap(", ".join(labels), int(cell * 12))
+    return lines if importance is None else [*lines, f"importance {importance:.4f}"]
 
 
 def _strings(name: str, tokens) -> list[str]:

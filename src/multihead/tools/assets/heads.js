@@ -230,30 +230,56 @@
     ctx.putImageData(img, 0, 0);
   }
 
+  /* A pruned model (DATA.slots): every layer drawn with the heads it had, removed ones greyed. */
+  const SLOTS = DATA.slots || null;
+  function slotsOf(li) {
+    if (SLOTS) return SLOTS.layers[li];
+    return LAYERS[li].weights.map((_, h) => ({ head: h, original: null }));
+  }
+
+  function prunedCell(li, slot) {
+    const name = SLOTS.original ? "head " + slot.original + " (before pruning)" : "a head";
+    const cell = el("div", "mv-pruned");
+    cell.dataset.layer = String(li);
+    cell.dataset.slot = String(slot.original === null ? "" : slot.original);
+    cell.title = layerName(li) + ": " + name + " was pruned";
+    cell.append(el("div", "mv-heat mv-gone"), el("span", "mv-label", "pruned"));
+    return cell;
+  }
+
   function buildModelView() {
-    const grid = $("mv-grid"), maxHeads = Math.max(...LAYERS.map((L) => L.weights.length));
+    const grid = $("mv-grid"), maxHeads = SLOTS ? SLOTS.num_heads : Math.max(...LAYERS.map((L) => L.weights.length));
     grid.style.setProperty("--cell", maxHeads > 8 ? "80px" : "96px");
     grid.style.gridTemplateColumns = "max-content repeat(" + maxHeads + ", var(--cell))";
     grid.appendChild(el("div", "mv-corner"));
-    for (let h = 0; h < maxHeads; h++) grid.appendChild(el("div", "mv-colhead", "Head " + h));
+    const colName = SLOTS && SLOTS.original ? "before: H" : "Head ";
+    for (let h = 0; h < maxHeads; h++) grid.appendChild(el("div", "mv-colhead", colName + h));
     LAYERS.forEach((L, li) => {
       const head = el("div", "mv-rowhead");
       head.appendChild(el("strong", "", layerName(li)));
       head.appendChild(document.createTextNode(L.kind || ""));
       grid.appendChild(head);
-      for (let h = 0; h < maxHeads; h++) {
-        if (h >= L.weights.length) { grid.appendChild(el("div", "mv-empty")); continue; }
+      const slots = slotsOf(li);
+      for (let s = 0; s < maxHeads; s++) {
+        if (s >= slots.length) { grid.appendChild(el("div", "mv-empty")); continue; }
+        if (slots[s].head === null) { grid.appendChild(prunedCell(li, slots[s])); continue; }
+        const h = slots[s].head, was = slots[s].original;
         const r = role(li, h), cell = el("button", "mv-cell");
         cell.type = "button";
         cell.dataset.layer = String(li);
         cell.dataset.head = String(h);
         cell.setAttribute("aria-pressed", "false");
-        cell.title = layerName(li) + ", head " + h + (r && r.labels.length ? ": " + r.labels.join(", ") : "");
+        cell.title = layerName(li) + ", head " + h + (was !== null ? " (head " + was + " before pruning)" : "") +
+          (r && r.labels.length ? ": " + r.labels.join(", ") : "");
         const heat = el("canvas", "mv-heat");
         paint(heat, L.weights[h]);
         const label = el("span", "mv-label");
         label.appendChild(el("b", "", "H" + h));
+        if (was !== null && was !== h) label.appendChild(el("span", "mv-was", "was H" + was));
         if (r) label.appendChild(chips(r.labels));
+        if (r && r.scores.importance !== undefined && r.scores.importance !== null) {
+          label.appendChild(el("span", "mv-importance", "importance " + r.scores.importance.toFixed(4)));
+        }
         cell.append(heat, label);
         cell.addEventListener("click", () => select(li, h, true));
         grid.appendChild(cell);
@@ -326,6 +352,29 @@
     box.hidden = !box.children.length;
   }
 
+  /* One greyed row per removed head, after its layer's kept heads; it sorts with missing scores. */
+  function addPrunedRows(body, cols) {
+    LAYERS.forEach((L, li) => {
+      for (const slot of SLOTS.layers[li]) {
+        if (slot.head !== null) continue;
+        const r = { row: li, layer: L.layer, head: null, labels: [], scores: {} };
+        const tr = el("tr", "rt-row rt-pruned");
+        tr.dataset.layer = String(li);
+        tr.appendChild(el("td", "", li === L.layer ? L.layer : li + " (" + L.layer + ")"));
+        tr.appendChild(el("td", "", slot.original === null ? "\u2013" : "was " + slot.original));
+        tr.appendChild(el("td", "", "pruned"));
+        for (const k of cols) {
+          const td = el("td", "num", k === "importance" ? "pruned" : "\u2013");
+          td.dataset.column = k;
+          tr.appendChild(td);
+        }
+        const last = table.rows.filter((item) => item.r.row <= li).pop();
+        body.insertBefore(tr, last ? last.tr.nextSibling : body.firstChild);
+        table.rows.splice(last ? table.rows.indexOf(last) + 1 : 0, 0, { r: r, tr: tr });
+      }
+    });
+  }
+
   function buildRoles() {
     const list = DATA.roles;
     if (!list || !list.length) return;
@@ -354,7 +403,8 @@
       tr.dataset.layer = String(r.row);
       tr.dataset.head = String(r.head);
       tr.appendChild(el("td", "", r.row === r.layer ? r.layer : r.row + " (" + r.layer + ")"));
-      tr.appendChild(el("td", "", r.head));
+      const was = SLOTS ? SLOTS.layers[r.row].findIndex((s) => s.head === r.head) : -1;
+      tr.appendChild(el("td", "", SLOTS && SLOTS.original && was !== r.head ? r.head + " (was " + was + ")" : r.head));
       const labels = el("td");
       labels.appendChild(r.labels.length ? chips(r.labels) : el("span", "muted", "\u2013"));
       tr.appendChild(labels);
@@ -367,13 +417,14 @@
       body.appendChild(tr);
       table.rows.push({ r: r, tr: tr });
     }
+    if (SLOTS) addPrunedRows(body, cols);
     buildLegend(cols);
   }
 
   /* ---- wiring ---- */
   function init() {
     const H = LAYERS.map((L) => L.weights.length), same = H.every((h) => h === H[0]);
-    $("summary").textContent = [DATA.source, LAYERS.length + " layers \u00d7 " + (same ? H[0] : "up to " +
+    $("summary").textContent = [DATA.source, SLOTS ? SLOTS.summary : LAYERS.length + " layers \u00d7 " + (same ? H[0] : "up to " +
       Math.max(...H)) + " heads", QT.length + " queries, " + KT.length + " keys", "batch item " + DATA.batch]
       .filter(Boolean).join(" \u00b7 ");
     const notes = $("notices");

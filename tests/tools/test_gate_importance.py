@@ -106,7 +106,7 @@ def test_sweep_rows_and_scores():
     closed = [sum(len(h) for h in sweep.closed(i).values()) for i in range(3)]
     assert closed[0] == 0 and closed[1] >= 1 and closed[2] > closed[1]
     assert sweep.loss[2] > sweep.loss[1]  # closing heads that matter costs fidelity
-    torch.testing.assert_close(sweep.scores, sweep.open_probability.mean(dim=0), rtol=0, atol=0)
+    torch.testing.assert_close(sweep.scores, sweep.open_probability.mean(dim=0), rtol=0, atol=0)  # the same reduction: bitwise
     scores = head_importance(model, pairs, loss, method="gates", gate_training=training)
     # same operations, same seed, same inputs: bitwise
     torch.testing.assert_close(scores, sweep.scores, rtol=0, atol=0)

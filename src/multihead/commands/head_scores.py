@@ -62,13 +62,9 @@ def gpt_importance(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         ids: [1, T] token ids of the text, T >= 2.
     """
     from ..tools.importance import head_importance
+    from .prune_scores import lm_loss  # next-token cross-entropy of windows [B, T]
 
     _check_lm_length(ids)
-
-    def lm_loss(net: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        logits = net(batch[:, :-1])  # (1, T-1, V)
-        return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-
     return head_importance(model, [ids], lm_loss, method="ablation", normalize=None)
 
 

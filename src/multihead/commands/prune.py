@@ -39,6 +39,12 @@ Shakespeare training text for a byte checkpoint that is not a run), seed
 ``CALIBRATION_SEED`` as ``multihead convert``. Fidelity (run directory
 only): the loss on the run's fixed validation batches before and after.
 
+The losses of each method per model family (including "gates": gates
+trained at ``--gate-penalties`` to keep the unpruned model's outputs) are
+in ``prune_scores``. ``--recover-steps N`` then distils the pruned model
+towards the unpruned one on the calibration data (``recovery_option``); the
+report gives the fidelity before and after.
+
 Speed-up: the median over ``TIMED_PASSES`` alternating timed forward passes
 of the unpruned and the pruned model on the same held-out batch, as the
 ratio unpruned / pruned.

@@ -64,8 +64,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from multihead.io import write_bytes_atomic
 from multihead.models.minilm import SentenceEncoder, Tokenized, load_minilm
-from multihead.models.safe_files import write_bytes_atomic
 from multihead.tools.distill import distillation
 from multihead.tools.fidelity import fidelity, head_table, keep_heads, neighbour_agreement, pruning_order  # noqa: F401 (re-exported)
 from multihead.tools.gate_importance import GateTraining, gate_sweep

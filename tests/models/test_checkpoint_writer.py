@@ -12,10 +12,10 @@ import uuid
 import pytest
 import torch
 
-from multihead.models import safe_files
+import multihead.io
+from multihead.io import remove_stale_temps, write_atomic, write_bytes_atomic, write_text_atomic
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
-from multihead.models.safe_files import remove_stale_temps, write_atomic, write_bytes_atomic, write_text_atomic
 
 
 def tiny(seed=0) -> GPT:
@@ -133,4 +133,4 @@ def test_the_attention_record_uses_the_same_writer(tmp_path, umask):
 
 def test_remove_stale_temps_in_a_missing_directory(tmp_path):
     assert remove_stale_temps(tmp_path / "nowhere" / "model.safetensors") == []
-    assert safe_files._process_alive(os.getpid()) and not safe_files._process_alive(dead_pid())
+    assert multihead.io._process_alive(os.getpid()) and not multihead.io._process_alive(dead_pid())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.safe_files import write_text_atomic
+from ..io import write_text_atomic
 from .run_dir import run_checkpoint
 
 __all__ = [
@@ -83,7 +83,7 @@ def calibration_windows(model, run_dir: Path | None, tokenizer, data: str | None
 
 def validation(run_dir: Path):
     """(loss function of a model, description) on the run's fixed validation batches."""
-    from ..models.safe_files import read_json_file
+    from ..io import read_json_file
     from ..train.batches import read_tokens, val_batches
     from ..train.config import TrainConfig
     from ..train.loop import VAL_SEED, validation_loss

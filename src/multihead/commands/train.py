@@ -220,7 +220,7 @@ def resume_values(values: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ValueError: an unreadable or invalid ``config.json``.
     """
-    from ..models.safe_files import read_json_file
+    from ..io import read_json_file
     from ..train.config import TrainConfig
 
     out = values.get("out")

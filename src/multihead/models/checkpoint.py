@@ -17,7 +17,7 @@ The safetensors file is the whole checkpoint; its ``__metadata__`` holds::
     config   the GPTConfig as JSON
     sha256   {"config": <hex digest of that JSON text>, "tensors": {name: <hex digest of the tensor's bytes>}}
 
-Saving replaces that one file as a whole (``safe_files.write_atomic``: a
+Saving replaces that one file as a whole (``multihead.io.write_atomic``: a
 staging directory, fsync, ``os.replace``), so config and weights change
 together: a kill -9 at any moment leaves the old checkpoint or the new one,
 never new weights with an old config. The JSON file is written afterwards for
@@ -33,7 +33,7 @@ save to the same path.
 Loading trusts nothing in the files, and checks before allocating anything
 large, in this order:
 
-    header     length, JSON, dtypes, shapes and byte ranges (``safe_files``)
+    header     length, JSON, dtypes, shapes and byte ranges (``multihead.io``)
     config     size (1 MiB), JSON nesting, an object at the top, valid fields, its checksum
     dtypes     every tensor floating point (no integer or bool weights)
     sizes      embeddings and layer count against the config, then every name
@@ -67,8 +67,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .gpt import GPT, GPTConfig, _require_gpt2_layout
-from .safe_files import (
+from ..io import (
     FLOAT_DTYPES,
     SafetensorsHeader,
     parse_json_object,
@@ -79,6 +78,7 @@ from .safe_files import (
     tensor_sha256,
     write_text_atomic,
 )
+from .gpt import GPT, GPTConfig, _require_gpt2_layout
 
 __all__ = [
     "save_checkpoint",

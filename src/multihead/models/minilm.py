@@ -405,7 +405,7 @@ def save_sentence_encoder(model: SentenceEncoder, folder: str | Path) -> Path:
     """
     import dataclasses
 
-    from .safe_files import save_safetensors, write_text_atomic
+    from ..io import save_safetensors, write_text_atomic
 
     if not isinstance(model, SentenceEncoder):
         raise TypeError(f"save_sentence_encoder takes a SentenceEncoder, got {type(model).__name__}")

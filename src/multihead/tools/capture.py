@@ -137,10 +137,10 @@ class AttentionRecord:
         return cls(layers, data.get("query_tokens"), data.get("key_tokens"), data.get("source", ""))
 
     def save_json(self, path: str | os.PathLike, batch: int = 0) -> Path:
-        """Write ``to_dict(batch)`` as JSON with ``models.safe_files.write_text_atomic``:
+        """Write ``to_dict(batch)`` as JSON with ``multihead.io.write_text_atomic``:
         the file is replaced as a whole (a crash never leaves a half-written
         record) and gets the usual permissions."""
-        from ..models.safe_files import write_text_atomic
+        from ..io import write_text_atomic
 
         payload = json.dumps(self.to_dict(batch), allow_nan=False)
         return write_text_atomic(path, payload)

@@ -497,6 +497,6 @@ def _write_atomic(path: str | os.PathLike, payload: bytes) -> Path:
     """Write ``payload`` through the checkpoint writer: a temp file beside
     ``path``, fsynced and renamed into place (mode 0o666 less the umask);
     temp files of killed writers are removed on the next write."""
-    from ..models.safe_files import write_bytes_atomic
+    from ..io import write_bytes_atomic
 
     return write_bytes_atomic(path, payload)

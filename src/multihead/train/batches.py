@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from multihead.models.safe_files import write_atomic
+from multihead.io import write_atomic
 
 __all__ = ["write_tokens", "read_tokens", "Batches", "val_batches"]
 

@@ -14,7 +14,7 @@ Layout inside a run directory::
       latest                {"format": "multihead.train-latest", "step": 400,
                              "directory": "step-000400"}
 
-Every file is written atomically (``multihead.models.safe_files``), and
+Every file is written atomically (``multihead.io``), and
 ``latest`` is replaced only after the step directory is complete, so a kill -9
 at any moment leaves ``latest`` naming a complete checkpoint. After ``latest``
 moves, the two newest checkpoints at or below its step are kept and every other
@@ -48,9 +48,7 @@ from typing import Any
 
 import torch
 
-from ..models.checkpoint import load_checkpoint, save_checkpoint
-from ..models.gpt import GPT
-from ..models.safe_files import (
+from ..io import (
     parse_json_object,
     read_json_file,
     read_safetensors_header,
@@ -59,6 +57,8 @@ from ..models.safe_files import (
     tensor_sha256,
     write_text_atomic,
 )
+from ..models.checkpoint import load_checkpoint, save_checkpoint
+from ..models.gpt import GPT
 from .config import TrainConfig
 
 __all__ = [

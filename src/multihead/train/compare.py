@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
+from ..io import read_json_file, write_text_atomic
 from ..models.gpt import GPT, GPTConfig
-from ..models.safe_files import read_json_file, write_text_atomic
 from .compare_plan import DEFAULT_KINDS, KindPlan, plan_kind
 from .compare_report import summarize_kind, write_reports
 from .config import TrainConfig

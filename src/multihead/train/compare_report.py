@@ -1,6 +1,6 @@
 """The files ``multihead compare`` writes: compare.json, compare.md and compare.png.
 
-Each is written to a temporary name and renamed (``models.safe_files``), so a
+Each is written to a temporary name and renamed (``multihead.io``), so a
 crash leaves the previous file or the new one. The JSON holds everything the
 other two show: per kind its plan (``compare_plan.KindPlan``), the final
 validation loss of every seed, the validation curves, training tokens/s and
@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..models.safe_files import write_bytes_atomic, write_text_atomic
+from ..io import write_bytes_atomic, write_text_atomic
 
 __all__ = ["summarize_kind", "write_reports", "markdown_table"]
 

@@ -64,8 +64,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..io import write_text_atomic
 from ..models.gpt import GPT, GPTConfig
-from ..models.safe_files import write_text_atomic
 from . import checkpoint as ckpt
 from . import shard
 from .batches import Batches, read_tokens, val_batches, write_tokens

@@ -25,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from multihead.models.safe_files import read_json_file, write_text_atomic
+from multihead.io import read_json_file, write_text_atomic
 
 __all__ = [
     "TOKENIZER_KINDS",

@@ -1,4 +1,9 @@
-"""Crash-safe file writes, and a safetensors reader that trusts nothing in the file.
+"""Crash-safe file writes, and JSON and safetensors readers that trust nothing in the file.
+
+The writers save the package's files (checkpoints, configs, run records,
+reports, figures) and the readers open the checkpoints and JSON files it must
+not trust, for every layer alike (models, train, tools, commands). The module
+depends on nothing else in the package, so any of them may import it.
 
 Writing (:func:`write_atomic`, :func:`write_bytes_atomic`,
 :func:`write_text_atomic`, :func:`save_safetensors`)::

@@ -57,8 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from multihead.convert.hf_gpt2 import gpt_to_hf_state_dict
 from multihead.models import GPT, GPTConfig
-from multihead.models.checkpoint import gpt_to_hf_state_dict
 
 from ..registry import register
 

@@ -22,9 +22,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from multihead.commands import prune as prune_command  # noqa: E402
 from multihead.commands import prune_hf  # noqa: E402
+from multihead.convert.hf_gpt2 import gpt_from_hf_state_dict  # noqa: E402
 from multihead.models.bert import BertEncoder  # noqa: E402
 from multihead.models.checkpoint import load_checkpoint  # noqa: E402
-from multihead.models.gpt import GPT, GPTConfig  # noqa: E402
+from multihead.models.gpt import GPTConfig  # noqa: E402
 from multihead.models.minilm import SentenceEncoder, load_sentence_encoder  # noqa: E402
 from multihead.tools.prune import prune_heads  # noqa: E402
 from multihead.train.batches import val_batches  # noqa: E402
@@ -150,7 +151,7 @@ def test_hf_gpt2_is_pruned_on_shakespeare_through_its_tokenizer(hf_gpt2, tmp_pat
 
     before, after = report["val_loss"]
     assert before == pytest.approx(loss(lambda x: hf_model(x).logits), rel=1e-5)
-    want = prune_heads(GPT.from_hf_state_dict(hf_model.state_dict(), GPTConfig.from_hf_config(hf_model.config)),
+    want = prune_heads(gpt_from_hf_state_dict(hf_model.state_dict(), GPTConfig.from_hf_config(hf_model.config)),
                        table(report)).eval()  # fmt: skip
     for name, value in want.state_dict().items():
         torch.testing.assert_close(got.state_dict()[name], value, msg=name)

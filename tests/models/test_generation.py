@@ -16,34 +16,14 @@ from multihead.models.generation import filter_top_k, filter_top_p, generate, sa
 from multihead.models.gpt import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
+from support.hf_gpt2 import hf_model, ours_from  # noqa: E402
 from support.paths import assert_greedy_agrees  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
-
-SMALL_HF = dict(
-    n_layer=2,
-    n_head=4,
-    n_embd=64,
-    vocab_size=97,
-    n_positions=64,
-    resid_pdrop=0.0,
-    embd_pdrop=0.0,
-    attn_pdrop=0.0,
-    bos_token_id=0,
-    eos_token_id=0,
-    pad_token_id=0,
-)
 
 
 @pytest.fixture(scope="module")
 def pair():
-    torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(**SMALL_HF, attn_implementation="eager")).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("bias") or ".ln_" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    ours = GPT.from_hf_state_dict(hf.state_dict(), GPTConfig.from_hf_config(hf.config)).eval()
-    return hf, ours
+    hf = hf_model()
+    return hf, ours_from(hf)
 
 
 def small_model(seed=0, dtype=torch.float32, **overrides) -> GPT:

@@ -1,7 +1,7 @@
 """``multihead prune --hf DIR``: a local Hugging Face folder read into multihead's own models.
 
     DIR/config.json         model_type "bert"  ->  SentenceEncoder (BertEncoder + pooling)
-    DIR/model.safetensors   model_type "gpt2"  ->  GPT (weights via GPT.from_hf_state_dict)
+    DIR/model.safetensors   model_type "gpt2"  ->  GPT (weights via convert.hf_gpt2)
     DIR/tokenizer.json      the text -> ids of calibration and fidelity
 
 Only architectures multihead can load into its own modules are pruned here
@@ -98,11 +98,12 @@ def load_encoder(folder: Path):
 
 def load_gpt2(folder: Path):
     """(GPT in eval mode, tokenizers.Tokenizer) for a GPT-2 folder."""
+    from ..convert.hf_gpt2 import gpt_from_hf_state_dict
     from ..models.bert import load_safetensors
-    from ..models.gpt import GPT, GPTConfig
+    from ..models.gpt import GPTConfig
 
     config = GPTConfig.from_hf_config(json.loads((folder / "config.json").read_text(encoding="utf-8")))
-    model = GPT.from_hf_state_dict(load_safetensors(folder / "model.safetensors"), config).eval()
+    model = gpt_from_hf_state_dict(load_safetensors(folder / "model.safetensors"), config).eval()
     tokenizer = _read_tokenizer(folder / "tokenizer.json")
     tokenizer.no_truncation()
     tokenizer.no_padding()

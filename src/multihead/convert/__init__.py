@@ -7,6 +7,10 @@ names and ``official_config`` its constructor's argument names. The returned
 module's forward takes the official module's inputs and returns what it
 returns, computed by multihead's module for that attention kind. Each kind's
 converter lives in ``multihead.convert.<module>``, imported on first use.
+
+Whole models have their own converters beside them: ``multihead.convert.hf_gpt2``
+maps Hugging Face GPT-2 state dicts to and from a multihead ``GPT``. Models
+never import converters; converters import models.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Save and load a ``GPT`` (config and weights in one safetensors file, never
-pickle), and convert Hugging Face GPT-2 state dicts to and from ours.
+pickle).
 
 Two layouts, chosen by the path::
 
@@ -41,17 +41,8 @@ large, in this order:
     bytes      every tensor against its sha256 (when the file has checksums)
 
 and only then builds the model and copies the tensors in. Each refusal is one
-ValueError naming the file and the problem.
-
-Hugging Face GPT-2 names map onto ours (``GPT.from_hf_state_dict`` /
-``GPT.to_hf_state_dict`` call the functions here)::
-
-    transformer.wte / wpe              token_embedding / position_embedding
-    transformer.h.{i}.ln_1, ln_2       blocks.{i}.ln_1, ln_2
-    transformer.h.{i}.attn.c_attn      blocks.{i}.attn.qkv_proj   (Conv1D (C, 3C) = Linear weight transposed)
-    transformer.h.{i}.attn.c_proj      blocks.{i}.attn.out_proj   (transposed)
-    transformer.h.{i}.mlp.c_fc, c_proj blocks.{i}.mlp.fc, proj    (transposed)
-    transformer.ln_f, lm_head          ln_f, lm_head (tied to the token embedding)
+ValueError naming the file and the problem. Hugging Face GPT-2 weights are
+converted by ``multihead.convert.hf_gpt2``.
 """
 
 from __future__ import annotations
@@ -78,15 +69,14 @@ from ..io import (
     tensor_sha256,
     write_text_atomic,
 )
-from .gpt import GPT, GPTConfig, _require_gpt2_layout
+from .gpt import GPT, GPTConfig
 
 __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "read_config",
     "checkpoint_paths",
-    "gpt_from_hf_state_dict",
-    "gpt_to_hf_state_dict",
+    "check_state_shapes",
 ]
 
 FORMAT = "multihead.gpt"
@@ -267,7 +257,7 @@ def _check_fits(config: GPTConfig, header: SafetensorsHeader) -> torch.dtype:
             expected = GPT(config, device="meta", dtype=dtype)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{source}: a GPT cannot be built from its config: {e}") from None
-    _check_keys_and_shapes(expected, {k: e.shape for k, e in entries.items()}, source)
+    check_state_shapes(expected, {k: e.shape for k, e in entries.items()}, source)
     return dtype
 
 
@@ -327,115 +317,17 @@ def load_checkpoint(
     return model.to(device) if device is not None else model
 
 
-# ------------------------------------------------------------- Hugging Face GPT-2
-def gpt_from_hf_state_dict(
-    state_dict: dict[str, torch.Tensor], config: GPTConfig | None = None, *, cls: type[GPT] = GPT
-) -> GPT:
-    """See :meth:`GPT.from_hf_state_dict` (``cls`` builds the model)."""
-    sd = dict(state_dict)
-    if not any(k.startswith("transformer.") for k in sd):
-        sd = {f"transformer.{k}": v for k, v in sd.items()}
-    for key in ("transformer.wte.weight", "transformer.wpe.weight"):
-        if key not in sd:
-            raise ValueError(f"not a GPT-2 state dict: {key!r} is missing")
-    if config is None:
-        V, C = sd["transformer.wte.weight"].shape
-        layers = {int(k.split(".")[2]) for k in sd if k.startswith("transformer.h.")}
-        if C % 64 != 0:
-            raise ValueError(f"cannot infer num_heads for embed_dim={C} (not a multiple of 64); pass config")
-        config = GPTConfig(
-            vocab_size=V,
-            context_length=sd["transformer.wpe.weight"].shape[0],
-            embed_dim=C,
-            num_layers=max(layers) + 1 if layers else 0,
-            num_heads=C // 64,
-            tie_embeddings="lm_head.weight" not in sd
-            or torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]),
-        )
-    _require_gpt2_layout(config)
-    ours = {}
-    for key, value in sd.items():
-        name = _hf_to_ours(key)
-        if name is None:
-            continue  # causal-mask buffers of older transformers versions
-        if name == "lm_head.weight" and config.tie_embeddings:
-            if not torch.equal(value, sd["transformer.wte.weight"]):
-                raise ValueError(
-                    "lm_head.weight differs from transformer.wte.weight: the checkpoint is untied; "
-                    "pass a config with tie_embeddings=False"
-                )
-            continue
-        transpose = key.endswith(".weight") and any(f".{p}." in key for p in _CONV1D)
-        ours[name] = value.detach().t() if transpose else value.detach()
-    dtype = sd["transformer.wte.weight"].dtype
-    model = cls(config, device="meta", dtype=dtype)
-    _check_keys_and_shapes(model, {k: v.shape for k, v in ours.items()}, "Hugging Face GPT-2 state dict")
-    model.load_state_dict({k: v.contiguous().clone() for k, v in ours.items()}, strict=False, assign=True)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.token_embedding.weight
-    return model
+def check_state_shapes(model: nn.Module, shapes: Mapping[str, Sequence[int]], source: str) -> None:
+    """Refuse weights that are not exactly ``model``'s, by name and shape.
 
+    Args:
+        model: the module they are for (a GPT's tied ``lm_head.weight`` may be absent).
+        shapes: name -> shape of the weights.
+        source: what holds them, for the message.
 
-def gpt_to_hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
-    """See :meth:`GPT.to_hf_state_dict`."""
-    _require_gpt2_layout(model.config)
-    out = {}
-    for name, value in model.state_dict().items():
-        key = _ours_to_hf(name)
-        transpose = key.endswith(".weight") and any(f".{p}." in key for p in _CONV1D)
-        out[key] = (value.t() if transpose else value).detach().contiguous().clone()
-    if "lm_head.weight" not in out:
-        out["lm_head.weight"] = out["transformer.wte.weight"]
-    return out
-
-
-# ------------------------------------------------------------- name mapping
-_CONV1D = ("c_attn", "c_proj", "c_fc")
-_TOP = {
-    "transformer.wte.weight": "token_embedding.weight",
-    "transformer.wpe.weight": "position_embedding.weight",
-    "transformer.ln_f.weight": "ln_f.weight",
-    "transformer.ln_f.bias": "ln_f.bias",
-    "lm_head.weight": "lm_head.weight",
-}
-_BLOCK = {
-    "ln_1": "ln_1",
-    "attn.c_attn": "attn.qkv_proj",
-    "attn.c_proj": "attn.out_proj",
-    "ln_2": "ln_2",
-    "mlp.c_fc": "mlp.fc",
-    "mlp.c_proj": "mlp.proj",
-}
-
-
-def _hf_to_ours(key: str) -> str | None:
-    """HF key -> our key; None for buffers to skip; the HF key itself when unknown
-    (so the key check reports it as unexpected)."""
-    if key in _TOP:
-        return _TOP[key]
-    parts = key.split(".")
-    if len(parts) >= 5 and parts[:2] == ["transformer", "h"]:
-        sub, leaf = ".".join(parts[3:-1]), parts[-1]
-        if sub == "attn" and leaf in ("bias", "masked_bias"):
-            return None
-        if sub in _BLOCK:
-            return f"blocks.{parts[2]}.{_BLOCK[sub]}.{leaf}"
-    return key
-
-
-def _ours_to_hf(name: str) -> str:
-    for hf, ours in _TOP.items():
-        if name == ours:
-            return hf
-    _, i, rest = name.split(".", 2)
-    sub, leaf = rest.rsplit(".", 1)
-    hf_sub = {v: k for k, v in _BLOCK.items()}[sub]
-    return f"transformer.h.{i}.{hf_sub}.{leaf}"
-
-
-def _check_keys_and_shapes(model: nn.Module, shapes: Mapping[str, Sequence[int]], source: str) -> None:
-    """Raise ValueError unless ``shapes`` (name -> shape) names exactly the
-    model's weights (the tied LM head may be absent) with the model's shapes."""
+    Raises:
+        ValueError: missing or unexpected names, or shapes that differ.
+    """
     expected = dict(model.state_dict())
     tied = getattr(model, "config", None) is not None and model.config.tie_embeddings
     if tied:

@@ -8,8 +8,7 @@
 The attention of every block is built by name with ``build_attention`` so the
 same model compares attention kinds (``GPTConfig(attention="gqa",
 num_kv_heads=2)``). With ``attention="mha"`` the weights map one to one onto
-Hugging Face's ``GPT2LMHeadModel`` (``GPT.from_hf_state_dict`` /
-``GPT.to_hf_state_dict``).
+Hugging Face's ``GPT2LMHeadModel`` (``multihead.convert.hf_gpt2``).
 
 Left-padded batches (``attention_mask`` [B, S], 1 = real token, Hugging
 Face's polarity) count positions over real tokens only, as Hugging Face does
@@ -35,7 +34,16 @@ from ..modules.calls import rollback_all_on_error
 from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
 from .head_layout import check_layer_heads, layer_head_options
 
-__all__ = ["GPTConfig", "GPT_PRESETS", "GPT", "Block", "MLP", "block_attention", "positions_from_mask"]
+__all__ = [
+    "GPTConfig",
+    "GPT_PRESETS",
+    "GPT",
+    "Block",
+    "MLP",
+    "block_attention",
+    "positions_from_mask",
+    "require_gpt2_layout",
+]
 
 
 # ---------------------------------------------------------------------- config
@@ -217,7 +225,7 @@ class GPTConfig:
         Raises:
             ValueError: a configuration GPT-2 cannot express.
         """
-        _require_gpt2_layout(self)
+        require_gpt2_layout(self)
         return {
             "vocab_size": self.vocab_size,
             "n_positions": self.context_length,
@@ -252,7 +260,13 @@ GPT_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _require_gpt2_layout(config: GPTConfig) -> None:
+def require_gpt2_layout(config: GPTConfig) -> None:
+    """Refuse a config whose weights Hugging Face GPT-2 cannot hold.
+
+    Raises:
+        ValueError: attention other than "mha" with all heads, qkv_bias=False,
+            or per-layer head counts.
+    """
     if config.attention != "mha" or config.num_kv_heads not in (None, config.num_heads):
         raise ValueError(
             "Hugging Face GPT-2 weights exist only for attention='mha' with num_kv_heads == num_heads; "
@@ -563,46 +577,9 @@ class GPT(nn.Module):
             return_logits=return_logits,
         )
 
-    # ------------------------------------------------------------- HF weights
+    # ------------------------------------------------------------- HF config
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> GPT:
         """A freshly initialised model sized by a Hugging Face GPT2Config
         (object or dict); see :meth:`GPTConfig.from_hf_config`."""
         return cls(GPTConfig.from_hf_config(hf_config))
-
-    @classmethod
-    def from_hf_state_dict(cls, state_dict: dict[str, torch.Tensor], config: GPTConfig | None = None) -> GPT:
-        """Load Hugging Face GPT-2 weights (``GPT2LMHeadModel`` or ``GPT2Model`` names).
-
-        Conv1D weights are stored (in, out), the transpose of ``nn.Linear``;
-        ``c_attn`` columns are [q | k | v], the row order of ``qkv_proj``.
-        The model gets the dtype of ``transformer.wte.weight`` and its own
-        copies of the tensors.
-
-        Args:
-            state_dict: ``transformer.wte.weight``, ``transformer.wpe.weight``,
-                ``transformer.h.{i}.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}.*``,
-                ``transformer.ln_f.*`` and optionally ``lm_head.weight``
-                (the ``transformer.`` prefix may be absent).
-            config: sizes and options; None infers them from the shapes with
-                head_dim 64, as in every released GPT-2.
-
-        Raises:
-            ValueError: attention other than "mha", missing, unexpected or
-                mis-shaped tensors, or an untied ``lm_head.weight`` with
-                ``tie_embeddings=True``.
-        """
-        from .checkpoint import gpt_from_hf_state_dict
-
-        return gpt_from_hf_state_dict(state_dict, config, cls=cls)
-
-    def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """This model's weights under ``GPT2LMHeadModel`` names (detached copies,
-        Conv1D weights transposed to (in, out)).
-
-        Raises:
-            ValueError: attention other than "mha" or qkv_bias=False.
-        """
-        from .checkpoint import gpt_to_hf_state_dict
-
-        return gpt_to_hf_state_dict(self)

@@ -20,9 +20,10 @@ def test_build_each_kind():
     assert mqa.qkv_proj.bias is None
 
 
-def test_unknown_kind_lists_known_ones():
-    with pytest.raises(ValueError, match=r"unknown attention kind 'flash'; known: \[.*'gqa'.*\]"):
+def test_unknown_kind_lists_known_ones_and_says_how_to_register_ones_own():
+    with pytest.raises(ValueError, match=r"unknown attention kind 'flash'; known: \[.*'gqa'.*\]") as err:
         build_attention("flash", embed_dim=8, num_heads=2)
+    assert "--import MODULE" in str(err.value) and "'multihead.attention_kinds'" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -43,17 +44,41 @@ def test_every_kind_is_registered_by_its_decorator_on_import():
 def test_a_new_kind_registers_with_the_decorator_and_a_second_claim_is_refused():
     from multihead.modules import registry
 
-    @registry.register_attention("scaled_mha_for_test")
+    @registry.register_attention("scaled_mha_for_test", MultiHeadAttention)
     def _build(*, embed_dim, num_heads, **options):
         return MultiHeadAttention(embed_dim, num_heads, **options)
 
     try:
         assert "scaled_mha_for_test" in list_attention_kinds()
         assert isinstance(build_attention("scaled_mha_for_test", embed_dim=8, num_heads=2), MultiHeadAttention)
-        assert registry.register_attention("scaled_mha_for_test")(_build) is _build  # the same builder again: fine
+        assert registry.register_attention("scaled_mha_for_test", MultiHeadAttention)(_build) is _build  # the same builder again: fine
         with pytest.raises(ValueError, match="'scaled_mha_for_test' is already registered by"):
-            registry.register_attention("scaled_mha_for_test")(lambda **kw: None)
+            registry.register_attention("scaled_mha_for_test", MultiHeadAttention)(lambda **kw: None)
         with pytest.raises(TypeError, match="non-empty str"):
             registry.register_attention("")
+        assert registry.attention_class("scaled_mha_for_test") is MultiHeadAttention
     finally:
         registry._KINDS.pop("scaled_mha_for_test", None)
+
+
+def test_a_builder_function_without_its_class_is_refused():
+    from multihead.modules import registry
+
+    with pytest.raises(TypeError, match=r"needs the class it builds: @register_attention\('nameless', TheKindClass\)"):
+        registry.register_attention("nameless")(lambda **kw: None)
+    assert "nameless" not in list_attention_kinds()
+
+
+def test_a_class_registers_itself_and_is_built_with_keywords():
+    from multihead.modules import registry
+
+    @registry.register_attention("class_registered_for_test")
+    class Scaled(MultiHeadAttention):
+        pass
+
+    try:
+        m = build_attention("class_registered_for_test", embed_dim=8, num_heads=2, qkv_bias=False)
+        assert type(m) is Scaled and m.qkv_proj.bias is None
+        assert registry.attention_class("class_registered_for_test") is Scaled
+    finally:
+        registry._KINDS.pop("class_registered_for_test", None)

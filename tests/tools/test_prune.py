@@ -11,11 +11,14 @@ from importlib.util import find_spec
 
 import pytest
 import torch
+from support.kinds import OPTIONS
 from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
+from multihead import list_attention_kinds
 from multihead.models.bert import BertConfig, BertEncoder
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
+from multihead.modules.registry import attention_class
 from multihead.tools.heads import mask_heads
 from multihead.tools.prune import prune_closed_heads, prune_heads
 
@@ -261,30 +264,40 @@ def test_gqa_groups_of_different_sizes_are_refused():
     model = gpt(attention="gqa", num_kv_heads=3)
     with pytest.raises(
         ValueError,
-        match=r"layer 0: query head h reads key/value head h // 2; removing heads \[0\] "
-        r"leaves its key/value groups with different numbers of query heads \{0: 1, 1: 2, 2: 2\}",
+        match=r"layer 0: removing heads \[0\]: query head h reads key/value head h // 2; keeping heads "
+        r"\[1, 2, 3, 4, 5\] leaves the key/value groups with different numbers of query heads \{0: 1, 1: 2, 2: 2\}",
     ):
         prune_heads(model, {0: [0]})
     assert model.config.layer_heads is None and model.blocks[0].attn.num_heads == 6
 
 
-@pytest.mark.parametrize(
-    ("kind", "options"),
-    [
-        ("moh", {"shared_heads": 2, "routed_heads": 1}),
-        ("dcmha", {"chunk_size": 2}),
-        ("talking_heads", {"chunk_size": 2}),
-        ("overlapping", {"overlap": 1}),
-        ("collaborative", {"shared_dim": 12}),
-    ],
-)
-def test_kinds_whose_heads_mix_are_refused(kind, options):
+@pytest.mark.parametrize("kind", [k for k in list_attention_kinds() if not attention_class(k).independent_heads])
+def test_kinds_whose_heads_mix_are_refused_with_their_reason(kind):
     model = GPT(GPTConfig(vocab_size=V, context_length=8, embed_dim=16, num_layers=1, num_heads=4,
-                          attention=kind, attention_options=options))  # fmt: skip
-    with pytest.raises(
-        ValueError, match=rf"attention kind '{kind}' mixes its heads .*\['mha', 'gqa', 'mqa', 'gated'\]"
-    ):
+                          attention=kind, attention_options=OPTIONS[kind]))  # fmt: skip
+    with pytest.raises(ValueError, match=rf"attention kind '{kind}' cannot lose one head alone: ") as err:
         prune_heads(model, {0: [1]})
+    assert attention_class(kind).head_independence in str(err.value)
+
+
+def test_collaborative_heads_prune_when_the_config_keeps_their_scale():
+    """Collaborative heads are independent, but the default score scale 1/sqrt(D̃/H) follows H."""
+    config = dict(vocab_size=V, context_length=8, embed_dim=16, num_layers=2, num_heads=4, attention="collaborative")
+    torch.manual_seed(0)
+    default = GPT(GPTConfig(**config, attention_options={"shared_dim": 12})).eval()
+    with pytest.raises(ValueError, match=r"layer 0: its pruned CollaborativeAttention \(scale=0.57.*scale=0.40"):
+        prune_heads(default, {0: [1, 2]})
+    assert default.config.layer_heads is None  # nothing changed
+    model = GPT(GPTConfig(**config, attention_options={"shared_dim": 12, "scale": 0.5})).eval()
+    idx = torch.randint(0, V, (2, 8), generator=torch.Generator().manual_seed(1))
+    with mask_heads(model, {0: [1, 2], 1: [0]}):
+        want = model(idx)
+    prune_heads(model, {0: [1, 2], 1: [0]})
+    assert model.config.layer_heads == [2, 3]
+    torch.testing.assert_close(model(idx), want)
+    again = GPT(model.config).eval()
+    again.load_state_dict(model.state_dict())
+    torch.testing.assert_close(again(idx), want)
 
 
 def test_other_models_are_refused():
@@ -309,7 +322,7 @@ def test_config_per_layer_counts_round_trip_and_validate():
         ({"layer_heads": [6, 5], "layer_kv_heads": [6, 5]}, ValueError, r"needs num_kv_heads \(got None\)"),
         ({"attention": "gqa", "num_kv_heads": 3, "layer_heads": [6, 4]}, ValueError,
          r"must divide its query head count; \(layer_heads, key/value heads\) of layers \{1: \(4, 3\)\}"),
-        ({"attention": "moh", "layer_heads": [6, 5]}, ValueError, r"independent heads .* got attention='moh'"),
+        ({"attention": "moh", "layer_heads": [6, 5]}, ValueError, r"independent heads; attention='moh' has none: the router couples"),
     ]  # fmt: skip
     for fields, error, match in bad:
         with pytest.raises(error, match=match):

@@ -133,15 +133,13 @@ def _gates(method: str, family: str, penalties, steps):
 
 def _target(model):
     """The GPT or BertEncoder whose heads are pruned, refused where heads mix."""
-    from ..models.head_layout import PER_LAYER_HEAD_KINDS
+    from ..modules.registry import attention_class
 
     inner = getattr(model, "encoder", model)
     kind = inner.config.attention
-    if kind not in PER_LAYER_HEAD_KINDS:
-        raise ValueError(
-            f"attention kind {kind!r} mixes its heads with each other, so one head cannot be removed alone; "
-            f"prune takes {', '.join(PER_LAYER_HEAD_KINDS)} layers"
-        )
+    cls = attention_class(kind)
+    if not cls.independent_heads:
+        raise ValueError(f"attention kind {kind!r} cannot lose one head alone: {cls.head_independence}")
     return inner
 
 

@@ -10,7 +10,8 @@ each layer's counts, and D stays that of the unpruned H::
 
 ``layer_heads=None`` (the default) is the uniform layout; such configs
 serialise exactly as before the fields existed. Only kinds whose heads are
-independent of each other (``PER_LAYER_HEAD_KINDS``) take per-layer counts.
+independent of each other (``independent_heads`` on the kind's class) take
+per-layer counts.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._checks import positive_int
+from ..modules.registry import attention_class
 
-__all__ = ["PER_LAYER_HEAD_KINDS", "check_layer_heads", "layer_head_options"]
-
-PER_LAYER_HEAD_KINDS = ("mha", "gqa", "mqa", "gated")
+__all__ = ["check_layer_heads", "layer_head_options"]
 
 
 def _counts(name: str, values: object, num_layers: int) -> list[int]:
@@ -46,7 +46,7 @@ def check_layer_heads(
     Rules: ``layer_heads[i]`` in [1, num_heads]; ``layer_kv_heads`` only
     together with ``layer_heads`` and ``num_kv_heads``, each in
     [1, num_kv_heads]; a layer's key/value count (its own, else
-    ``num_kv_heads``) divides its query count; only ``PER_LAYER_HEAD_KINDS``.
+    ``num_kv_heads``) divides its query count; only kinds with ``independent_heads``.
 
     Raises:
         TypeError: not a list of ints.
@@ -58,10 +58,11 @@ def check_layer_heads(
         if layer_kv_heads is not None:
             raise ValueError(f"layer_kv_heads={layer_kv_heads!r} needs layer_heads (got None)")
         return None, None
-    if attention not in PER_LAYER_HEAD_KINDS:
+    cls = attention_class(attention)
+    if not cls.independent_heads:
         raise ValueError(
-            f"per-layer head counts (layer_heads) need an attention kind with independent heads "
-            f"{list(PER_LAYER_HEAD_KINDS)}, got attention={attention!r}"
+            f"per-layer head counts (layer_heads) need an attention kind with independent heads; "
+            f"attention={attention!r} has none: {cls.head_independence}"
         )
     heads = _counts("layer_heads", layer_heads, num_layers)
     too_many = {i: h for i, h in enumerate(heads) if h > num_heads}

@@ -49,6 +49,7 @@ from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
 from ..functional.masks import check_alignment
 from .calls import check_cache_use, check_call, default_alignment, key_padding, rollback_on_error
+from .head_selection import check_head_selection
 from .kv_cache import KVCache
 from .norms import QKNorm
 from .observe import AttentionEvent, Observer
@@ -101,6 +102,21 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         forward_options: names of extra keyword arguments of ``forward``
             that go to its ``core`` (e.g. MoH's ``path``).
 
+    Capabilities a kind declares (the kind contract test checks them for
+    every registered kind; no other file keeps a list of kinds):
+        independent_heads: True when a head can be removed, or placed on
+            another device, on its own (a key/value head only with its whole
+            group): the layer's output is a sum over heads of
+            ``out_proj`` columns times that head's context, and nothing else
+            couples them. Such a kind implements ``subset_heads``, which
+            ``select_heads`` calls.
+        head_independence: one sentence saying why heads are, or are not,
+            independent (the reason ``select_heads`` gives when refusing).
+        comparison_skip: None, or the reason the kind stays out of
+            ``multihead compare``'s default list.
+        comparison_options(kind, num_heads): classmethod, the options a
+            comparison builds the registered name ``kind`` with.
+
     Attributes:
         rope: a ``Rotary`` or None; qk_norm: a ``QKNorm`` or None.
         scale: the score multiplier (None: 1/sqrt of the query width, the
@@ -119,6 +135,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
     kind = "attention"
     backends: tuple[str, ...] | None = None
     forward_options: tuple[str, ...] = ()
+    independent_heads: bool = False
+    head_independence: str = ""
+    comparison_skip: str | None = None
 
     def __init__(
         self,
@@ -159,6 +178,47 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         if not isinstance(qk_norm, bool):
             raise TypeError(f"qk_norm must be a bool, got qk_norm={qk_norm!r}")
         self.qk_norm = QKNorm(dim, device=device, dtype=dtype) if qk_norm else None
+
+    # ------------------------------------------------------------------ capabilities
+    @classmethod
+    def comparison_options(cls, kind: str, num_heads: int) -> dict:
+        """The options ``multihead compare`` builds the registered name ``kind``
+        with at ``num_heads`` heads (default: none, the kind's defaults)."""
+        return {}
+
+    def select_heads(self, heads, kv_heads=None) -> AttentionLayer:
+        """A new layer of the same kind holding only the query heads ``heads``.
+
+        Kept heads keep their order and are renumbered 0 .. H'-1; key/value
+        heads go with their groups (``head_selection`` draws the rule);
+        ``out_proj``'s input columns follow the heads, its bias stays.
+        Per-head parameters of the kind travel with their heads. On any
+        input the new layer's output equals this layer's with the other
+        heads masked (``tools.heads.mask_heads``), up to float rounding. The
+        new layer has this one's dtype, device, requires_grad flags and
+        training mode, and no observers or hooks.
+
+        Args:
+            heads: query heads to keep (at least one, each once).
+            kv_heads: key/value heads to keep, or None for the groups the
+                kept query heads read (given, it must be exactly those).
+
+        Raises:
+            ValueError: a kind whose heads are not independent (the message
+                says why), an index out of range or repeated, or GQA groups
+                that would keep different numbers of query heads.
+            TypeError: indices that are not ints.
+        """
+        if not self.independent_heads:
+            raise ValueError(f"{self.kind!r} attention cannot keep a subset of its heads: {self.head_independence}")
+        keep_q, keep_kv = check_head_selection(heads, kv_heads, self.num_heads, self.num_kv_heads)
+        return self.subset_heads(keep_q, keep_kv)
+
+    def subset_heads(self, heads: list[int], kv_heads: list[int]) -> AttentionLayer:
+        """[kind with independent heads] the layer of ``select_heads`` for checked,
+        ascending ``heads`` and ``kv_heads`` (``head_selection.load_selected``
+        fills a copy built on the meta device)."""
+        raise NotImplementedError(f"{type(self).__name__} declares independent_heads but has no subset_heads")
 
     # ------------------------------------------------------------------ observers
     @property

@@ -36,31 +36,67 @@ module, and that is the only way a name enters the registry: importing
 ``multihead`` imports every kind's module (``multihead.modules``), so every
 kind is registered before anything can be built. An unknown name raises
 ValueError listing the known ones; a name registered twice is refused.
+
+The decorator goes on the kind's class (built as ``cls(embed_dim=...,
+num_heads=..., **options)``) or on a builder function together with the
+class it builds (``@register_attention("gqa", MultiHeadAttention)``), so
+:func:`attention_class` answers what a kind can do (``independent_heads``,
+``comparison_options``, ...) without building one.
+
+Kinds from outside the package: a distribution that declares an entry point
+in the group ``multihead.attention_kinds`` (any name, pointing at a module)
+has that module imported when ``multihead`` is imported
+(:func:`load_entry_point_kinds`); the module registers its kinds as above.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
 
 import torch
 from torch import nn
 
-__all__ = ["build_attention", "register_attention", "list_attention_kinds", "total_aux_loss"]
+__all__ = [
+    "build_attention",
+    "register_attention",
+    "list_attention_kinds",
+    "attention_class",
+    "check_kind",
+    "load_entry_point_kinds",
+    "total_aux_loss",
+    "ENTRY_POINT_GROUP",
+]
+
+ENTRY_POINT_GROUP = "multihead.attention_kinds"
 
 Builder = Callable[..., nn.Module]
-_KINDS: dict[str, Builder] = {}
+_KINDS: dict[str, tuple[Builder, type]] = {}
 
 
-def register_attention(name: str) -> Callable[[Builder], Builder]:
-    """Decorator: register ``builder(*, embed_dim, num_heads, **options)``."""
+def register_attention(name: str, cls: type | None = None) -> Callable[[Builder], Builder]:
+    """Decorator: register a kind's class, or ``builder(*, embed_dim, num_heads, **options)``
+    together with the class ``cls`` it builds.
+
+    Raises:
+        TypeError: an empty or non-str name, or a builder function without ``cls``.
+        ValueError: ``name`` already registered by another builder.
+    """
 
     if not isinstance(name, str) or not name:
         raise TypeError(f"an attention kind's name must be a non-empty str, got {name!r}")
 
     def deco(builder: Builder) -> Builder:
-        if name in _KINDS and _KINDS[name] is not builder:
-            raise ValueError(f"attention kind {name!r} is already registered by {_KINDS[name].__qualname__}")
-        _KINDS[name] = builder
+        kind_class = builder if isinstance(builder, type) else cls
+        if not isinstance(kind_class, type):
+            raise TypeError(
+                f"register_attention({name!r}) on the function {builder.__qualname__} needs the class it builds: "
+                f"@register_attention({name!r}, TheKindClass)"
+            )
+        if name in _KINDS and _KINDS[name][0] is not builder:
+            raise ValueError(f"attention kind {name!r} is already registered by {_KINDS[name][0].__qualname__}")
+        _KINDS[name] = (builder, kind_class)
         return builder
 
     return deco
@@ -71,6 +107,31 @@ def list_attention_kinds() -> list[str]:
     return sorted(_KINDS)
 
 
+def check_kind(name: object) -> str:
+    """``name`` if it is a registered kind.
+
+    Raises:
+        ValueError: an unknown name; the message lists the known ones and
+            says how a kind from the user's own package is registered.
+    """
+    if not isinstance(name, str) or name not in _KINDS:
+        raise ValueError(
+            f"unknown attention kind {name!r}; known: {list_attention_kinds()}. A kind defined in your own "
+            "module is registered when that module is imported: import it first (on the command line "
+            f"--import MODULE), or declare it as an entry point in the group {ENTRY_POINT_GROUP!r}"
+        )
+    return name
+
+
+def attention_class(name: str) -> type:
+    """The class a registered kind builds (its capabilities are attributes of it).
+
+    Raises:
+        ValueError: an unknown name (see :func:`check_kind`).
+    """
+    return _KINDS[check_kind(name)][1]
+
+
 def build_attention(name: str, *, embed_dim: int, num_heads: int, **options) -> nn.Module:
     """Build the attention kind ``name``.
 
@@ -78,9 +139,30 @@ def build_attention(name: str, *, embed_dim: int, num_heads: int, **options) -> 
         ValueError: unknown name (the message lists the known ones) or
             options the kind rejects.
     """
-    if name not in _KINDS:
-        raise ValueError(f"unknown attention kind {name!r}; known: {list_attention_kinds()}")
-    return _KINDS[name](embed_dim=embed_dim, num_heads=num_heads, **options)
+    return _KINDS[check_kind(name)][0](embed_dim=embed_dim, num_heads=num_heads, **options)
+
+
+def load_entry_point_kinds() -> list[str]:
+    """Import every module declared in the entry-point group ``multihead.attention_kinds``.
+
+    Returns:
+        the entry points' names, in the order loaded. One that fails to
+        import is skipped with a warning naming it and the error (a broken
+        plug-in never stops ``import multihead``); its kinds stay unknown.
+    """
+    loaded = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:  # a third-party module: report, do not fail multihead's import
+            warnings.warn(
+                f"multihead: the attention-kind entry point {ep.name!r} ({ep.value}) failed to import: "
+                f"{type(exc).__name__}: {exc}",
+                stacklevel=2,
+            )
+            continue
+        loaded.append(ep.name)
+    return loaded
 
 
 def total_aux_loss(modules: Iterable[nn.Module], like: torch.Tensor) -> torch.Tensor:

@@ -3,8 +3,10 @@
     prune_heads(model, {0: [1, 3], 2: [0]})   # in place, like Hugging Face's
     prune_closed_heads(model)                 # "gated" models: heads whose gate is 0
 
-A removed query head takes with it its rows of the query projection (and
-bias) and its input columns of ``out_proj``; the model then computes what
+Each pruned layer is the layer's own ``select_heads`` of the heads it
+keeps (``AttentionLayer.select_heads``): a removed query head takes with it
+its rows of the query projection (and bias), its input columns of
+``out_proj`` and its per-head parameters; the model then computes what
 it computed with those heads masked (``tools.heads.mask_heads``: their
 contexts zeroed), up to float rounding. The other heads keep their order
 and are renumbered 0 .. H'-1; ``out_proj``'s bias stays.
@@ -23,8 +25,8 @@ naming each group's count::
 Choices, and how they differ from Hugging Face's ``prune_heads``:
 
 * In place: the model object is changed and returned. Each pruned layer is
-  a new attention module (built from the updated config as
-  ``load_checkpoint`` would build it, then given the kept weights), and
+  a new attention module (checked against the layer the updated config
+  builds, as ``load_checkpoint`` would build it), and
   ``model.config`` is a new config object listing per-layer head counts
   (``layer_heads``, ``layer_kv_heads``; head_dim stays that of the unpruned
   model). Hooks or observers registered on a pruned layer, KV caches made
@@ -41,11 +43,11 @@ Choices, and how they differ from Hugging Face's ``prune_heads``:
 * Duplicate head indices are an error, not ignored.
 
 Models: ``GPT``, ``BertEncoder``, a ``SentenceEncoder`` (its encoder is
-pruned) and the encoder-decoder ``Transformer``, with attention kinds "mha",
-"gqa", "mqa" and "gated" (whose gate parameters ``log_alpha`` are pruned
-with their heads). Kinds whose heads mix with each other ("moh", "dcmha",
-"talking_heads", "overlapping", "collaborative") cannot lose one head alone
-and are refused. A Transformer's layers are numbered as
+pruned) and the encoder-decoder ``Transformer``, with every attention
+kind that declares ``independent_heads`` (docs/variants.md lists them; the
+gated kind's ``log_alpha`` goes with its heads). Kinds whose heads mix with
+each other cannot lose one head alone and are refused with the reason the
+kind gives (``head_independence``). A Transformer's layers are numbered as
 ``attention_layers`` numbers them, encoder first, then each decoder layer's
 self- and cross-attention (``tools.prune_targets`` draws the map)::
 
@@ -62,11 +64,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch
 from torch import nn
 
+from ..modules.base import AttentionLayer
+from ..modules.head_selection import check_head_selection
 from ..modules.kinds.gated import GatedHeadAttention
-from ..modules.kinds.mha import MultiHeadAttention
 from .heads import check_index
 from .prune_targets import PruneTarget, prune_target
 
@@ -74,7 +76,7 @@ __all__ = ["prune_heads", "prune_closed_heads"]
 
 
 # ------------------------------------------------------------------ checks and plans
-def _check_table(heads_to_prune: object, layers: list[MultiHeadAttention]) -> dict[int, list[int]]:
+def _check_table(heads_to_prune: object, layers: list[AttentionLayer]) -> dict[int, list[int]]:
     """{layer: sorted heads} from the user's table; every index checked, duplicates refused."""
     if not isinstance(heads_to_prune, Mapping):
         raise TypeError(
@@ -94,69 +96,35 @@ def _check_table(heads_to_prune: object, layers: list[MultiHeadAttention]) -> di
     return table
 
 
-def _plan(i: int, layer: MultiHeadAttention, removed: list[int]) -> tuple[list[int], list[int]]:
-    """(kept query heads, kept key/value heads) of layer i, or a ValueError."""
-    H, G = layer.num_heads, layer.num_kv_heads
+def _plan(i: int, layer: AttentionLayer, removed: list[int]) -> tuple[list[int], list[int]]:
+    """(kept query heads, kept key/value heads) of layer i, or a ValueError naming the layer."""
+    H = layer.num_heads
     if len(removed) == H:
         raise ValueError(
             f"layer {i} would keep no heads (removing all of its {H}: {removed}); a layer keeps at least one head"
         )
-    r = H // G  # query heads per key/value head
-    keep_q = [h for h in range(H) if h not in set(removed)]
-    per_group = {g: sum(1 for h in keep_q if h // r == g) for g in range(G)}
-    keep_kv = [g for g, n in per_group.items() if n > 0]
-    sizes = {per_group[g] for g in keep_kv}
-    if len(sizes) > 1:
+    keep = [h for h in range(H) if h not in set(removed)]
+    try:
+        return check_head_selection(keep, None, H, layer.num_kv_heads)
+    except ValueError as err:
+        raise ValueError(f"layer {i}: removing heads {removed}: {err}") from None
+
+
+def _selected(target: PruneTarget, config, i: int, old: AttentionLayer, keep_q, keep_kv) -> AttentionLayer:
+    """``old.select_heads``, checked against the layer ``config`` builds (what loading the model would build)."""
+    new = old.select_heads(keep_q, keep_kv)
+    built = target.build(config, i, old.out_proj.weight.dtype)
+    shapes = {k: tuple(v.shape) for k, v in new.state_dict().items()}
+    if type(built) is not type(new) or built.scale != new.scale or shapes != {
+        k: tuple(v.shape) for k, v in built.state_dict().items()
+    }:
         raise ValueError(
-            f"layer {i}: query head h reads key/value head h // {r}; removing heads {removed} leaves its key/value "
-            f"groups with different numbers of query heads {per_group} (group: kept heads). Remove the same number "
-            "of query heads from every group, or whole groups"
+            f"layer {i}: its pruned {type(new).__name__} (scale={new.scale}, weights {shapes}) differs from the "
+            f"{type(built).__name__} (scale={built.scale}) that the model's config builds with these head counts, "
+            "so the pruned model could not be saved and loaded; set the options that depend on the head count "
+            "(such as scale) in the config's attention_options"
         )
-    return keep_q, keep_kv
-
-
-# ------------------------------------------------------------------ weights
-def _rows(heads: list[int], D: int, offset: int, device: torch.device) -> torch.Tensor:
-    """Row indices of the given heads in a projection whose rows are head-major blocks of D."""
-    idx = torch.tensor(heads, dtype=torch.long, device=device)
-    return (offset + idx[:, None] * D + torch.arange(D, device=device)).reshape(-1)  # (n, D) -> (n*D,)
-
-
-def _pruned_state(layer: MultiHeadAttention, keep_q: list[int], keep_kv: list[int]) -> dict[str, torch.Tensor]:
-    """``layer.state_dict()`` with only the kept heads' rows, columns and gates."""
-    H, G, D = layer.num_heads, layer.num_kv_heads, layer.head_dim
-    device = layer.out_proj.weight.device
-    q_rows, kv_rows = _rows(keep_q, D, 0, device), _rows(keep_kv, D, 0, device)
-    if layer.fused:  # qkv_proj rows: [q heads (H*D) | k heads (G*D) | v heads (G*D)]
-        rows = {"qkv_proj": torch.cat([q_rows, H * D + kv_rows, (H + G) * D + kv_rows])}
-    else:
-        rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}
-    state = dict(layer.state_dict())
-    for name, idx in rows.items():
-        for suffix in ("weight", "bias"):
-            if f"{name}.{suffix}" in state:
-                state[f"{name}.{suffix}"] = state[f"{name}.{suffix}"][idx]
-    state["out_proj.weight"] = state["out_proj.weight"][:, q_rows]  # (C, H*D) -> (C, H'*D)
-    if "log_alpha" in state:  # gated: one gate per query head
-        state["log_alpha"] = state["log_alpha"][torch.tensor(keep_q, dtype=torch.long, device=device)]
-    return state
-
-
-@torch.no_grad()
-def _rebuilt(target: PruneTarget, config, i: int, old: MultiHeadAttention, keep_q, keep_kv) -> nn.Module:
-    ref = old.out_proj.weight
-    new = target.build(config, i, ref.dtype)
-    if type(new) is not type(old) or new.head_dim != old.head_dim:
-        raise ValueError(
-            f"layer {i} is a {type(old).__name__} with head_dim={old.head_dim}, but the model's config builds a "
-            f"{type(new).__name__} with head_dim={new.head_dim}; prune_heads needs layers as the config describes"
-        )
-    new = new.to_empty(device=ref.device)
-    new.load_state_dict(_pruned_state(old, keep_q, keep_kv), strict=True)
-    grads = {name: p.requires_grad for name, p in old.named_parameters()}
-    for name, p in new.named_parameters():
-        p.requires_grad_(grads[name])
-    return new.train(old.training)
+    return new
 
 
 # ------------------------------------------------------------------ public
@@ -165,8 +133,8 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, list[int]]) -> nn
 
     Args:
         model: a ``GPT``, ``BertEncoder``, ``SentenceEncoder`` or
-            encoder-decoder ``Transformer`` whose attention kind is "mha",
-            "gqa", "mqa" or "gated".
+            encoder-decoder ``Transformer`` whose attention kind declares
+            ``independent_heads``.
         heads_to_prune: ``{layer_index: [head, ...]}``; layers numbered as
             ``tools.heads.attention_layers`` numbers them, heads as the
             layer numbers them now (0 .. H-1). An empty list changes nothing.
@@ -199,7 +167,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, list[int]]) -> nn
     heads = [len(plans[i][0]) if i in plans else layer.num_heads for i, layer in enumerate(layers)]
     kv = [len(plans[i][1]) if i in plans else layer.num_kv_heads for i, layer in enumerate(layers)]
     config = target.with_counts(heads, kv)
-    rebuilt = {i: _rebuilt(target, config, i, layers[i], *plan) for i, plan in plans.items()}
+    rebuilt = {i: _selected(target, config, i, layers[i], *plan) for i, plan in plans.items()}
     for i, attention in rebuilt.items():
         target.set_layer(i, attention)
     target.model.config = config

@@ -32,10 +32,10 @@ from torch import nn
 
 from ..models.bert import BertEncoder, layer_attention
 from ..models.gpt import GPT, block_attention
-from ..models.head_layout import PER_LAYER_HEAD_KINDS
 from ..models.minilm import SentenceEncoder
 from ..models.transformer import ATTENTION_ROLES, Transformer, transformer_attention
 from ..modules.base import AttentionLayer
+from ..modules.registry import attention_class
 
 __all__ = ["PruneTarget", "prune_target"]
 
@@ -107,7 +107,8 @@ def prune_target(model: nn.Module) -> PruneTarget:
 
     Raises:
         TypeError: another kind of model.
-        ValueError: an attention kind whose heads cannot be removed one by one.
+        ValueError: an attention kind whose heads cannot be removed one by one
+            (the message gives the kind's reason).
     """
     if isinstance(model, SentenceEncoder):
         model = model.encoder
@@ -116,11 +117,9 @@ def prune_target(model: nn.Module) -> PruneTarget:
             f"prune_heads takes a GPT, BertEncoder, SentenceEncoder or Transformer, got {type(model).__name__}"
         )
     kind = model.config.attention
-    if kind not in PER_LAYER_HEAD_KINDS:
-        raise ValueError(
-            f"attention kind {kind!r} mixes its heads with each other, so one head cannot be removed alone; "
-            f"prune_heads removes heads of {list(PER_LAYER_HEAD_KINDS)} layers"
-        )
+    cls = attention_class(kind)
+    if not cls.independent_heads:
+        raise ValueError(f"attention kind {kind!r} cannot lose one head alone: {cls.head_independence}")
     if isinstance(model, Transformer):
         return _encoder_decoder(model)
     return _uniform_model(model)

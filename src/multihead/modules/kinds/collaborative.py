@@ -52,6 +52,7 @@ from torch import nn
 from ..._checks import positive_int
 from ..base import AttentionLayer
 from ..cost import AttentionCost, visible_pairs
+from ..head_selection import head_rows, load_selected
 from ..kv_cache import KVCache
 from ..registry import register_attention
 from .collaborative_compress import Compression, compress, from_mha
@@ -121,6 +122,11 @@ class CollaborativeAttention(AttentionLayer):
     """
 
     kind = "collaborative"
+    independent_heads = True
+    head_independence = (
+        "heads share the query/key projections but each scores with its own mixing row and content-bias row, "
+        "reads its own value rows and reaches the output only through its own columns of out_proj"
+    )
 
     def __init__(
         self,
@@ -155,6 +161,9 @@ class CollaborativeAttention(AttentionLayer):
             raise ValueError(f"mixing_init must be one of {_MIXING_INITS}, got mixing_init={mixing_init!r}")
         factory = {"device": device, "dtype": dtype}
         Dt = self.shared_dim
+        self.init_options = {"shared_dim": Dt, "kdim": self.kdim, "vdim": self.vdim, "qkv_bias": qkv_bias,
+                             "out_bias": out_bias, "out_dim": self.out_dim, "dropout": dropout, "scale": self.scale,
+                             "rope": rope, "qk_norm": qk_norm}  # fmt: skip
         self.q_proj = nn.Linear(embed_dim, Dt, bias=False, **factory)
         self.k_proj = nn.Linear(self.kdim, Dt, bias=False, **factory)
         self.content_bias = nn.Linear(self.kdim, H, bias=False, **factory)
@@ -289,6 +298,22 @@ class CollaborativeAttention(AttentionLayer):
         params = sum(p.numel() for p in self.parameters())
         return AttentionCost(core, proj, params, (Dt + H + H * Dv) * bytes_per_element)
 
+    # ------------------------------------------------------------------ heads
+    def subset_heads(self, heads: list[int], kv_heads: list[int]) -> CollaborativeAttention:
+        """The kept heads' rows of ``mixing``, ``content_bias`` and ``v_proj``, their
+        columns of ``out_proj``; the shared projections and the score scale stay."""
+        device = self.out_proj.weight.device
+        idx, v_rows = torch.tensor(heads, dtype=torch.long, device=device), head_rows(heads, self.head_dim, device)
+        state = dict(self.state_dict())
+        for name, rows in (("mixing", idx), ("content_bias.weight", idx), ("v_proj.weight", v_rows),
+                           ("v_proj.bias", v_rows)):  # fmt: skip
+            if name in state:
+                state[name] = state[name][rows]
+        state["out_proj.weight"] = state["out_proj.weight"][:, v_rows]  # (out, H*Dv) -> (out, H'*Dv)
+        new = type(self)(self.embed_dim, len(heads), head_dim=self.head_dim, device="meta",
+                         dtype=self.out_proj.weight.dtype, **self.init_options)  # fmt: skip
+        return load_selected(new, state, self)
+
     # ------------------------------------------------------------------ conversion
     def head_products(self) -> torch.Tensor:
         """The per-head bilinear forms [H, C, kdim]: A_h = W_Qᵀ diag(m_h) W_K,
@@ -314,7 +339,7 @@ class CollaborativeAttention(AttentionLayer):
         return f"{super().extra_repr()}, shared_dim={self.shared_dim}{out}"
 
 
-@register_attention("collaborative")
+@register_attention("collaborative", CollaborativeAttention)
 def _collaborative(
     *, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options
 ) -> CollaborativeAttention:

@@ -153,6 +153,10 @@ class DCMHA(AttentionLayer):
 
     kind = "dcmha"
     backends = ("auto", "math")  # composition needs the scores themselves: no fused kernel
+    head_independence = (
+        "the composition mixes heads: every head's scores and weights are combined with every other head's "
+        "(H x H transforms before and after the softmax), so each head's output depends on all heads"
+    )
 
     # ------------------------------------------------------------------ pieces
     def project(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None):
@@ -300,13 +304,13 @@ def _no_kv_heads(name: str, num_heads: int, options: dict) -> None:
         raise ValueError(f"{name!r} needs num_kv_heads == num_heads={num_heads}; got num_kv_heads={G}")
 
 
-@register_attention("dcmha")
+@register_attention("dcmha", DCMHA)
 def _dcmha(*, embed_dim: int, num_heads: int, **options) -> DCMHA:
     _no_kv_heads("dcmha", num_heads, options)
     return DCMHA(embed_dim, num_heads, **options)
 
 
-@register_attention("talking_heads")
+@register_attention("talking_heads", TalkingHeadsAttention)
 def _talking_heads(*, embed_dim: int, num_heads: int, **options) -> TalkingHeadsAttention:
     _no_kv_heads("talking_heads", num_heads, options)
     return TalkingHeadsAttention(embed_dim, num_heads, **options)

@@ -104,6 +104,10 @@ class GatedHeadAttention(MultiHeadAttention):
     """
 
     kind = "gated"
+    head_independence = (
+        "as multi-head attention: each head reaches the output only through its own columns of out_proj, "
+        "and its gate log_alpha goes with it"
+    )
 
     def __init__(
         self,
@@ -150,6 +154,7 @@ class GatedHeadAttention(MultiHeadAttention):
         ):
             raise ValueError(f"l0_coef must be a finite float >= 0, got l0_coef={l0_coef!r}")
         self.l0_coef = float(l0_coef)
+        self.init_options.update(temperature=self.temperature, stretch=self.stretch, eps=self.eps, l0_coef=self.l0_coef)
         self.log_alpha = nn.Parameter(torch.empty(self.num_heads, device=device, dtype=dtype))
         self._aux_loss: torch.Tensor | None = None
         self.last_gates: torch.Tensor | None = None
@@ -189,6 +194,12 @@ class GatedHeadAttention(MultiHeadAttention):
     def gate_values(self) -> torch.Tensor:
         """Deterministic (eval-mode) gate values [H], detached."""
         return self.eval_gates().detach()
+
+    def head_state(self, heads: list[int], kv_heads: list[int]) -> dict[str, torch.Tensor]:
+        """As ``MultiHeadAttention.head_state``, with the kept heads' gates ``log_alpha``."""
+        state = super().head_state(heads, kv_heads)
+        state["log_alpha"] = state["log_alpha"][torch.tensor(heads, dtype=torch.long, device=self.log_alpha.device)]
+        return state
 
     def closed_heads(self) -> list[int]:
         """Heads whose eval gate is exactly 0: they contribute nothing and can be removed."""
@@ -363,7 +374,7 @@ _OPTIONS = frozenset(
 )
 
 
-@register_attention("gated")
+@register_attention("gated", GatedHeadAttention)
 def _gated(*, embed_dim: int, num_heads: int, **options) -> GatedHeadAttention:
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:

@@ -24,18 +24,14 @@ normalised and rotated once, at its own position.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from ..base import AttentionLayer, check_heads
 from ..cost import AttentionCost, visible_pairs
+from ..head_selection import head_rows, load_selected
 from ..projections import fused_qkv, split_heads
 from ..registry import register_attention
-
-if TYPE_CHECKING:
-    from ..compat.torch_nn import TorchMultiheadAttention
 
 __all__ = ["MultiHeadAttention", "check_heads"]
 
@@ -80,6 +76,16 @@ class MultiHeadAttention(AttentionLayer):
     """
 
     kind = "mha"
+    independent_heads = True
+    head_independence = (
+        "each head attends with its own query (and its group's key/value) rows and reaches the output only "
+        "through its own columns of out_proj; a key/value head goes with its whole group"
+    )
+
+    @classmethod
+    def comparison_options(cls, kind: str, num_heads: int) -> dict:
+        """"gqa": half as many key/value heads as query heads (at least 1); "mha", "mqa": none."""
+        return {"num_kv_heads": max(1, num_heads // 2)} if kind == "gqa" else {}
 
     def __init__(
         self,
@@ -105,6 +111,8 @@ class MultiHeadAttention(AttentionLayer):
         if type(self).kind == MultiHeadAttention.kind:  # the family's per-instance name
             self.kind = "mha" if G == H else "mqa" if G == 1 else "gqa"
         factory = {"device": device, "dtype": dtype}
+        self.init_options = {"kdim": self.kdim, "vdim": self.vdim, "qkv_bias": qkv_bias, "out_bias": out_bias,
+                             "dropout": dropout, "rope": rope, "qk_norm": qk_norm}  # fmt: skip
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
         if self.fused:
             self.qkv_proj = nn.Linear(embed_dim, (H + 2 * G) * D, bias=qkv_bias, **factory)
@@ -148,6 +156,31 @@ class MultiHeadAttention(AttentionLayer):
         return {
             n: (W[sl], None if b is None else b[sl]) for n, sl in zip("qkv", self._slices())
         }
+
+    def head_state(self, heads: list[int], kv_heads: list[int]) -> dict[str, torch.Tensor]:
+        """``state_dict()`` with only the rows of ``heads``/``kv_heads`` and ``out_proj``'s columns of ``heads``."""
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
+        device = self.out_proj.weight.device
+        q_rows, kv_rows = head_rows(heads, D, device), head_rows(kv_heads, D, device)
+        if self.fused:  # qkv_proj rows: [q heads (H*D) | k heads (G*D) | v heads (G*D)]
+            rows = {"qkv_proj": torch.cat([q_rows, H * D + kv_rows, (H + G) * D + kv_rows])}
+        else:
+            rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows}
+        state = dict(self.state_dict())
+        for name, idx in rows.items():
+            for suffix in ("weight", "bias"):
+                if f"{name}.{suffix}" in state:
+                    state[f"{name}.{suffix}"] = state[f"{name}.{suffix}"][idx]
+        state["out_proj.weight"] = state["out_proj.weight"][:, q_rows]  # (C, H*D) -> (C, H'*D)
+        return state
+
+    def subset_heads(self, heads: list[int], kv_heads: list[int]) -> MultiHeadAttention:
+        """The same class and options with H' = len(heads), G' = len(kv_heads), D kept."""
+        new = type(self)(
+            self.embed_dim, len(heads), num_kv_heads=len(kv_heads), head_dim=self.head_dim,
+            device="meta", dtype=self.out_proj.weight.dtype, **self.init_options,
+        )  # fmt: skip
+        return load_selected(new, self.head_state(heads, kv_heads), self)
 
     def project(
         self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None
@@ -194,36 +227,22 @@ class MultiHeadAttention(AttentionLayer):
         params = sum(p.numel() for p in self.parameters())
         return AttentionCost(core, proj, params, 2 * G * D * bytes_per_element)
 
-    @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention) -> TorchMultiheadAttention:
-        """Convert a ``torch.nn.MultiheadAttention`` into a drop-in equivalent.
 
-        Returns a :class:`TorchMultiheadAttention`: it takes the torch
-        module's inputs (its ``batch_first`` layout, its mask polarity, its
-        ``need_weights``/``average_attn_weights``) and returns what the torch
-        module returns, computed by a ``MultiHeadAttention`` (``.attention``)
-        holding copies of the weights.
-        """
-        from ..compat.torch_nn import TorchMultiheadAttention
-
-        return TorchMultiheadAttention.from_torch(module)
-
-
-@register_attention("mha")
+@register_attention("mha", MultiHeadAttention)
 def _mha(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
     if num_kv_heads not in (None, num_heads):
         raise ValueError(f"'mha' has num_kv_heads == num_heads={num_heads}; got {num_kv_heads} (use 'gqa')")
     return MultiHeadAttention(embed_dim, num_heads, **options)
 
 
-@register_attention("gqa")
+@register_attention("gqa", MultiHeadAttention)
 def _gqa(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
     if num_kv_heads is None:
         raise ValueError("'gqa' needs num_kv_heads (a divisor of num_heads)")
     return MultiHeadAttention(embed_dim, num_heads, num_kv_heads=num_kv_heads, **options)
 
 
-@register_attention("mqa")
+@register_attention("mqa", MultiHeadAttention)
 def _mqa(*, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, **options) -> MultiHeadAttention:
     if num_kv_heads not in (None, 1):
         raise ValueError(f"'mqa' has one key/value head; got num_kv_heads={num_kv_heads}")

@@ -117,6 +117,10 @@ class MoHAttention(AttentionLayer):
 
     kind = "moh"
     forward_options = ("path",)
+    head_independence = (
+        "the router couples the heads: each token's gates come from a softmax and a top-k over the heads, "
+        "so removing one head changes the gates, and the choice, of the others"
+    )
 
     def __init__(
         self,
@@ -379,6 +383,6 @@ def load_balancing_loss(model: nn.Module) -> torch.Tensor:
     return torch.stack(terms).mean()
 
 
-@register_attention("moh")
+@register_attention("moh", MoHAttention)
 def _moh(*, embed_dim: int, num_heads: int, **options) -> MoHAttention:
     return MoHAttention(embed_dim, num_heads, **options)

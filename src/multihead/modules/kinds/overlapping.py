@@ -109,6 +109,15 @@ class OverlappingHeadAttention(AttentionLayer):
     """
 
     kind = "overlapping"
+    head_independence = (
+        "neighbouring heads share projection channels (head i reads channels [i*D - overlap, (i+1)*D + overlap)), "
+        "so no head owns its rows of the projections"
+    )
+
+    @classmethod
+    def comparison_options(cls, kind: str, num_heads: int) -> dict:
+        """One shared channel on each side of a head (``overlap=1``), the smallest overlap."""
+        return {"overlap": 1}
 
     def __init__(
         self,
@@ -252,6 +261,6 @@ class OverlappingHeadAttention(AttentionLayer):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, overlap={self.overlap}"
 
-@register_attention("overlapping")
+@register_attention("overlapping", OverlappingHeadAttention)
 def _overlapping(*, embed_dim: int, num_heads: int, **options) -> OverlappingHeadAttention:
     return OverlappingHeadAttention(embed_dim, num_heads, **options)

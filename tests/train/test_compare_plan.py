@@ -6,14 +6,35 @@ from __future__ import annotations
 import pytest
 import torch
 
+from multihead import MultiHeadAttention, list_attention_kinds
 from multihead.models.gpt import GPT, GPTConfig
-from multihead.train.compare import steps_for_budget
-from multihead.train.compare_plan import DEFAULT_KINDS, MATCH_TOLERANCE, kind_options, parse_kinds, plan_kind
+from multihead.modules import registry
+from multihead.train.compare import CompareConfig, steps_for_budget
+from multihead.train.compare_plan import MATCH_TOLERANCE, default_kinds, parse_kinds, plan_kind
 
 BASE = GPTConfig.from_preset("mini")
 
 
-@pytest.mark.parametrize("kind", DEFAULT_KINDS)
+def test_the_default_list_is_every_registered_kind_mha_first():
+    assert default_kinds()[0] == "mha" and sorted(default_kinds()) == list_attention_kinds()
+    assert CompareConfig().kinds == default_kinds()
+
+
+def test_a_kind_registered_later_joins_the_default_list_unless_it_opts_out():
+    class Skipped(MultiHeadAttention):
+        comparison_skip = "a test kind that is never compared"
+
+    registry.register_attention("joins_compare_for_test", MultiHeadAttention)(lambda **kw: MultiHeadAttention(**kw))
+    registry.register_attention("skips_compare_for_test")(Skipped)
+    try:
+        assert "joins_compare_for_test" in default_kinds() and "skips_compare_for_test" not in default_kinds()
+        assert "joins_compare_for_test" in CompareConfig().kinds
+    finally:
+        registry._KINDS.pop("joins_compare_for_test")
+        registry._KINDS.pop("skips_compare_for_test")
+
+
+@pytest.mark.parametrize("kind", default_kinds())
 def test_every_kind_is_matched_to_the_mha_parameter_count(kind):
     plan = plan_kind(BASE, kind)
     mha = plan_kind(BASE, "mha")
@@ -31,7 +52,10 @@ def test_kinds_that_change_the_count_get_another_mlp_width():
     assert plan_kind(BASE, "gqa").mlp_dim > 4 * BASE.embed_dim  # fewer key/value weights: a wider MLP
     assert plan_kind(BASE, "mqa").mlp_dim > plan_kind(BASE, "gqa").mlp_dim
     assert plan_kind(BASE, "dcmha").mlp_dim < 4 * BASE.embed_dim  # its weight generator: a narrower MLP
-    assert kind_options("gqa", 4) == {"num_kv_heads": 2} and kind_options("mha", 4) == {}
+    assert plan_kind(BASE, "gqa").attention_options == {"num_kv_heads": BASE.num_heads // 2}
+    assert plan_kind(BASE, "mha").attention_options == {} and plan_kind(BASE, "overlapping").attention_options == {
+        "overlap": 1
+    }
 
 
 def test_costs_come_from_the_layers_cost():
@@ -48,7 +72,7 @@ def test_costs_come_from_the_layers_cost():
 
 def test_parse_kinds_and_its_errors():
     assert parse_kinds(" mha, gqa ,") == ("mha", "gqa")
-    with pytest.raises(ValueError, match=r"unknown attention kind\(s\) \['linear'\]"):
+    with pytest.raises(ValueError, match=r"unknown attention kind 'linear'; known: .*--import MODULE"):
         parse_kinds("mha,linear")
     with pytest.raises(ValueError, match=r"\['mha'\] given more than once"):
         parse_kinds("mha,gqa,mha")

@@ -44,10 +44,11 @@ def _seeds(text: str) -> tuple[int, ...]:
 def add_arguments(parser) -> None:
     """Add the ``compare`` flags to ``parser``."""
     from ..train.compare import CompareConfig
-    from ..train.compare_plan import DEFAULT_KINDS
+    from ..train.compare_plan import default_kinds
 
-    parser.add_argument("--attention", default=",".join(DEFAULT_KINDS), metavar="KINDS",
-                        help=f"comma-separated attention kinds (default {','.join(DEFAULT_KINDS)})")  # fmt: skip
+    parser.add_argument("--attention", default=None, metavar="KINDS",
+                        help="comma-separated attention kinds (default: every registered kind, those of --import "
+                             f"modules included; now {','.join(default_kinds())})")  # fmt: skip
     parser.add_argument("--seeds", default=None, metavar="S,S",
                         help="one run per kind and seed (default " + ",".join(map(str, CompareConfig.seeds)) + ")")
     budget = parser.add_mutually_exclusive_group()
@@ -64,7 +65,7 @@ def add_arguments(parser) -> None:
 def run(args, *, command: str = "", echo: Callable[[str], None] = print) -> int:
     """Run the comparison an ``argparse.Namespace`` describes; print where the reports are."""
     from ..train.compare import CompareConfig, compare
-    from ..train.compare_plan import parse_kinds
+    from ..train.compare_plan import default_kinds, parse_kinds
     from .paths import output_folder
 
     train = {f.field: getattr(args, f.field) for f in SHARED_FLAGS if getattr(args, f.field, None) is not None}
@@ -77,7 +78,7 @@ def run(args, *, command: str = "", echo: Callable[[str], None] = print) -> int:
         raise ValueError(f"--max-steps must be >= 1, got {steps}")
     output_folder("--out", args.out)
     config = CompareConfig(
-        kinds=parse_kinds(args.attention),
+        kinds=default_kinds() if args.attention is None else parse_kinds(args.attention),
         seeds=seeds or CompareConfig.seeds,
         max_steps=steps,
         budget_minutes=args.budget_minutes or CompareConfig.budget_minutes,

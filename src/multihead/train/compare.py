@@ -35,7 +35,7 @@ import torch
 
 from ..io import read_json_file, write_text_atomic
 from ..models.gpt import GPT, GPTConfig
-from .compare_plan import DEFAULT_KINDS, KindPlan, plan_kind
+from .compare_plan import KindPlan, default_kinds, plan_kind
 from .compare_report import summarize_kind, write_reports
 from .config import TrainConfig
 
@@ -53,7 +53,8 @@ class CompareConfig:
     """What ``multihead compare`` runs.
 
     Args:
-        kinds: attention kinds (registered names).
+        kinds: attention kinds (registered names; default ``compare_plan.default_kinds()``,
+            every registered kind that does not opt out).
         seeds: one run per kind and seed; the spread of the final
             validation loss is over these.
         max_steps: training steps of every run; None: from ``budget_minutes``.
@@ -67,7 +68,7 @@ class CompareConfig:
             the final checkpoint, and ``warmup`` is at most a tenth of the steps.
     """
 
-    kinds: tuple[str, ...] = DEFAULT_KINDS
+    kinds: tuple[str, ...] = dataclasses.field(default_factory=default_kinds)
     seeds: tuple[int, ...] = (0, 1)
     max_steps: int | None = None
     budget_minutes: float = 18.0

@@ -1,9 +1,13 @@
 """Which models ``multihead compare`` trains: one per attention kind, matched in size.
 
 Every kind is trained in the same GPT (same preset, data, tokenizer, seed and
-token budget); only the attention layer changes. Its options are the
-defaults of :func:`kind_options`, chosen so each kind is what its paper
-calls it at this width (GQA: half as many key/value heads as query heads).
+token budget); only the attention layer changes. Its options are those its
+class declares (``comparison_options(kind, num_heads)``), chosen so each
+kind is what its paper calls it at this width (GQA: half as many key/value
+heads as query heads). The default list (:func:`default_kinds`) is every
+registered kind, MHA first, but those whose class gives a
+``comparison_skip`` reason; a kind from the user's own module joins it once
+that module is imported.
 
 Size rule: a kind that changes the parameter count (GQA/MQA remove key/value
 projections, DCMHA adds its weight generator, overlapping heads widen the
@@ -33,21 +37,17 @@ from typing import Any
 import torch
 
 from ..models.gpt import GPT, GPTConfig
-from ..modules.registry import list_attention_kinds
+from ..modules.registry import attention_class, check_kind, list_attention_kinds
 
-__all__ = ["DEFAULT_KINDS", "kind_options", "MATCH_TOLERANCE", "KindPlan", "plan_kind", "parse_kinds"]
+__all__ = ["default_kinds", "MATCH_TOLERANCE", "KindPlan", "plan_kind", "parse_kinds"]
 
-DEFAULT_KINDS = ("mha", "gqa", "mqa", "moh", "dcmha", "talking_heads", "overlapping", "collaborative", "gated")
 MATCH_TOLERANCE = 0.005
 
 
-def kind_options(kind: str, num_heads: int) -> dict[str, Any]:
-    """The attention options a comparison builds ``kind`` with, for ``num_heads`` heads."""
-    if kind == "gqa":
-        return {"num_kv_heads": max(1, num_heads // 2)}
-    if kind == "overlapping":
-        return {"overlap": 1}
-    return {}
+def default_kinds() -> tuple[str, ...]:
+    """Every registered kind whose class gives no ``comparison_skip``, "mha" first, then by name."""
+    kinds = [k for k in list_attention_kinds() if attention_class(k).comparison_skip is None]
+    return tuple(sorted(kinds, key=lambda k: (k != "mha", k)))
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class KindPlan:
 
     Attributes:
         kind: the attention kind.
-        attention_options: its options (``kind_options``).
+        attention_options: its options (the class's ``comparison_options``).
         mlp_dim: the MLP hidden width (None: 4C, the MHA model's).
         parameters: parameters of the whole model (tied embeddings counted once).
         mha_parameters: the MHA model's count, the target.
@@ -84,9 +84,8 @@ def parse_kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
     if not kinds:
         raise ValueError(f"--attention needs at least one kind, got {text!r}")
-    unknown = [k for k in kinds if k not in list_attention_kinds()]
-    if unknown:
-        raise ValueError(f"unknown attention kind(s) {unknown}; known: {list_attention_kinds()}")
+    for k in kinds:
+        check_kind(k)
     repeated = sorted({k for k in kinds if kinds.count(k) > 1})
     if repeated:
         raise ValueError(f"attention kind(s) {repeated} given more than once in {text!r}")
@@ -100,7 +99,7 @@ def _model(config: GPTConfig) -> GPT:
 
 def plan_kind(base: GPTConfig, kind: str) -> KindPlan:
     """The size-matched model of ``kind`` for the MHA model ``base`` (see the module docstring)."""
-    options = kind_options(kind, base.num_heads)
+    options = attention_class(kind).comparison_options(kind, base.num_heads)
     mha = _model(GPTConfig.from_dict({**base.to_dict(), "attention": "mha", "attention_options": {}, "mlp_dim": None}))
     target = mha.num_parameters()
     config = GPTConfig.from_dict({**base.to_dict(), "attention": kind, "attention_options": options, "mlp_dim": None})

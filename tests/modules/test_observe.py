@@ -73,10 +73,10 @@ def test_observer_must_be_callable():
 def test_the_torch_drop_in_notifies_observers_of_its_inner_module():
     from torch import nn
 
-    from multihead import MultiHeadAttention
+    from multihead import TorchMultiheadAttention
 
     torch.manual_seed(0)
-    ours = MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, batch_first=True)).eval()
+    ours = TorchMultiheadAttention.from_torch(nn.MultiheadAttention(8, 2, batch_first=True)).eval()
     events, _ = _collect(ours.attention)
     x = torch.randn(1, 3, 8)
     out, weights = ours(x, x, x, need_weights=False)

@@ -1,4 +1,4 @@
-"""TorchMultiheadAttention (``MultiHeadAttention.from_torch``) against
+"""TorchMultiheadAttention (``TorchMultiheadAttention.from_torch``) against
 ``torch.nn.MultiheadAttention`` in float64, across torch's options."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from multihead import MultiHeadAttention, TorchMultiheadAttention
+from multihead import TorchMultiheadAttention
 
 F64 = torch.float64
 TOL = 1e-10
@@ -109,7 +109,7 @@ def _pair(cfg):
     kdim, vdim = cfg["kv"] or (None, None)
     mha = _torch_mha(batch_first=cfg["batch_first"], bias=cfg["bias"], add_bias_kv=cfg["add_bias_kv"],
                      add_zero_attn=cfg["add_zero_attn"], kdim=kdim, vdim=vdim)
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     assert isinstance(ours, TorchMultiheadAttention) and not ours.training
     return mha, ours
 
@@ -239,7 +239,7 @@ def test_fully_masked_row_gives_bias_where_torch_gives_nan(need_weights):
 
 def test_from_torch_copies_training_mode_and_dropout_and_refuses_other_modules():
     mha = _torch_mha(dropout=0.25).train()
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     assert ours.training and ours.attention.dropout == 0.25 and ours.batch_first is False
     with pytest.raises(TypeError, match="expected torch.nn.MultiheadAttention, got Linear"):
         TorchMultiheadAttention.from_torch(nn.Linear(2, 2))

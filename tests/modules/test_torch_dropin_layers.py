@@ -1,7 +1,7 @@
 """TorchMultiheadAttention inside torch's own transformer layers.
 
 Each test builds a torch model, deep-copies it, replaces every
-``nn.MultiheadAttention`` in the copy by ``MultiHeadAttention.from_torch(...)``
+``nn.MultiheadAttention`` in the copy by ``TorchMultiheadAttention.from_torch(...)``
 and compares outputs and every gradient (inputs and parameters, matched by
 name: the drop-in keeps torch's parameter names). float64: max abs error
 <= 1e-10 scaled by the output magnitude; float32: assert_close defaults.
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from support.paths import assert_matches_peer
 from torch import nn
 
-from multihead import MultiHeadAttention, TorchMultiheadAttention
+from multihead import TorchMultiheadAttention
 
 F64 = torch.float64
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch's nested-tensor and mask-type notes
@@ -46,7 +46,7 @@ def _drop_in(model: nn.Module) -> nn.Module:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.MultiheadAttention):
-                setattr(module, name, MultiHeadAttention.from_torch(child))
+                setattr(module, name, TorchMultiheadAttention.from_torch(child))
                 swapped += 1
     assert swapped and not any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
     return model

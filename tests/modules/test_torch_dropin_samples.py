@@ -5,7 +5,7 @@ The inputs come from torch's tests: the ModuleInfo samples
 torch/testing/_internal/common_modules.py, rebuilt here because that module
 needs torch's test-only dependencies), test/nn/test_multihead_attention.py
 and test/test_native_mha.py. Each runs through torch's module and through
-``MultiHeadAttention.from_torch`` of it; outputs, weights and every gradient
+``TorchMultiheadAttention.from_torch`` of it; outputs, weights and every gradient
 (inputs and parameters, matched by name) are compared: float64 to 1e-10
 scaled by the output magnitude, float32 with assert_close defaults. Where
 torch raises AssertionError for a bad input, the drop-in raises
@@ -22,7 +22,7 @@ import torch
 from support.paths import assert_matches_peer
 from torch import nn
 
-from multihead import MultiHeadAttention
+from multihead import TorchMultiheadAttention
 
 F64 = torch.float64
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch's mask-type deprecation notes
@@ -54,7 +54,7 @@ def _run(module, args, kwargs, grad=True):
 
 
 def _compare(mha, args, kwargs, what="", grad=True):
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     want = _run(mha, args, kwargs, grad)
     got = _run(ours, args, kwargs, grad)
     assert_matches_peer(got[0], want[0], f"{what} output")
@@ -139,7 +139,7 @@ def test_3d_attn_mask_equals_per_sample_2d_masks():
     masks = torch.zeros(B, T, S, dtype=F64).masked_fill(torch.rand(B, T, S, generator=g) < 0.5, float("-inf"))
     masks[:, :, 0] = 0.0  # a visible key for every query
     mha = _randomize(nn.MultiheadAttention(C, H, dtype=F64), 2)
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     mask3d = masks.repeat_interleave(H, dim=0)  # (B, T, S) -> (B*H, T, S)
     qt, kt = q.transpose(0, 1), k.transpose(0, 1)  # (B, L, C) -> (L, B, C)
     _compare(mha, [qt, kt, kt], {"attn_mask": mask3d})
@@ -171,7 +171,7 @@ def test_torch_native_mha_cases_in_float32(mode, padding):
     if padding != "none":
         kpm = torch.zeros(16, 8, dtype=torch.bool)
         kpm[0 if padding == "first_row" else slice(None), -1] = True
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     for need, avg in ((False, False), (True, True), (True, False)):
         kwargs = {"key_padding_mask": kpm, "need_weights": need, "average_attn_weights": avg}
         with torch.no_grad():
@@ -184,7 +184,7 @@ def test_batch_first_changed_after_construction():
     """torch's test_multihead_attention_fastpath_for_all_batchfirst flips
     ``batch_first`` on a live module; the drop-in reads it at every call."""
     mha = _randomize(nn.MultiheadAttention(100, 2, batch_first=True, dtype=F64), 3).eval()
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     x = torch.randn(5, 2, 100, dtype=F64)
     with torch.no_grad():
         first = ours(x, x, x)[0]
@@ -200,7 +200,7 @@ def test_in_proj_bias_of_another_dtype_as_torch_allows():
     a float16 in_proj_bias on a float64 module still runs (promoted)."""
     mha = _randomize(nn.MultiheadAttention(4, 4, batch_first=True, dtype=F64), 4).eval()
     mha.in_proj_bias = nn.Parameter(mha.in_proj_bias.to(torch.half))
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     assert ours.in_proj_bias.dtype == torch.half
     q = torch.randn(4, 4, 4, dtype=F64)
     with torch.no_grad():
@@ -243,7 +243,7 @@ def _bad_input_cases():
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_bad_inputs_raise_errors_naming_the_input(batch_first):
     mha = nn.MultiheadAttention(4, 4, batch_first=batch_first)
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     for args, kwargs, error, message in _bad_input_cases():
         with pytest.raises(error, match=message):
             ours(*args, **kwargs)
@@ -252,7 +252,7 @@ def test_bad_inputs_raise_errors_naming_the_input(batch_first):
 
 
 def test_nested_tensors_are_refused_with_a_message():
-    ours = MultiHeadAttention.from_torch(nn.MultiheadAttention(10, 5, batch_first=True).eval())
+    ours = TorchMultiheadAttention.from_torch(nn.MultiheadAttention(10, 5, batch_first=True).eval())
     nt = torch.nested.nested_tensor([torch.randn(4, 10), torch.randn(6, 10)], layout=torch.jagged)
     message = r"nested tensors are not supported by TorchMultiheadAttention \(query is nested\); pass padded tensors"
     for context in (torch.enable_grad(), torch.no_grad()):

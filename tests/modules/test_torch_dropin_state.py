@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from multihead import MultiHeadAttention, TorchMultiheadAttention
+from multihead import TorchMultiheadAttention
 
 F64 = torch.float64
 E, H = 8, 2
@@ -80,7 +80,7 @@ def _same_results(ours, mha, seed=1):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_attributes_and_parameter_names_are_torchs(name):
     mha = _torch_mha(**CONFIGS[name])
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     for attr in ("embed_dim", "kdim", "vdim", "num_heads", "head_dim", "dropout", "batch_first",
                  "_qkv_same_embed_dim", "add_zero_attn"):
         assert getattr(ours, attr) == getattr(mha, attr), attr
@@ -118,7 +118,7 @@ def test_torch_named_parameters_are_the_inner_modules_parameters(name):
 @pytest.mark.parametrize("name", ["fused", "split"])
 def test_in_place_edits_and_optimizer_steps_act_on_the_computation(name):
     mha = _torch_mha(**CONFIGS[name])
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     for module in (mha, ours):  # what torch's own _reset_parameters does, in place
         nn.init.zeros_(module.in_proj_bias)
         with torch.no_grad():
@@ -141,7 +141,7 @@ def test_assigning_parameters_repoints_the_inner_module():
     qkv.weight); the drop-in computes with what was assigned."""
     for kwargs in ({}, CONFIGS["split"]):
         mha = _torch_mha(**kwargs)
-        ours = MultiHeadAttention.from_torch(mha)
+        ours = TorchMultiheadAttention.from_torch(mha)
         g = torch.Generator().manual_seed(7)
         new = {}
         for n, p in mha.named_parameters():
@@ -197,7 +197,7 @@ def test_strict_loading_still_reports_unknown_and_missing_keys():
     # inside a model the keys carry the model's prefix
     layer = nn.TransformerEncoderLayer(E, H, 16, batch_first=True)
     mine = copy.deepcopy(layer)
-    mine.self_attn = MultiHeadAttention.from_torch(layer.self_attn)
+    mine.self_attn = TorchMultiheadAttention.from_torch(layer.self_attn)
     state = layer.state_dict()
     mine.load_state_dict(state)
     del state["self_attn.in_proj_weight"]
@@ -222,7 +222,7 @@ def test_from_torch_every_bias_combination(layout, split, start_with_bias):
     want_in, want_out = layout
     mha.in_proj_bias = nn.Parameter(torch.randn(3 * E, generator=g, dtype=F64)) if want_in else None
     mha.out_proj.bias = nn.Parameter(torch.randn(E, generator=g, dtype=F64)) if want_out else None
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     assert (ours.in_proj_bias is None) != want_in and (ours.out_proj.bias is None) != want_out
     _same_results(ours, mha)
     back = nn.MultiheadAttention(E, H, dtype=F64, batch_first=True, **kw)
@@ -237,14 +237,14 @@ def test_from_torch_keeps_frozen_parameters_dtype_device_and_draws_no_random_num
     mha.in_proj_weight.requires_grad_(False)
     mha.bias_v.requires_grad_(False)
     state = torch.random.get_rng_state()
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     assert torch.equal(state, torch.random.get_rng_state())
     for (n, p), (_, want) in zip(ours.named_parameters(), mha.named_parameters()):
         assert p.requires_grad == want.requires_grad and p.dtype == want.dtype == F64 and p.device == want.device, n
         assert p.data_ptr() != want.data_ptr(), n  # copies, not shared storage
     _same_results(ours, mha)
     assert ours.in_proj_weight.grad is None and ours.bias_v.grad is None
-    on_meta = MultiHeadAttention.from_torch(nn.MultiheadAttention(E, H, kdim=3, vdim=5, device="meta",
+    on_meta = TorchMultiheadAttention.from_torch(nn.MultiheadAttention(E, H, kdim=3, vdim=5, device="meta",
                                                                   dtype=torch.float16))
     assert all(p.device.type == "meta" and p.dtype == torch.float16 for p in on_meta.parameters())
 
@@ -267,7 +267,7 @@ def test_same_seed_initialises_like_torch(name):
 @pytest.mark.parametrize("name", ["fused", "split"])
 def test_conversions_copies_and_pickles_keep_parameters_shared(name):
     mha = _torch_mha(**CONFIGS[name])
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
 
     def shared(m):
         inner = m.attention
@@ -304,7 +304,7 @@ def test_optimizer_state_from_a_torch_model_carries_over():
         opt.zero_grad()
         mha(q, k, v)[0].pow(2).sum().backward()
         opt.step()
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     ours_opt = torch.optim.SGD(ours.parameters(), lr=0.005, momentum=0.9)
     ours_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # torch shares same-dtype state tensors
     for module, o in ((mha, opt), (ours, ours_opt)):
@@ -322,7 +322,7 @@ def test_dropout_one_is_accepted_and_matches_torch(need_weights):
     out_proj.bias, the input gradients are zero, no random numbers drawn.
     (The returned weights are those before dropout, as for any p.)"""
     mha = _torch_mha(dropout=1.0)
-    ours = MultiHeadAttention.from_torch(mha)
+    ours = TorchMultiheadAttention.from_torch(mha)
     assert ours.dropout == 1.0 and ours.training
     q, k, v = _inputs(mha)
     state = torch.random.get_rng_state()
@@ -355,6 +355,6 @@ def test_torchscript_is_refused_with_a_clear_message():
     with pytest.raises(TypeError, match="torch.jit.script is not supported by multihead's TorchMultiheadAttention"):
         torch.jit.script(ours)
     layer = nn.TransformerEncoderLayer(E, H, 16)
-    layer.self_attn = MultiHeadAttention.from_torch(layer.self_attn)
+    layer.self_attn = TorchMultiheadAttention.from_torch(layer.self_attn)
     with pytest.raises(TypeError, match="torch.jit.script is not supported"):
         torch.jit.script(layer)

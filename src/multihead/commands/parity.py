@@ -13,7 +13,7 @@ from torch import nn
 
 from .. import reference
 from ..functional import causal_mask
-from ..modules.kinds.mha import MultiHeadAttention
+from ..modules.compat import TorchMultiheadAttention
 
 __all__ = ["parity_errors", "parity_table"]
 
@@ -54,7 +54,7 @@ def parity_errors(
     torch.manual_seed(seed)
     mha = nn.MultiheadAttention(C, H, batch_first=True, dtype=dtype).eval()
     nn.init.normal_(mha.in_proj_bias, std=0.1)
-    ours = MultiHeadAttention.from_torch(mha).attention.eval()
+    ours = TorchMultiheadAttention.from_torch(mha).attention.eval()
     x = torch.randn(B, T, C, dtype=dtype)
     want = _numpy_reference(x, mha, causal)
     with torch.no_grad():

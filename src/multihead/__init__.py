@@ -9,16 +9,21 @@ The public API on one screen:
 * ``KVCache``              static cache sized by key/value heads
 * ``TorchMultiheadAttention`` drop-in for ``torch.nn.MultiheadAttention``
 * ``build_attention(name, ...)`` attention kinds by name: mha, gqa, mqa, moh,
-  dcmha, talking_heads, overlapping, collaborative, gated (docs/variants.md)
+  dcmha, talking_heads, overlapping, collaborative, gated (docs/variants.md),
+  and those of installed packages (entry points "multihead.attention_kinds");
+  ``attention_class(name)`` answers what a kind can do
 * ``multihead.convert.from_official`` weights from the variants' official code
 * ``multihead.models``     GPT-2 family, encoder-decoder Transformer, BERT/MiniLM
 * ``multihead.tools``      capture attention, head roles, views, head importance,
                            masking and pruning heads, MHA -> GQA conversion
 * ``multihead.hf``         multihead as the attention of any Hugging Face
                            transformers model (imported on demand: docs/hf.md)
+* ``UsageError``           a user's mistake (a ValueError), which the
+                           ``multihead`` command prints as one line
 """
 
 from . import convert, functional, models, reference, textbook, tools
+from .errors import UsageError
 from .functional import attention
 from .modules import (
     DCMHA,
@@ -32,9 +37,17 @@ from .modules import (
 )
 from .modules.compat.torch_nn import TorchMultiheadAttention
 from .modules.kv_cache import KVCache
-from .modules.registry import build_attention, list_attention_kinds, register_attention
+from .modules.registry import (
+    attention_class,
+    build_attention,
+    list_attention_kinds,
+    load_entry_point_kinds,
+    register_attention,
+)
 
 __version__ = "0.1.0"
+
+load_entry_point_kinds()  # kinds of installed packages (entry-point group "multihead.attention_kinds")
 
 __all__ = [
     "attention",
@@ -56,6 +69,8 @@ __all__ = [
     "TorchMultiheadAttention",
     "build_attention",
     "list_attention_kinds",
+    "attention_class",
     "register_attention",
+    "UsageError",
     "__version__",
 ]

@@ -58,7 +58,7 @@ def test_quick_comparison_writes_table_json_and_plot(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--attention", "mha,linear"], "unknown attention kind(s) ['linear']"),
+        (["--attention", "mha,linear"], "unknown attention kind 'linear'"),
         (["--seeds", "0,x"], "--seeds must be comma-separated integers"),
         (["--seeds", "1,1"], "--seeds must be distinct"),
         (["--max-steps", "0"], "--max-steps must be >= 1, got 0"),

@@ -186,7 +186,7 @@ EARLY = {
     "empty data": (["--data", "empty.txt"], "--data empty.txt: the file is empty"),
     "data is a folder": (["--data", "a-folder"], "--data a-folder: not a file"),
     "unknown preset": (["--preset", "gpt2-smal"], "unknown GPT preset preset='gpt2-smal'"),
-    "unknown attention": (["--attention", "flash"], "unknown attention kind attention='flash'"),
+    "unknown attention": (["--attention", "flash"], "unknown attention kind 'flash'"),
     "bad K=V": (["--attention-option", "window"], "--attention-option 'window': expected K=V"),
     "context too long": (
         ["--preset", "tiny", "--context-length", "4096"],

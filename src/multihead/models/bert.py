@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
-from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
+from ..modules.registry import build_attention, check_kind, total_aux_loss
 from .head_layout import check_layer_heads, layer_head_options
 
 __all__ = [
@@ -137,8 +137,7 @@ class BertConfig:
         self.layer_norm_eps = float(eps)
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"unknown hidden_act {self.hidden_act!r}; valid: {sorted(_ACTIVATIONS)}")
-        if self.attention not in list_attention_kinds():
-            raise ValueError(f"unknown attention kind {self.attention!r}; known: {list_attention_kinds()}")
+        check_kind(self.attention)
         self.dropout = dropout_probability(self.dropout, "dropout")
         self.attention_dropout = dropout_probability(self.attention_dropout, "attention_dropout")
         self.layer_heads, self.layer_kv_heads = check_layer_heads(

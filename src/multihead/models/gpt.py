@@ -31,7 +31,7 @@ from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
-from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
+from ..modules.registry import build_attention, check_kind, total_aux_loss
 from .head_layout import check_layer_heads, layer_head_options
 
 __all__ = [
@@ -118,8 +118,7 @@ class GPTConfig:
                 )
         if not isinstance(self.attention, str):
             raise TypeError(f"attention must be a str, got attention={self.attention!r}")
-        if self.attention not in list_attention_kinds():
-            raise ValueError(f"unknown attention kind attention={self.attention!r}; known: {list_attention_kinds()}")
+        check_kind(self.attention)
         self.dropout = dropout_probability(self.dropout)
         eps = self.layer_norm_eps
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0 < eps < math.inf):

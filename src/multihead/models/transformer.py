@@ -34,7 +34,7 @@ from torch import nn
 
 from .._checks import dropout_probability, non_negative_int, positive_int
 from ..modules.kv_cache import KVCache
-from ..modules.registry import build_attention, list_attention_kinds, total_aux_loss
+from ..modules.registry import build_attention, check_kind, total_aux_loss
 from .head_layout import check_layer_heads, layer_head_options
 
 __all__ = [
@@ -134,8 +134,7 @@ class TransformerConfig:
                              f"{self.src_vocab_size} and {self.tgt_vocab_size}")
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise ValueError(f"pad_id, bos_id, eos_id must differ, got {self.pad_id}, {self.bos_id}, {self.eos_id}")
-        if not isinstance(self.attention, str) or self.attention not in list_attention_kinds():
-            raise ValueError(f"unknown attention kind {self.attention!r}; known: {list_attention_kinds()}")
+        check_kind(self.attention)
         with torch.device("meta"):  # the kind's own checks (head sizes, num_kv_heads), no memory used
             build_attention(self.attention, embed_dim=self.embed_dim, num_heads=self.num_heads,
                             **self.attention_options())

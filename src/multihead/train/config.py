@@ -24,7 +24,7 @@ from typing import Any
 
 from .._checks import dropout_probability, non_negative_int, positive_int
 from ..models.gpt import GPT_PRESETS
-from ..modules.registry import list_attention_kinds
+from ..modules.registry import check_kind
 
 __all__ = ["TrainConfig", "RESUMABLE_CHANGES", "learning_rate", "config_differences"]
 
@@ -167,8 +167,7 @@ class TrainConfig:
                 raise ValueError(f"a BPE vocabulary needs at least 257 ids, got vocab_size={self.vocab_size}")
         if self.preset not in GPT_PRESETS:
             raise ValueError(f"unknown GPT preset preset={self.preset!r}; valid presets: {sorted(GPT_PRESETS)}")
-        if self.attention not in list_attention_kinds():
-            raise ValueError(f"unknown attention kind attention={self.attention!r}; known: {list_attention_kinds()}")
+        check_kind(self.attention)
         if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
             raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
         longest = GPT_PRESETS[self.preset]["context_length"]

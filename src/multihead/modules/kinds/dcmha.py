@@ -212,7 +212,12 @@ class DCMHA(AttentionLayer):
         Returns:
             (out [B, H, T, Dv], weights P' [B, H, T, S] or None).
         """
-        return composed_attention(self, q, k, v, qw, kw, **call)
+        return composed_attention(
+            q, k, v, qw, kw, rank=self.rank, residual=self.residual,
+            pre_static=self.pre_static if self.static else None,
+            post_static=self.post_static if self.static else None,
+            chunk=self._chunk(q.shape[-2]), dropout_p=self.dropout, training=self.training, **call,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ forward
     def make_kv_cache(

@@ -1,7 +1,9 @@
 """The composed attention core of DCMHA and Talking-Heads, over blocks of queries.
 
-``DCMHA.attend`` calls :func:`composed_attention`; see
-``multihead.modules.kinds.dcmha`` for the semantics.
+``DCMHA.attend`` calls :func:`composed_attention` with its own settings
+(rank, residual, static matrices, block size, dropout); see
+``multihead.modules.kinds.dcmha`` for the semantics. Nothing here reads a
+module.
 
     for each block of <= chunk queries t0 .. t1 (and the keys they may see):
         L  = (q·scale) kᵀ  -> compose(slots 0, 1) -> + float mask -> masked softmax = P
@@ -10,17 +12,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
 from ...functional import masked_softmax
 from ...functional.nonfinite import split_nonfinite
 from ...functional.request import make_request
-
-if TYPE_CHECKING:
-    from .dcmha import DCMHA
 
 __all__ = ["compose", "composed_attention"]
 
@@ -45,13 +42,19 @@ def compose(A: torch.Tensor, qw, kw, static, *, rank: int, residual: bool) -> to
 
 
 def composed_attention(
-    module: DCMHA,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     qw: torch.Tensor | None,
     kw: torch.Tensor | None,
     *,
+    rank: int,
+    residual: bool,
+    pre_static: torch.Tensor | None,
+    post_static: torch.Tensor | None,
+    chunk: int,
+    dropout_p: float = 0.0,
+    training: bool = False,
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
@@ -63,6 +66,12 @@ def composed_attention(
         q: [B, H, T, D]; k: [B, H, S, D]; v: [B, H, S, Dv].
         qw: [B, T, 2, 2R+1, H] query-side and kw: [B, S, 2, 2R+1, H]
             key-side weights from ``DCMHA.dynamic_weights`` (None: static).
+        rank: R, the rank of the dynamic projections.
+        residual: add the identity to both compositions.
+        pre_static, post_static: [H, H] static matrices of the compositions
+            before and after the softmax (None: no static term).
+        chunk: queries per block (>= 1); the result does not depend on it.
+        dropout_p, training: dropout on P' (only when training).
         attn_mask: bool (True = may attend) or float (added after
             pre-Compose), (T, S) or 4-D broadcastable to (B, H, T, S).
 
@@ -71,17 +80,14 @@ def composed_attention(
     """
     req = make_request(
         q, k, v, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
-        scale=None, dropout_p=module.dropout, training=module.training, return_weights=return_weights,
+        scale=None, dropout_p=dropout_p, training=training, return_weights=return_weights,
     )  # fmt: skip
     req, fixup = split_nonfinite(req)
     B, H, _, T, S, Dv = req.shape
     offset = 0 if causal_alignment == "top_left" else S - T
     causal = not req.causal_is_trivial
-    pre_s = getattr(module, "pre_static", None)
-    post_s = getattr(module, "post_static", None)
-    opts = {"rank": module.rank, "residual": module.residual}
+    opts = {"rank": rank, "residual": residual}
     outs, weights = [], []
-    chunk = module._chunk(T)
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         s1 = min(S, max(0, t1 + offset)) if causal else S  # later keys are hidden from every row
@@ -89,7 +95,7 @@ def composed_attention(
         L = qc @ req.k[:, :, :s1].transpose(-1, -2)  # (B, H, c, s1)
         qwc = None if qw is None else qw[:, t0:t1]
         kwc = None if kw is None else kw[:, :s1]
-        L = compose(L, None if qwc is None else qwc[:, :, 0], None if kwc is None else kwc[:, :, 0], pre_s, **opts)
+        L = compose(L, None if qwc is None else qwc[:, :, 0], None if kwc is None else kwc[:, :, 0], pre_static, **opts)
         if req.bias is not None:
             L = L + _rows(req.bias, T, t0, t1, s1)
         visible = None if req.allowed is None else _rows(req.allowed, T, t0, t1, s1)
@@ -99,7 +105,7 @@ def composed_attention(
             rows = j <= i + offset
             visible = rows if visible is None else visible & rows
         P = masked_softmax(L, visible)  # (B, H, c, s1); rows seeing nothing are zeros
-        P = compose(P, None if qwc is None else qwc[:, :, 1], None if kwc is None else kwc[:, :, 1], post_s, **opts)
+        P = compose(P, None if qwc is None else qwc[:, :, 1], None if kwc is None else kwc[:, :, 1], post_static, **opts)
         if visible is not None:
             P = P.masked_fill(~visible, 0.0)
         if req.return_weights:

@@ -235,6 +235,9 @@ def test_construction_and_call_errors():
         m(torch.randn(1, 2, 8), torch.randn(1, 2, 8), kv_cache=cache)
     with pytest.raises(ValueError, match="rank"):
         m.compress(5)
+    wide = CollaborativeAttention(2, 1, shared_dim=4)  # A_0 is 2 x 2: two singular values for four channels
+    with pytest.raises(ValueError, match=r"at most H·min\(C, kdim\) = 2, got rank=3"):
+        wide.compress(3)
     with pytest.raises(TypeError, match="MultiHeadAttention"):
         CollaborativeAttention.from_mha(m)
 

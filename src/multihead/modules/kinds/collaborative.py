@@ -20,7 +20,8 @@ is passed as a stride-0 expanded view, never materialised, because the
 values keep H heads). The KV cache stores that one augmented key head plus
 the H value heads. ``from_mha`` re-parametrises a trained MHA exactly;
 ``compress`` shrinks D̃ by keeping the top singular directions of the
-per-head bilinear forms (``multihead.modules.kinds.collaborative_compress``).
+per-head bilinear forms (the linear algebra of both is in
+``multihead.modules.kinds.collaborative_compress``).
 
 Rope and QK-norm (options ``rope=`` / ``qk_norm=``, both off by default)::
 
@@ -45,6 +46,7 @@ modules that use them and always return modules without rope/qk_norm.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -55,7 +57,7 @@ from ..cost import AttentionCost, visible_pairs
 from ..head_selection import head_rows, load_selected
 from ..kv_cache import KVCache
 from ..registry import register_attention
-from .collaborative_compress import Compression, compress, from_mha
+from .collaborative_compress import exact_weights, relative_error, top_singular_channels
 from .mha import MultiHeadAttention
 
 __all__ = ["CollaborativeAttention", "Compression", "concatenate_mixing"]
@@ -71,6 +73,23 @@ def concatenate_mixing(num_heads: int, shared_dim: int, **factory) -> torch.Tens
     for h in range(num_heads):
         m[h, h * width : (h + 1) * width] = 1.0
     return m
+
+
+@dataclass(frozen=True)
+class Compression:
+    """What :meth:`CollaborativeAttention.compress` returns.
+
+    Attributes:
+        module: the compressed CollaborativeAttention (D̃ = rank).
+        product_error: ‖A − Â‖_F / ‖A‖_F over the stacked per-head forms
+            A_h = W_Qᵀ diag(m_h) W_K (0 when A = 0).
+        output_error: ‖y − ŷ‖_F / ‖y‖_F on the given inputs (0 when y = 0),
+            or None without inputs.
+    """
+
+    module: CollaborativeAttention
+    product_error: float
+    output_error: float | None
 
 
 class CollaborativeAttention(AttentionLayer):
@@ -323,16 +342,88 @@ class CollaborativeAttention(AttentionLayer):
 
     @classmethod
     def from_mha(cls, mha: MultiHeadAttention, shared_dim: int | None = None) -> CollaborativeAttention:
-        """Re-parametrise a trained ``MultiHeadAttention`` as collaborative heads
-        (``collaborative_compress.from_mha``: exact with ``shared_dim=None``,
-        compressed to ``shared_dim`` otherwise; no rope, no qk_norm)."""
-        return from_mha(cls, mha, shared_dim)
+        """Re-parametrise a trained ``MultiHeadAttention`` as collaborative heads.
+
+        With ``shared_dim=None`` the result is exact (the paper's concatenate
+        case): D̃ = H·D, CONCATENATE mixing, ``scale = 1/sqrt(D)`` and the
+        weights of ``collaborative_compress.exact_weights`` (W_Q and W_K
+        copied, GQA key/value heads repeated to H, the query bias turned into
+        the content bias); the output projection is copied. With
+        ``shared_dim=r`` the exact module is then compressed with
+        :meth:`compress` (call it directly to get the error too). The result
+        has no rope and no qk_norm.
+
+        Raises:
+            TypeError: not a MultiHeadAttention.
+            ValueError: ``mha`` uses rope or qk_norm (per-head rotations and
+                norms over D do not re-parametrise exactly onto D̃ channels).
+        """
+        if not isinstance(mha, MultiHeadAttention):
+            raise TypeError(f"from_mha needs a MultiHeadAttention, got {type(mha).__name__}")
+        if mha.rope is not None or mha.qk_norm is not None:
+            raise ValueError("from_mha needs a MultiHeadAttention without rope and qk_norm (not exactly convertible)")
+        H, D = mha.num_heads, mha.head_dim
+        w = mha.projection_weights()
+        Wo, bo = mha.out_proj.weight, mha.out_proj.bias
+        mod = cls(
+            mha.embed_dim, H, shared_dim=H * D, head_dim=D, kdim=mha.kdim, vdim=mha.vdim,
+            qkv_bias=w["v"][1] is not None, out_bias=bo is not None, dropout=mha.dropout, scale=D**-0.5,
+            mixing_init="concatenate", device=Wo.device, dtype=Wo.dtype,
+        )  # fmt: skip
+        with torch.no_grad():
+            state = exact_weights(w["q"], w["k"][0], w["v"], num_heads=H, num_kv_heads=mha.num_kv_heads, head_dim=D)
+            state["out_proj.weight"] = Wo
+            if bo is not None:
+                state["out_proj.bias"] = bo
+            mod.load_state_dict(state, strict=False)  # the mixing stays the CONCATENATE one
+        mod.train(mha.training)
+        return mod if shared_dim is None else mod.compress(shared_dim).module
 
     def compress(self, rank: int, *, query: torch.Tensor | None = None, **forward_kwargs) -> Compression:
-        """Shrink D̃ to ``rank`` by keeping the top singular directions of the
-        per-head forms A_h (``collaborative_compress.compress``); returns
-        ``Compression(module, product_error, output_error)``."""
-        return compress(self, rank, query=query, **forward_kwargs)
+        """Shrink D̃ to ``rank`` by keeping the top singular directions.
+
+        The forms A_h (:meth:`head_products`) are replaced by their best
+        approximation with ``rank`` shared channels over all heads
+        (``collaborative_compress.top_singular_channels``); for a module from
+        :meth:`from_mha` (rank A_h ≤ D) ``rank = H·D`` is exact. Values,
+        content bias, output projection and ``scale`` are kept (unlike the
+        official ``swap_to_collaborative``, which rescales the logits by
+        sqrt(D/D̃)).
+
+        Args:
+            rank: the new D̃, 1 … shared_dim.
+            query: optional inputs [B, T, C]; with them the output error of
+                the compressed module is measured (``forward_kwargs`` are
+                passed to both calls, e.g. ``is_causal=True``).
+
+        Returns:
+            Compression(module, product_error, output_error); the module
+            has no rope and no qk_norm.
+
+        Raises:
+            ValueError: rank outside 1 … shared_dim, or this module uses rope
+                or qk_norm (the SVD of A_h ignores both, so it would not
+                approximate the module's function).
+        """
+        positive_int("rank", rank)
+        if self.rope is not None or self.qk_norm is not None:
+            raise ValueError("compress needs a module without rope and qk_norm; they are not part of A_h")
+        if rank > self.shared_dim:
+            raise ValueError(f"rank must lie in 1 … shared_dim={self.shared_dim}, got rank={rank}")
+        ref = self.out_proj.weight
+        options = {**self.init_options, "shared_dim": rank, "rope": False, "qk_norm": False}
+        with torch.no_grad():
+            A = self.head_products()  # (H, C, kdim)
+            Wq, Wk, mixing = top_singular_channels(A, rank)
+            small = type(self)(self.embed_dim, self.num_heads, head_dim=self.head_dim, mixing_init="concatenate",
+                               device=ref.device, dtype=ref.dtype, **options)  # fmt: skip
+            small.load_state_dict({**self.state_dict(), "q_proj.weight": Wq, "k_proj.weight": Wk, "mixing": mixing})
+            small.train(self.training)
+            product_error = relative_error(A, small.head_products())
+            output_error = None
+            if query is not None:
+                output_error = relative_error(self(query, **forward_kwargs), small(query, **forward_kwargs))
+        return Compression(small, product_error, output_error)
 
     def extra_repr(self) -> str:
         out = f", out_dim={self.out_dim}" if self.out_dim != self.embed_dim else ""

@@ -221,3 +221,30 @@ def test_models_take_the_kind_by_name_and_decode_with_their_caches(kind):
         tokens, logits = model.greedy_decode(src, 6, return_logits=True)
         ref, ref_logits = model.greedy_decode(src, 6, use_cache=False, return_logits=True)
     assert_greedy_agrees(tokens, ref, logits, ref_logits, start=1)
+
+
+def test_its_capabilities_select_heads_and_the_comparison_need_no_other_edit(kind):
+    """select_heads equals masking (temperatures travel with their heads), prune keeps
+    the model's function, and ``multihead compare``'s default list takes the kind."""
+    from multihead.models import GPT, GPTConfig
+    from multihead.tools import mask_heads, prune_heads
+    from multihead.train.compare_plan import default_kinds, plan_kind
+
+    m = _build(num_kv_heads=2)  # q0 q1 | q2 q3
+    x = torch.randn(2, 5, 20, dtype=F64)
+    small = m.select_heads([2, 3])
+    assert (small.num_heads, small.num_kv_heads) == (2, 1)
+    assert torch.equal(small.log_temperature, m.log_temperature[2:])  # a copy: same values
+    with mask_heads(m, {0: [0, 1]}):
+        assert_paths_agree(small(x, is_causal=True), m(x, is_causal=True))
+    assert NAME in default_kinds() and plan_kind(GPTConfig.from_preset("mini"), NAME).attention_options == {
+        "num_kv_heads": 2
+    }
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_preset("tiny", attention=NAME, num_layers=2, num_kv_heads=2)).eval()
+    idx = torch.tensor([list(b"heads")])
+    with mask_heads(gpt, {1: [1, 3]}):
+        want = gpt(idx)
+    prune_heads(gpt, {1: [1, 3]})
+    assert gpt.config.layer_heads == [4, 2]
+    assert_paths_agree(gpt(idx), want)

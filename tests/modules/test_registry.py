@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from multihead import MultiHeadAttention, build_attention, list_attention_kinds
@@ -36,9 +38,26 @@ def test_inconsistent_head_counts(name, kv, match):
 
 
 def test_every_kind_is_registered_by_its_decorator_on_import():
-    assert set(list_attention_kinds()) == {
+    assert set(list_attention_kinds()) >= {
         "mha", "gqa", "mqa", "moh", "dcmha", "talking_heads", "overlapping", "collaborative", "gated",
     }  # fmt: skip
+
+
+def test_every_kind_class_in_the_kinds_package_is_registered():
+    """Importing multihead imports every file of modules/kinds/, so a new kind needs no import line."""
+    import pkgutil
+
+    from multihead.modules import kinds
+    from multihead.modules.base import AttentionLayer
+    from multihead.modules.registry import attention_class
+
+    names = [m.name for m in pkgutil.iter_modules(kinds.__path__)]
+    assert all(f"multihead.modules.kinds.{n}" in sys.modules for n in names)
+    classes = {
+        obj for n in names for obj in vars(sys.modules[f"multihead.modules.kinds.{n}"]).values()
+        if isinstance(obj, type) and issubclass(obj, AttentionLayer) and obj.__module__.endswith(n)
+    }  # fmt: skip
+    assert classes and classes <= {attention_class(k) for k in list_attention_kinds()}
 
 
 def test_a_new_kind_registers_with_the_decorator_and_a_second_claim_is_refused():

@@ -1,5 +1,6 @@
 """One file per attention kind, each a subclass of ``base.AttentionLayer``
-that supplies only its hooks; importing this package registers every kind.
+that supplies only its hooks; importing this package imports every module
+in it, and so registers every kind (a new kind's file needs no line here).
 
     mha.py            MultiHeadAttention: "mha", "gqa", "mqa"
     moh.py            MoHAttention: "moh" (paths in moh_paths.py)
@@ -8,6 +9,9 @@ that supplies only its hooks; importing this package registers every kind.
     overlapping.py    OverlappingHeadAttention: "overlapping"
     gated.py          GatedHeadAttention: "gated"
 """
+
+import importlib
+import pkgutil
 
 from .collaborative import CollaborativeAttention
 from .dcmha import DCMHA, TalkingHeadsAttention
@@ -25,3 +29,6 @@ __all__ = [
     "OverlappingHeadAttention",
     "GatedHeadAttention",
 ]
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")  # registers the kinds of files not named above

@@ -2,7 +2,7 @@
 
 Sizes: embed 512, 8 heads, B=1, float32, CPU, causal self-attention, eval
 mode under ``torch.no_grad()``. The two contenders are the same module
-(``multihead.modules.dcmha.DCMHA``) with ``chunk_size`` = T (unchunked, what
+(``multihead.modules.kinds.dcmha.DCMHA``) with ``chunk_size`` = T (unchunked, what
 the official DCFormer prefill does) and ``chunk_size`` = 128.
 
 Timing goes through the usual harness. Peak memory is measured honestly in
@@ -31,7 +31,7 @@ CHUNK = 128
 
 _PROBE = r"""
 import sys, torch
-from multihead.modules.dcmha import DCMHA
+from multihead.modules.kinds.dcmha import DCMHA
 T, chunk = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -63,7 +63,7 @@ def peak_forward_mib(T: int, chunk: int) -> float:
 def build(config: dict[str, Any]):
     C, H, B, T = (int(config[k]) for k in ("embed_dim", "num_heads", "batch", "seq"))
     T //= int(config["seq_divisor"])  # --quick runs the scenarios at T / 8
-    from multihead.modules.dcmha import DCMHA
+    from multihead.modules.kinds.dcmha import DCMHA
 
     torch.manual_seed(int(config["seed"]))
     m = DCMHA(C, H, chunk_size=T).eval()

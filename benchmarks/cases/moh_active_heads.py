@@ -1,6 +1,6 @@
 """MoH attention: the sparse path (only active (token, head) pairs) vs the dense path.
 
-``multihead.modules.moh.MoHAttention`` with the same weights run two ways,
+``multihead.modules.kinds.moh.MoHAttention`` with the same weights run two ways,
 and plain ``multihead.MultiHeadAttention`` of the same size (same
 ``qkv_proj``/``out_proj`` weights) as the baseline:
 
@@ -34,7 +34,7 @@ import torch
 
 import multihead
 from multihead.functional import attention
-from multihead.modules.moh import MoHAttention
+from multihead.modules.kinds.moh import MoHAttention
 
 from ..registry import register
 

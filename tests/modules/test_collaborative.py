@@ -9,7 +9,7 @@ import torch
 from support.modules import random_module
 from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
-from multihead.modules.collaborative import CollaborativeAttention, concatenate_mixing
+from multihead.modules.kinds.collaborative import CollaborativeAttention, concatenate_mixing
 from multihead.modules.registry import build_attention
 from multihead.reference.collaborative import collaborative_attention
 

@@ -8,7 +8,8 @@ import torch
 from support.paths import assert_cached_generation_agrees
 from torch.utils.flop_counter import FlopCounterMode
 
-from multihead.modules.dcmha import DCMHA, DynamicKVCache, TalkingHeadsAttention
+from multihead.modules.kinds.dcmha import DCMHA, TalkingHeadsAttention
+from multihead.modules.kv_cache import DynamicKVCache
 from multihead.modules.registry import build_attention
 from multihead.reference.dcmha import dcmha_attention, talking_heads_attention
 

@@ -13,7 +13,7 @@ import torch
 from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
 from multihead import MultiHeadAttention
-from multihead.modules.gated import GatedHeadAttention, concrete_penalty
+from multihead.modules.kinds.gated import GatedHeadAttention, concrete_penalty
 from multihead.modules.registry import build_attention
 from multihead.reference.gated import (
     gated_multihead_attention,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
-from multihead.modules.moh import MoHAttention, load_balancing_loss
+from multihead.modules.kinds.moh import MoHAttention, load_balancing_loss
 from multihead.modules.registry import build_attention
 from multihead.reference.moh import moh_attention, moh_learned_gates, moh_load_balancing_loss
 

@@ -65,10 +65,3 @@ def test_errors():
         QKNorm(4, eps=-1.0)
     with pytest.raises(ValueError, match="head_dim=4"):
         QKNorm(4)(torch.randn(1, 1, 2, 5), torch.randn(1, 1, 2, 4))
-
-
-def test_the_former_qk_norm_module_gives_the_same_classes():
-    from multihead.modules import norms, qk_norm, rope
-
-    assert qk_norm.HeadRMSNorm is norms.HeadRMSNorm and qk_norm.QKNorm is norms.QKNorm
-    assert qk_norm.Rotary is rope.Rotary

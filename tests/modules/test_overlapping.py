@@ -9,7 +9,7 @@ from support.attention import assert_matches, grads, np64
 from support.modules import random_module
 from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
-from multihead.modules.overlapping import OverlappingHeadAttention, overlapped_heads
+from multihead.modules.kinds.overlapping import OverlappingHeadAttention, overlapped_heads
 from multihead.modules.registry import build_attention
 from multihead.reference.overlapping import overlapping_attention
 

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from multihead.modules.dcmha import DCMHA
+from multihead.modules.kinds.dcmha import DCMHA
 from multihead.tools.capture import AttentionRecord, LayerAttention, capture
 from multihead.tools.roles import classify_heads, strongest_links
 

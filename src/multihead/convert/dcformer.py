@@ -13,7 +13,7 @@ the originals, see the spec's "stale merged weights"),
 is not supported) and ``q_norm.scale``/``k_norm.scale``.
 
 The returned :class:`DCFormerAttention` wraps a
-:class:`~multihead.modules.dcmha.DCMHA` built with the module's own options
+:class:`~multihead.modules.kinds.dcmha.DCMHA` built with the module's own options
 ``qk_norm=use_qk_norm`` (gains ``qk_norm.q_norm.weight`` / ``k_norm.weight``
 = the official ``q_norm.scale`` / ``k_norm.scale``, eps 1e-6) and
 ``rope={"base": rope_base}`` (rotate-half pairs, ``functional.apply_rope``),

@@ -6,9 +6,6 @@
     observe.py     observer events; cost.py: cost conventions; registry.py: kinds by name
     projections.py, calls.py: pieces the kinds share
     compat/        the torch.nn.MultiheadAttention drop-in
-
-The old module paths (``modules.attention``, ``modules.moh``, ...,
-``modules.torch_compat``) re-export their names from ``kinds/`` and ``compat/``.
 """
 
 from .base import AttentionLayer

@@ -56,7 +56,7 @@ from ..projections import fused_qkv, split_heads
 from ..registry import register_attention
 from .dcmha_core import composed_attention
 
-__all__ = ["DCMHA", "TalkingHeadsAttention", "DynamicKVCache", "AUTO_CHUNK"]
+__all__ = ["DCMHA", "TalkingHeadsAttention", "AUTO_CHUNK"]
 
 AUTO_CHUNK = 256  # queries per block when chunk_size is None and T > AUTO_CHUNK
 

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
+from ..modules.base import check_heads
 from ..modules.registry import build_attention, check_kind, total_aux_loss
 from .head_layout import check_layer_heads, layer_head_options
 
@@ -124,13 +125,9 @@ class BertConfig:
             "type_vocab_size",
         ):
             positive_int(name, getattr(self, name))
-        if self.hidden_size % self.num_heads != 0:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
-            )
-        self.head_dim = self.hidden_size // self.num_heads
-        if self.num_kv_heads is not None:
-            positive_int("num_kv_heads", self.num_kv_heads)
+        _, _, self.head_dim = check_heads(
+            self.hidden_size, self.num_heads, self.num_kv_heads, None, width="hidden_size", config=True
+        )
         eps = self.layer_norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
             raise ValueError(f"layer_norm_eps must be a positive finite float, got layer_norm_eps={eps!r}")

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
+from ..modules.base import check_heads
 from ..modules.calls import rollback_all_on_error
 from ..modules.registry import build_attention, check_kind, total_aux_loss
 from .head_layout import check_layer_heads, layer_head_options
@@ -100,22 +101,11 @@ class GPTConfig:
     layer_kv_heads: list[int] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "context_length", "embed_dim", "num_layers", "num_heads"):
+        for name in ("vocab_size", "context_length", "num_layers"):
             positive_int(name, getattr(self, name))
-        if self.embed_dim % self.num_heads != 0:
-            raise ValueError(
-                f"embed_dim must be divisible by num_heads, got embed_dim={self.embed_dim} and "
-                f"num_heads={self.num_heads} (embed_dim % num_heads = {self.embed_dim % self.num_heads})"
-            )
+        check_heads(self.embed_dim, self.num_heads, self.num_kv_heads, None, config=True)
         if self.mlp_dim is not None:
             positive_int("mlp_dim", self.mlp_dim)
-        if self.num_kv_heads is not None:
-            positive_int("num_kv_heads", self.num_kv_heads)
-            if self.num_heads % self.num_kv_heads != 0:
-                raise ValueError(
-                    f"num_kv_heads must divide num_heads, got num_kv_heads={self.num_kv_heads} "
-                    f"and num_heads={self.num_heads}"
-                )
         if not isinstance(self.attention, str):
             raise TypeError(f"attention must be a str, got attention={self.attention!r}")
         check_kind(self.attention)

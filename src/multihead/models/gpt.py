@@ -12,10 +12,7 @@ Hugging Face's ``GPT2LMHeadModel`` (``multihead.convert.hf_gpt2``).
 
 Left-padded batches (``attention_mask`` [B, S], 1 = real token, Hugging
 Face's polarity) count positions over real tokens only, as Hugging Face does
-for batched generation, so a padded prompt gets the logits of the unpadded one::
-
-    attention_mask  0 0 1 1 1        (two pads, then the prompt)
-    position_ids    0 0 0 1 2        cumsum(mask) - 1, pads set to 0
+for batched generation (``gpt_inputs``: the forward's input checks).
 """
 
 from __future__ import annotations
@@ -33,6 +30,7 @@ from .._checks import dropout_probability, positive_int
 from ..modules.base import check_heads
 from ..modules.calls import rollback_all_on_error
 from ..modules.registry import build_attention, check_kind, total_aux_loss
+from .gpt_inputs import check_caches, check_token_ids, positions_from_mask, token_positions
 from .head_layout import check_layer_heads, layer_head_options
 
 __all__ = [
@@ -268,22 +266,6 @@ def require_gpt2_layout(config: GPTConfig) -> None:
 
 
 # ---------------------------------------------------------------------- model
-_ID_DTYPES = (torch.int64, torch.int32)  # the index dtypes nn.Embedding accepts
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids [B, S] counting real tokens only (Hugging Face's rule).
-
-    Args:
-        attention_mask: [B, S] bool, 1/True = real token.
-
-    Returns:
-        cumsum(mask) - 1 with pad positions set to 0, long [B, S].
-    """
-    mask = attention_mask.long()
-    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-
-
 class MLP(nn.Module):
     """fc (C -> M), GELU with the tanh approximation, proj (M -> C), dropout; M = 4C by default."""
 
@@ -424,7 +406,7 @@ class GPT(nn.Module):
                 (Hugging Face's polarity), S = cached length + T. Pads are
                 never attended; positions count real tokens only.
             position_ids: [B, T] or [1, T], torch.int64 or torch.int32;
-                default from ``attention_mask`` (see the module docstring)
+                default from ``attention_mask`` (``gpt_inputs.token_positions``)
                 or cached length + arange(T).
             kv_caches: one cache per block from :meth:`make_kv_caches`; this
                 call appends its T positions and attends over everything
@@ -452,84 +434,17 @@ class GPT(nn.Module):
                 sizes, or too little room in a cache (all before any cache
                 is written).
         """
-        cfg = self.config
-        if not isinstance(idx, torch.Tensor):
-            raise TypeError(f"idx must be a torch.Tensor, got {type(idx).__name__}")
-        if idx.dtype not in _ID_DTYPES:
-            raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype} (use torch.int64 or torch.int32)")
-        if idx.dim() != 2 or idx.shape[1] == 0:
-            raise ValueError(f"idx must be (B, T) with T >= 1, got {tuple(idx.shape)}")
-        B, T = idx.shape
-        # Value checks read the data (a host sync): eager only, skipped inside torch.compile.
-        eager = not torch.compiler.is_compiling()
-        if eager and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= cfg.vocab_size):
-            raise ValueError(
-                f"token ids must be in [0, {cfg.vocab_size}), got min {int(idx.min())}, max {int(idx.max())}"
-            )
-        past = 0 if kv_caches is None else self._check_caches(kv_caches, B, T)
-        S = past + T
-        if S > cfg.context_length:
-            raise ValueError(
-                f"sequence of {S} tokens ({past} cached + {T} new) exceeds context_length={cfg.context_length}"
-            )
-        key_padding = None
-        if attention_mask is not None:
-            if not isinstance(attention_mask, torch.Tensor):
-                raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
-            if tuple(attention_mask.shape) != (B, S):
-                raise ValueError(
-                    f"attention_mask must be (B, cached + T) = ({B}, {S}), got {tuple(attention_mask.shape)}"
-                )
-            key_padding = attention_mask.to(device=idx.device) != 0  # bool, True = real token
-        if position_ids is None:
-            if key_padding is not None:
-                position_ids = positions_from_mask(key_padding)[:, past:]  # (B, S) -> (B, T)
-            else:
-                position_ids = torch.arange(past, S, device=idx.device)[None, :]  # (1, T)
-        else:
-            if not isinstance(position_ids, torch.Tensor):
-                raise TypeError(f"position_ids must be a torch.Tensor, got {type(position_ids).__name__}")
-            if position_ids.dtype not in _ID_DTYPES:
-                raise TypeError(
-                    f"position_ids must be integer positions, got dtype {position_ids.dtype} "
-                    "(use torch.int64 or torch.int32)"
-                )
-            if position_ids.dim() != 2 or position_ids.shape[0] not in (1, B) or position_ids.shape[1] != T:
-                raise ValueError(f"position_ids must be (B, T) or (1, T) = ({B}, {T}), got {tuple(position_ids.shape)}")
-            if eager and (int(position_ids.min()) < 0 or int(position_ids.max()) >= cfg.context_length):
-                raise ValueError(
-                    f"position_ids must be in [0, {cfg.context_length}), got min {int(position_ids.min())}, "
-                    f"max {int(position_ids.max())}"
-                )
-        x = self.token_embedding(idx) + self.position_embedding(position_ids)  # (B, T, C)
-        x = self.dropout(x)
+        B, T = check_token_ids(idx, self.config.vocab_size)
+        past = 0 if kv_caches is None else check_caches(kv_caches, len(self.blocks), B, T)
+        key_padding, position_ids = token_positions(
+            attention_mask, position_ids, B=B, T=T, past=past, context_length=self.config.context_length,
+            device=idx.device,
+        )  # fmt: skip
+        x = self.dropout(self.token_embedding(idx) + self.position_embedding(position_ids))  # (B, T, C)
         with rollback_all_on_error(kv_caches):
             for i, block in enumerate(self.blocks):
                 x = block(x, key_padding_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
         return self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, vocab)
-
-    def _check_caches(self, kv_caches: list[Any], B: int, T: int) -> int:
-        """Validate every cache before any is written; return the cached length.
-
-        Raises:
-            TypeError: a cache length that is not a Python int.
-            ValueError: a wrong number of caches, caches of different lengths,
-                or a cache that cannot take T more positions of batch B.
-        """
-        if len(kv_caches) != len(self.blocks):
-            raise ValueError(f"need one KV cache per block: {len(self.blocks)}, got {len(kv_caches)}")
-        lengths = [cache.length for cache in kv_caches]
-        for i, length in enumerate(lengths):
-            if isinstance(length, bool) or not isinstance(length, int):
-                raise TypeError(f"KV cache {i} length must be a Python int, got {type(length).__name__}")
-        if any(length != lengths[0] for length in lengths):
-            raise ValueError(f"every block's KV cache must hold the same length, got lengths {lengths}")
-        for i, cache in enumerate(kv_caches):
-            try:
-                cache.check_append(B, T)
-            except ValueError as err:
-                raise ValueError(f"KV cache of block {i}: {err}") from None
-        return lengths[0]
 
     def generate(
         self,

@@ -50,6 +50,7 @@ model and written in the same format, so a run resumes with or without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -63,6 +64,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ..io import write_text_atomic
 from ..models.gpt import GPT, GPTConfig
@@ -269,43 +271,104 @@ def _resume_state(config: TrainConfig, run_dir: Path, resume: bool) -> ckpt.Trai
     return state
 
 
+@dataclass
+class _Setup:
+    """What one run trains: the model (``net`` wraps it under DDP), its optimizer and
+    where the run starts (0, or the checkpoint's step, tokens and time)."""
+
+    model: GPT
+    net: nn.Module
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    sharded: bool
+    start: int = 0
+    tokens_seen: int = 0
+    elapsed_before: float = 0.0
+
+
 def _run(config, run_dir, state, world, device, progress) -> TrainResult:
     tokenizer, train_tokens, val_tokens = _prepare_data(config, run_dir, world, state is not None)
     batches = _batches_or_error(train_tokens, config, "train")
     _batches_or_error(val_tokens, config, "val")
-    val_sets = val_batches(
-        val_tokens,
-        batch_size=config.batch_size,
-        context_length=config.context_length,
-        num_batches=config.eval_batches,
-        seed=VAL_SEED,
-    )
+    val_sets = val_batches(val_tokens, batch_size=config.batch_size, context_length=config.context_length,
+                           num_batches=config.eval_batches, seed=VAL_SEED)  # fmt: skip
+    run = _setup(config, tokenizer.vocab_size, state, world, device)
+    autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16,
+                                 enabled=config.dtype == "bfloat16")  # fmt: skip
+    metrics = _Metrics(run_dir / "metrics.jsonl", run.start) if world.main else None
+    bar = Progress(config.max_steps, run.start, enabled=progress if world.main else False)
+    _announce(bar, run, config, run_dir, train_tokens.size, world)
+    tokens_per_step = config.batch_size * config.context_length
+    train_time, log_time, log_tokens = 0.0, 0.0, 0
+    val_loss: float | None = None
+    train_loss = None
+    run.model.train()
+    try:
+        for step in range(run.start, config.max_steps):
+            t0 = time.perf_counter()
+            lr, train_loss, aux_loss, grad_norm = _train_step(run, batches, step, config, world, device, autocast)
+            dt = time.perf_counter() - t0
+            train_time, log_time, log_tokens = train_time + dt, log_time + dt, log_tokens + tokens_per_step
+            run.tokens_seen += tokens_per_step
+            n = step + 1
+            final = n == config.max_steps
+            evaluate = final or n % config.eval_every == 0
+            if evaluate:
+                val_loss = validation_loss(run.model, val_sets, config, world, device, autocast)
+            logged = evaluate or n % config.log_every == 0
+            tokens_per_s = log_tokens / log_time if log_time > 0 else 0.0
+            if logged and metrics is not None:
+                record = {"step": n, "train_loss": train_loss, "aux_loss": aux_loss, "lr": lr,
+                          "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
+                          "elapsed_s": run.elapsed_before + train_time}  # fmt: skip
+                metrics.write({**record, "val_loss": val_loss} if evaluate else record)
+            bar.update(n, train_loss, tokens_per_s, val_loss=val_loss if evaluate else None, logged=logged)
+            if logged:
+                log_time, log_tokens = 0.0, 0
+            if final or n % config.checkpoint_every == 0:
+                _save(run, run_dir, n, config, world, device, elapsed_s=run.elapsed_before + train_time)
+        if val_loss is None:  # nothing left to train: a finished run resumed
+            val_loss = validation_loss(run.model, val_sets, config, world, device, autocast)
+    finally:
+        bar.close()
+        if metrics is not None:
+            metrics.close()
+    speed = (config.max_steps - run.start) * tokens_per_step / train_time if train_time > 0 else 0.0
+    if world.main and progress is not False:
+        bar.message(
+            f"done: {config.max_steps} steps, val loss {val_loss:.4f}, {speed:,.0f} tok/s, "
+            f"{format_duration(train_time)} -> {run_dir}"
+        )
+    model = run.model
+    if run.sharded:  # the AdamW state goes first: the full copy then needs 4 bytes per parameter
+        run.optimizer.state.clear()
+        model = shard.unsharded_copy(model, device)  # collective
+    model.eval()
+    return TrainResult(run_dir, val_loss, train_loss, config.max_steps, speed, model)
+
+
+def _setup(config: TrainConfig, vocab_size: int, state, world: World, device) -> _Setup:
+    """The model (the checkpoint's weights when resuming), sharded or wrapped for
+    several processes, its AdamW with the checkpoint's state, and the RNG state."""
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     gpt_config = GPTConfig.from_preset(
-        config.preset,
-        vocab_size=tokenizer.vocab_size,
-        context_length=config.context_length,
-        attention=config.attention,
-        attention_options=dict(config.attention_options),
-        dropout=config.dropout,
-        mlp_dim=config.mlp_dim,
-    )
+        config.preset, vocab_size=vocab_size, context_length=config.context_length, attention=config.attention,
+        attention_options=dict(config.attention_options), dropout=config.dropout, mlp_dim=config.mlp_dim,
+    )  # fmt: skip
     model = GPT(gpt_config, device=device)
     sharded = config.shard and world.size > 1
     if state is not None:
         ckpt.load_model_weights(model, state.directory)  # the full weights, before any sharding
     if sharded:
         shard.shard_model(model, device, world.size)  # before the optimizer: its parameters become DTensors
-    optimizer = torch.optim.AdamW(
-        parameter_groups(model, config.weight_decay),
-        lr=config.lr,
-        betas=(config.beta1, config.beta2),
-        eps=_ADAM_EPS,
-        fused=False,
-    )
+    optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr,
+                                  betas=(config.beta1, config.beta2), eps=_ADAM_EPS, fused=False)  # fmt: skip
     params = [p for g in optimizer.param_groups for p in g["params"]]
     torch.manual_seed(config.seed + 1 + world.rank)  # dropout and gate noise, per rank
-    start, tokens_seen, elapsed_before = 0, 0, 0.0
+    net: nn.Module = model
+    if world.size > 1 and not sharded:
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    run = _Setup(model, net, optimizer, params, sharded)
     if state is not None:
         ckpt.check_optimizer_shapes(state.optimizer, params, str(state.directory))
         try:
@@ -316,122 +379,60 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
         except (ValueError, KeyError) as e:
             raise ValueError(f"{state.directory}: the optimizer state does not fit the model: {e}") from None
         restore_rng(state.rng, world, device)
-        start, tokens_seen, elapsed_before = state.step, state.tokens_seen, state.elapsed_s
-    net: nn.Module = model
-    if world.size > 1 and not sharded:
-        from torch.nn.parallel import DistributedDataParallel
+        run.start, run.tokens_seen, run.elapsed_before = state.step, state.tokens_seen, state.elapsed_s
+    return run
 
-        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    use_bf16 = config.dtype == "bfloat16"
 
-    def autocast():
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
+def _announce(bar: Progress, run: _Setup, config: TrainConfig, run_dir: Path, tokens: int, world: World) -> None:
+    if run.start:
+        bar.message(f"resuming {run_dir} at step {run.start}")
+        return
+    bar.message(
+        f"training {run.model.num_parameters():,} parameters ({config.preset}, {config.attention}) on "
+        f"{tokens:,} tokens, {world.size} process(es){' sharded (FSDP2)' if run.sharded else ''}, "
+        f"{torch.get_num_threads()} thread(s) each"
+    )
 
-    metrics = _Metrics(run_dir / "metrics.jsonl", start) if world.main else None
-    bar = Progress(config.max_steps, start, enabled=progress if world.main else False)
-    if start == 0:
-        bar.message(
-            f"training {model.num_parameters():,} parameters ({config.preset}, {config.attention}) on "
-            f"{train_tokens.size:,} tokens, {world.size} process(es){' sharded (FSDP2)' if sharded else ''}, "
-            f"{torch.get_num_threads()} thread(s) each"
-        )
-    else:
-        bar.message(f"resuming {run_dir} at step {start}")
-    tokens_per_step = config.batch_size * config.context_length
-    train_time, log_time, log_tokens = 0.0, 0.0, 0
-    val_loss: float | None = None
-    train_loss = None
-    model.train()
-    try:
-        for step in range(start, config.max_steps):
-            t0 = time.perf_counter()
-            lr = learning_rate(step, config)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            sums = torch.zeros(2, device=device)  # (LM loss, aux loss) summed over micro-batches
-            for micro in range(config.grad_accum):
-                x, y = batches.get(
-                    step, micro=micro, grad_accum=config.grad_accum, rank=world.rank, world_size=world.size
-                )
-                x, y = x.to(device), y.to(device)
-                with _gradient_sync(net, world, sharded, last=micro == config.grad_accum - 1):
-                    with autocast():
-                        logits = net(x)  # (b, T, V)
-                        lm = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-                        aux = model.aux_loss().float()
-                    ((lm + aux) / config.grad_accum).backward()
-                sums += torch.stack([lm.detach(), aux.detach()])
-            clip = config.grad_clip if config.grad_clip > 0 else math.inf
-            grad_norm = shard.full_value(torch.nn.utils.clip_grad_norm_(params, clip))  # sharded: a DTensor
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses = world.mean(sums / config.grad_accum)
-            train_loss, aux_loss = float(losses[0]), float(losses[1])
-            dt = time.perf_counter() - t0
-            train_time += dt
-            log_time += dt
-            log_tokens += tokens_per_step
-            tokens_seen += tokens_per_step
-            n = step + 1
-            final = n == config.max_steps
-            evaluate = final or n % config.eval_every == 0
-            if evaluate:
-                val_loss = validation_loss(model, val_sets, config, world, device, autocast)
-            logged = evaluate or final or n % config.log_every == 0
-            tokens_per_s = log_tokens / log_time if log_time > 0 else 0.0
-            if logged and metrics is not None:
-                record = {
-                    "step": n,
-                    "train_loss": train_loss,
-                    "aux_loss": aux_loss,
-                    "lr": lr,
-                    "grad_norm": float(grad_norm),
-                    "tokens_per_s": tokens_per_s,
-                    "elapsed_s": elapsed_before + train_time,
-                }
-                if evaluate:
-                    record["val_loss"] = val_loss
-                metrics.write(record)
-            bar.update(n, train_loss, tokens_per_s, val_loss=val_loss if evaluate else None, logged=logged)
-            if logged:
-                log_time, log_tokens = 0.0, 0
-            if final or n % config.checkpoint_every == 0:
-                rng = rng_states(world, device)  # collective: every rank
-                # sharded: the full states, gathered to rank 0 (collective)
-                model_state = shard.full_model_state(model) if sharded else None
-                optimizer_state = shard.full_optimizer_state(model, optimizer) if sharded else optimizer.state_dict()
-                if world.main:
-                    ckpt.save_training_checkpoint(
-                        run_dir,
-                        step=n,
-                        model=model,
-                        model_state=model_state,
-                        optimizer_state=optimizer_state,
-                        config=config,
-                        rng=rng,
-                        tokens_seen=tokens_seen,
-                        elapsed_s=elapsed_before + train_time,
-                        world_size=world.size,
-                    )
-                world.barrier()
-        if val_loss is None:  # nothing left to train: a finished run resumed
-            val_loss = validation_loss(model, val_sets, config, world, device, autocast)
-    finally:
-        bar.close()
-        if metrics is not None:
-            metrics.close()
-    done = config.max_steps - start
-    speed = done * tokens_per_step / train_time if train_time > 0 else 0.0
-    if world.main and progress is not False:
-        bar.message(
-            f"done: {config.max_steps} steps, val loss {val_loss:.4f}, {speed:,.0f} tok/s, "
-            f"{format_duration(train_time)} -> {run_dir}"
-        )
-    if sharded:  # the AdamW state goes first: the full copy then needs 4 bytes per parameter
-        optimizer.state.clear()
-        model = shard.unsharded_copy(model, device)  # collective
-    model.eval()
-    return TrainResult(run_dir, val_loss, train_loss, config.max_steps, speed, model)
+
+def _train_step(run: _Setup, batches: Batches, step: int, config: TrainConfig, world: World, device, autocast):
+    """One optimizer step (the module docstring's picture); returns (lr, LM loss,
+    aux loss, gradient norm), the losses averaged over micro-batches and ranks."""
+    lr = learning_rate(step, config)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    sums = torch.zeros(2, device=device)  # (LM loss, aux loss) summed over micro-batches
+    for micro in range(config.grad_accum):
+        x, y = batches.get(step, micro=micro, grad_accum=config.grad_accum, rank=world.rank, world_size=world.size)
+        x, y = x.to(device), y.to(device)
+        with _gradient_sync(run.net, world, run.sharded, last=micro == config.grad_accum - 1):
+            with autocast():
+                logits = run.net(x)  # (b, T, V)
+                lm = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+                aux = run.model.aux_loss().float()
+            ((lm + aux) / config.grad_accum).backward()
+        sums += torch.stack([lm.detach(), aux.detach()])
+    clip = config.grad_clip if config.grad_clip > 0 else math.inf
+    grad_norm = shard.full_value(torch.nn.utils.clip_grad_norm_(run.params, clip))  # sharded: a DTensor
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    losses = world.mean(sums / config.grad_accum)
+    return lr, float(losses[0]), float(losses[1]), float(grad_norm)
+
+
+def _save(run: _Setup, run_dir: Path, n: int, config: TrainConfig, world: World, device, *, elapsed_s: float) -> None:
+    """The checkpoint after step n (collective: every rank calls it; rank 0 writes)."""
+    rng = rng_states(world, device)
+    # sharded: the full states, gathered to rank 0 (collective)
+    model_state = shard.full_model_state(run.model) if run.sharded else None
+    optimizer_state = (
+        shard.full_optimizer_state(run.model, run.optimizer) if run.sharded else run.optimizer.state_dict()
+    )
+    if world.main:
+        ckpt.save_training_checkpoint(
+            run_dir, step=n, model=run.model, model_state=model_state, optimizer_state=optimizer_state,
+            config=config, rng=rng, tokens_seen=run.tokens_seen, elapsed_s=elapsed_s, world_size=world.size,
+        )  # fmt: skip
+    world.barrier()
 
 
 def _gradient_sync(net: nn.Module, world: World, sharded: bool, *, last: bool):

@@ -66,6 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..errors import UsageError
 from ..io import write_text_atomic
 from ..models.gpt import GPT, GPTConfig
 from . import checkpoint as ckpt
@@ -149,7 +150,7 @@ def _batches_or_error(tokens: np.ndarray, config: TrainConfig, split: str) -> Ba
     try:
         return Batches(tokens, batch_size=config.batch_size, context_length=config.context_length, seed=config.seed)
     except ValueError as e:
-        raise ValueError(f"{split} split of data={config.data!r}: {e}") from None
+        raise UsageError(f"{split} split of data={config.data!r}: {e}") from None
 
 
 # ------------------------------------------------------------------ metrics
@@ -218,18 +219,19 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
         a :class:`TrainResult`.
 
     Raises:
-        ValueError: batch_size not divisible by world_size * grad_accum, a
-            split shorter than context_length + 1 tokens, ``resume`` without
-            a checkpoint, a checkpoint of another config (the message names
-            the differing fields), a fresh run into a directory that holds a
-            checkpoint.
+        UsageError: (a ValueError) batch_size not divisible by world_size *
+            grad_accum, a split shorter than context_length + 1 tokens,
+            ``resume`` without a checkpoint, a checkpoint of another config
+            (the message names the differing fields) or whose optimizer state
+            does not fit the model, a fresh run into a directory that holds
+            a checkpoint.
         OSError: unreadable data (see ``load_corpus``).
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     world = World.from_env()
     if config.batch_size % (world.size * config.grad_accum):
-        raise ValueError(
+        raise UsageError(
             f"batch_size={config.batch_size} is not divisible by world_size * grad_accum = "
             f"{world.size} * {config.grad_accum} = {world.size * config.grad_accum}"
         )
@@ -255,17 +257,20 @@ def _resume_state(config: TrainConfig, run_dir: Path, resume: bool) -> ckpt.Trai
     latest = ckpt.latest_checkpoint(run_dir)
     if not resume:
         if latest is not None:
-            raise ValueError(
+            raise UsageError(
                 f"{run_dir} already holds a training checkpoint ({latest.name}); resume it "
                 "(resume=True, --resume) or choose another out directory"
             )
         return None
     if latest is None:
-        raise ValueError(f"cannot resume: no checkpoint in {run_dir / ckpt.CHECKPOINTS} (no 'latest' pointer)")
-    state = ckpt.load_training_state(latest)
+        raise UsageError(f"cannot resume: no checkpoint in {run_dir / ckpt.CHECKPOINTS} (no 'latest' pointer)")
+    try:
+        state = ckpt.load_training_state(latest)
+    except (ValueError, OSError) as e:  # a damaged or unreadable checkpoint of the user's run
+        raise UsageError(f"cannot resume from {latest}: {e}") from e
     diff = config_differences(state.config, config)
     if diff:
-        raise ValueError(
+        raise UsageError(
             f"cannot resume {latest}: it was trained with another config, {{field: (saved, given)}} = {diff}"
         )
     return state
@@ -370,14 +375,17 @@ def _setup(config: TrainConfig, vocab_size: int, state, world: World, device) ->
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     run = _Setup(model, net, optimizer, params, sharded)
     if state is not None:
-        ckpt.check_optimizer_shapes(state.optimizer, params, str(state.directory))
+        try:
+            ckpt.check_optimizer_shapes(state.optimizer, params, str(state.directory))
+        except ValueError as e:  # the user's checkpoint; the message names it
+            raise UsageError(str(e)) from e
         try:
             if sharded:
                 shard.load_full_optimizer_state(model, optimizer, state.optimizer)
             else:
                 optimizer.load_state_dict(state.optimizer)
         except (ValueError, KeyError) as e:
-            raise ValueError(f"{state.directory}: the optimizer state does not fit the model: {e}") from None
+            raise UsageError(f"{state.directory}: the optimizer state does not fit the model: {e}") from None
         restore_rng(state.rng, world, device)
         run.start, run.tokens_seen, run.elapsed_before = state.step, state.tokens_seen, state.elapsed_s
     return run

@@ -1,8 +1,8 @@
 """Tools that take models or tensors: capture attention, score head roles,
 draw the views, mask heads and score their importance (gradient,
-ablation, learned gates), prune heads,
-convert MHA to GQA, distil a converted or pruned model back towards the
-original."""
+ablation, learned gates) on the objectives of a GPT or a sentence
+encoder, prune heads, convert MHA to GQA, distil a converted or pruned
+model back towards the original."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .convert_heads import to_gqa
@@ -10,6 +10,17 @@ from .distill import distillation, divergence
 from .gate_importance import GateSweep, GateTraining, gate_sweep
 from .heads import attention_layers, mask_heads
 from .importance import head_importance
+from .objectives import (
+    contrastive_loss,
+    embed,
+    encoder_importance,
+    encoder_scores,
+    gate_training,
+    gpt_importance,
+    gpt_scores,
+    lm_loss,
+    next_token_logits,
+)
 from .prune import prune_closed_heads, prune_heads
 from .recovery import recover
 from .roles import (
@@ -43,6 +54,15 @@ __all__ = [
     "attention_layers",
     "mask_heads",
     "head_importance",
+    "lm_loss",
+    "next_token_logits",
+    "embed",
+    "contrastive_loss",
+    "gpt_scores",
+    "encoder_scores",
+    "gate_training",
+    "gpt_importance",
+    "encoder_importance",
     "gate_sweep",
     "GateTraining",
     "GateSweep",

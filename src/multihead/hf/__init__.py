@@ -15,11 +15,34 @@ transformers' SDPA mask function (bool, True = may attend, or None with
 ``is_causal``), so they reach multihead unchanged and exactly; key/value heads
 stay at G < H (no ``repeat_kv``). ``capture`` and ``head_gates`` act only on
 the model they were given, and only while their ``with`` block runs.
+
+Folders (``folders.py``): ``model_folder`` checks one, and
+``load_sentence_encoder_folder`` / ``load_gpt2_folder`` read a BERT or GPT-2
+folder into multihead's own models, without transformers (importing
+``multihead.hf`` registers "multihead" only where transformers is
+installed); ``load_transformers_folder`` is ``load_hf`` for a command.
+``encoder_importance`` scores each head of a transformers model by ablation.
 """
 
+from importlib.util import find_spec
+
 from .bridge import NAME, attention_forward, load_hf, register
+from .folders import (
+    load_gpt2_folder,
+    load_sentence_encoder_folder,
+    load_transformers_folder,
+    model_folder,
+    read_config,
+    read_tokenizer,
+)
+from .importance import encoder_importance
 from .scopes import capture, head_gates, head_mask
 
-__all__ = ["NAME", "register", "attention_forward", "capture", "head_gates", "head_mask", "load_hf"]
+__all__ = [
+    "NAME", "register", "attention_forward", "capture", "head_gates", "head_mask", "load_hf", "model_folder",
+    "read_config", "read_tokenizer", "load_sentence_encoder_folder", "load_gpt2_folder", "load_transformers_folder",
+    "encoder_importance",
+]  # fmt: skip
 
-register()
+if find_spec("transformers") is not None:
+    register()

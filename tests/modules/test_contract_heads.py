@@ -120,3 +120,16 @@ def test_kinds_whose_heads_mix_refuse_with_their_reason(kind):
     with pytest.raises(ValueError, match="cannot keep a subset of its heads: ") as err:
         m.select_heads([0])
     assert type(m).head_independence in str(err.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shared_options_are_taken_once_and_refused_ones_are_named(kind):
+    """Every kind takes the shared options through AttentionLayer; those it declares
+    in refused_options are a TypeError naming them."""
+    cls = attention_class(kind)
+    m = build(kind, qkv_bias=False, out_bias=False, dropout=0.25)
+    assert (m.qkv_bias, m.out_bias, m.dropout) == (False, False, 0.25)
+    assert m.out_proj.bias is None and m.init_options["dropout"] == 0.25
+    for name in cls.refused_options:
+        with pytest.raises(TypeError, match=rf"{cls.__name__} does not take {name} \(got \{{'{name}': 8\}}\)"):
+            cls(C, H, **{name: 8})

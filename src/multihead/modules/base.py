@@ -97,7 +97,18 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         num_kv_heads: G key/value heads (None: H).
         head_dim: D (default C // H).
         kdim, vdim: widths of key and value inputs (default C).
+        qkv_bias, out_bias: biases of the input projections (``qkv_bias``,
+            read by the kind's own projections) and of ``out_proj``.
         dropout: on the attention weights in training mode.
+        rope, qk_norm: rotary embeddings and per-head RMS norm of q and k
+            (``init_positions``; both off by default).
+        device, dtype: of the parameters (``self.factory``).
+
+    These are the options every kind shares, written once: a kind's
+    constructor lists only its own and passes ``**options`` on. A kind that
+    cannot use one names it in ``refused_options``; a value for it is a
+    TypeError. ``init_options`` holds the shared options as given (and a
+    kind adds its own), so ``subset_heads`` can build the same layer again.
 
     Class attributes a kind sets:
         kind: its registry name.
@@ -105,6 +116,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             ``functional.attention`` accepts).
         forward_options: names of extra keyword arguments of ``forward``
             that go to its ``core`` (e.g. MoH's ``path``).
+        refused_options: shared options the kind does not take (e.g.
+            ("kdim", "vdim") for a kind with one fused projection).
 
     Capabilities a kind declares (the kind contract test checks them for
     every registered kind; no other file keeps a list of kinds):
@@ -139,6 +152,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
     kind = "attention"
     backends: tuple[str, ...] | None = None
     forward_options: tuple[str, ...] = ()
+    refused_options: tuple[str, ...] = ()
     independent_heads: bool = False
     head_independence: str = ""
     comparison_skip: str | None = None
@@ -152,14 +166,29 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         head_dim: int | None = None,
         kdim: int | None = None,
         vdim: int | None = None,
+        qkv_bias: bool = True,
+        out_bias: bool = True,
         dropout: float = 0.0,
+        rope: bool | dict = False,
+        qk_norm: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        sizes = {"num_kv_heads": num_kv_heads, "kdim": kdim, "vdim": vdim}
+        refused = {n: v for n, v in sizes.items() if n in self.refused_options and v is not None}
+        if refused:
+            raise TypeError(f"{type(self).__name__} does not take {', '.join(refused)} (got {refused})")
         H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
         self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
         self.vdim = embed_dim if vdim is None else positive_int("vdim", vdim)
         self.dropout = dropout_probability(dropout)
+        self.qkv_bias, self.out_bias = qkv_bias, out_bias
+        self.factory = {"device": device, "dtype": dtype}
+        self._positions = (rope, qk_norm)
+        self.init_options = {n: v for n, v in (("kdim", self.kdim), ("vdim", self.vdim)) if n not in self.refused_options}
+        self.init_options.update(qkv_bias=qkv_bias, out_bias=out_bias, dropout=dropout, rope=rope, qk_norm=qk_norm)
         self.scale: float | None = None
         self.rope: Rotary | None = None
         self.qk_norm: QKNorm | None = None
@@ -167,21 +196,23 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         self._head_hooks: OrderedDict[int, Callable] = OrderedDict()
 
     # ------------------------------------------------------------------ building
-    def init_output(self, in_features: int, out_features: int, *, bias: bool, device=None, dtype=None) -> None:
-        """Create ``out_proj`` [out_features, in_features] (the merged heads -> output)."""
-        self.out_proj = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+    def init_output(self, in_features: int, out_features: int) -> None:
+        """Create ``out_proj`` [out_features, in_features] (the merged heads -> output),
+        with ``out_bias`` and the layer's device and dtype."""
+        self.out_proj = nn.Linear(in_features, out_features, bias=self.out_bias, **self.factory)
 
-    def init_positions(self, rope: bool | dict, qk_norm: bool, dim: int, *, device=None, dtype=None) -> None:
+    def init_positions(self, dim: int) -> None:
         """Create ``self.rope`` (``Rotary``) and ``self.qk_norm`` (``QKNorm`` over
-        ``dim`` channels), each None when off.
+        ``dim`` channels) from the ``rope`` and ``qk_norm`` options, each None when off.
 
         Raises:
             TypeError / ValueError: a non-bool ``qk_norm`` or invalid rope options.
         """
+        rope, qk_norm = self._positions
         self.rope = Rotary.from_option(rope, dim)
         if not isinstance(qk_norm, bool):
             raise TypeError(f"qk_norm must be a bool, got qk_norm={qk_norm!r}")
-        self.qk_norm = QKNorm(dim, device=device, dtype=dtype) if qk_norm else None
+        self.qk_norm = QKNorm(dim, **self.factory) if qk_norm else None
 
     # ------------------------------------------------------------------ capabilities
     @classmethod

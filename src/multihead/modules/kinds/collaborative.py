@@ -141,6 +141,7 @@ class CollaborativeAttention(AttentionLayer):
     """
 
     kind = "collaborative"
+    refused_options = ("num_kv_heads",)  # one key head serves every head
     independent_heads = True
     head_independence = (
         "heads share the query/key projections but each scores with its own mixing row and content-bias row, "
@@ -153,21 +154,12 @@ class CollaborativeAttention(AttentionLayer):
         num_heads: int,
         *,
         shared_dim: int | None = None,
-        head_dim: int | None = None,
-        kdim: int | None = None,
-        vdim: int | None = None,
-        qkv_bias: bool = True,
-        out_bias: bool = True,
         out_dim: int | None = None,
-        dropout: float = 0.0,
         scale: float | None = None,
         mixing_init: str = "normal",
-        rope: bool | dict = False,
-        qk_norm: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **options,
     ) -> None:
-        super().__init__(embed_dim, num_heads, head_dim=head_dim, kdim=kdim, vdim=vdim, dropout=dropout)
+        super().__init__(embed_dim, num_heads, **options)
         H, Dv = self.num_heads, self.head_dim
         self.shared_dim = embed_dim if shared_dim is None else positive_int("shared_dim", shared_dim)
         self.out_dim = embed_dim if out_dim is None else positive_int("out_dim", out_dim)
@@ -178,24 +170,22 @@ class CollaborativeAttention(AttentionLayer):
         self.scale = float(scale)
         if mixing_init not in _MIXING_INITS:
             raise ValueError(f"mixing_init must be one of {_MIXING_INITS}, got mixing_init={mixing_init!r}")
-        factory = {"device": device, "dtype": dtype}
+        factory = self.factory
         Dt = self.shared_dim
-        self.init_options = {"shared_dim": Dt, "kdim": self.kdim, "vdim": self.vdim, "qkv_bias": qkv_bias,
-                             "out_bias": out_bias, "out_dim": self.out_dim, "dropout": dropout, "scale": self.scale,
-                             "rope": rope, "qk_norm": qk_norm}  # fmt: skip
+        self.init_options.update(shared_dim=Dt, out_dim=self.out_dim, scale=self.scale)
         self.q_proj = nn.Linear(embed_dim, Dt, bias=False, **factory)
         self.k_proj = nn.Linear(self.kdim, Dt, bias=False, **factory)
         self.content_bias = nn.Linear(self.kdim, H, bias=False, **factory)
         self.mixing = nn.Parameter(torch.empty(H, Dt, **factory))
-        self.v_proj = nn.Linear(self.vdim, H * Dv, bias=qkv_bias, **factory)
-        self.init_output(H * Dv, self.out_dim, bias=out_bias, **factory)
+        self.v_proj = nn.Linear(self.vdim, H * Dv, bias=self.qkv_bias, **factory)
+        self.init_output(H * Dv, self.out_dim)
         with torch.no_grad():
             if mixing_init == "normal":
                 self.mixing.normal_(0.0, 0.2)
             else:
                 self.mixing.copy_(concatenate_mixing(H, Dt))
         try:
-            self.init_positions(rope, qk_norm, Dt, **factory)
+            self.init_positions(Dt)
         except ValueError as err:
             raise ValueError(f"{err} [collaborative rope rotates the shared_dim={Dt} query/key channels]") from None
 

@@ -111,22 +111,15 @@ class DCMHA(AttentionLayer):
         embed_dim: int,
         num_heads: int,
         *,
-        head_dim: int | None = None,
         rank: int = 2,
         dynamic_hidden_dim: int | None = None,
         dynamic: bool = True,
         static: bool = True,
         residual: bool = True,
         chunk_size: int | None = None,
-        qkv_bias: bool = True,
-        out_bias: bool = True,
-        dropout: float = 0.0,
-        rope: bool | dict = False,
-        qk_norm: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **options,
     ) -> None:
-        super().__init__(embed_dim, num_heads, head_dim=head_dim, dropout=dropout)
+        super().__init__(embed_dim, num_heads, **options)
         H, D = self.num_heads, self.head_dim
         self.rank = positive_int("rank", rank)
         self.dynamic_hidden_dim = 4 * H if dynamic_hidden_dim is None else positive_int(
@@ -136,9 +129,9 @@ class DCMHA(AttentionLayer):
             raise ValueError("dynamic=False and static=False leave nothing to compose; use 'mha'")
         self.dynamic, self.static, self.residual = bool(dynamic), bool(static), bool(residual)
         self.chunk_size = None if chunk_size is None else positive_int("chunk_size", chunk_size)
-        factory = {"device": device, "dtype": dtype}
-        self.qkv_proj = nn.Linear(embed_dim, 3 * H * D, bias=qkv_bias, **factory)
-        self.init_output(H * D, embed_dim, bias=out_bias, **factory)
+        factory = self.factory
+        self.qkv_proj = nn.Linear(embed_dim, 3 * H * D, bias=self.qkv_bias, **factory)
+        self.init_output(H * D, embed_dim)
         if self.static:
             init = torch.zeros if residual else (lambda *s, **f: torch.eye(H, **f))
             self.pre_static = nn.Parameter(init(H, H, **factory))
@@ -149,9 +142,10 @@ class DCMHA(AttentionLayer):
             self.dw1 = nn.Parameter(torch.randn(C, 4, K, **factory) * math.sqrt(2 / (C + K)))
             self.qkw = nn.Parameter(torch.randn(4, K, 2 * R, H, **factory) * (0.02 / (math.sqrt(4 * H) * (H + 2))))
             self.dd = nn.Parameter(torch.randn(C, 4, H, **factory) * (0.05 * math.sqrt(2 / (H + C))))
-        self.init_positions(rope, qk_norm, D, **factory)
+        self.init_positions(D)
 
     kind = "dcmha"
+    refused_options = ("num_kv_heads", "kdim", "vdim")  # H key heads from one fused projection
     backends = ("auto", "math")  # composition needs the scores themselves: no fused kernel
     head_independence = (
         "the composition mixes heads: every head's scores and weights are combined with every other head's "

@@ -71,9 +71,9 @@ class GatedHeadAttention(MultiHeadAttention):
     (``closed_heads()``) contributes nothing and can be removed.
 
     Args:
-        embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim, qkv_bias,
-        out_bias, dropout, device, dtype: as :class:`MultiHeadAttention`.
-        rope, qk_norm: as :class:`MultiHeadAttention` (both off by default):
+        embed_dim, num_heads, options (num_kv_heads, head_dim, kdim, vdim,
+        qkv_bias, out_bias, dropout, device, dtype): as :class:`MultiHeadAttention`.
+        rope, qk_norm (options too): as :class:`MultiHeadAttention` (both off by default):
             per-head RMS norm (gains ``qk_norm.q_norm.weight`` /
             ``qk_norm.k_norm.weight``, [D] each) and then rotary embeddings,
             applied to the projected q [B, H, T, D] and k [B, G, S, D] over
@@ -118,23 +118,9 @@ class GatedHeadAttention(MultiHeadAttention):
         stretch: Sequence[float] = (-0.1, 1.1),
         eps: float = 1e-6,
         l0_coef: float = 1.0,
-        num_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        kdim: int | None = None,
-        vdim: int | None = None,
-        qkv_bias: bool = True,
-        out_bias: bool = True,
-        dropout: float = 0.0,
-        rope: bool | dict = False,
-        qk_norm: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **options,
     ) -> None:
-        super().__init__(
-            embed_dim, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, kdim=kdim, vdim=vdim,
-            qkv_bias=qkv_bias, out_bias=out_bias, dropout=dropout, rope=rope, qk_norm=qk_norm,
-            device=device, dtype=dtype,
-        )  # fmt: skip
+        super().__init__(embed_dim, num_heads, **options)
         self.temperature = _positive_float("temperature", temperature)
         if (
             isinstance(stretch, (str, bytes))
@@ -155,7 +141,7 @@ class GatedHeadAttention(MultiHeadAttention):
             raise ValueError(f"l0_coef must be a finite float >= 0, got l0_coef={l0_coef!r}")
         self.l0_coef = float(l0_coef)
         self.init_options.update(temperature=self.temperature, stretch=self.stretch, eps=self.eps, l0_coef=self.l0_coef)
-        self.log_alpha = nn.Parameter(torch.empty(self.num_heads, device=device, dtype=dtype))
+        self.log_alpha = nn.Parameter(torch.empty(self.num_heads, **self.factory))
         self._aux_loss: torch.Tensor | None = None
         self.last_gates: torch.Tensor | None = None
         self.reset_gates()

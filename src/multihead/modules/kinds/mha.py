@@ -87,41 +87,21 @@ class MultiHeadAttention(AttentionLayer):
         """"gqa": half as many key/value heads as query heads (at least 1); "mha", "mqa": none."""
         return {"num_kv_heads": max(1, num_heads // 2)} if kind == "gqa" else {}
 
-    def __init__(
-        self,
-        embed_dim: int,
-        num_heads: int,
-        *,
-        num_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        kdim: int | None = None,
-        vdim: int | None = None,
-        qkv_bias: bool = True,
-        out_bias: bool = True,
-        dropout: float = 0.0,
-        rope: bool | dict = False,
-        qk_norm: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(
-            embed_dim, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, kdim=kdim, vdim=vdim, dropout=dropout
-        )
+    def __init__(self, embed_dim: int, num_heads: int, **options) -> None:
+        super().__init__(embed_dim, num_heads, **options)
         H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
         if type(self).kind == MultiHeadAttention.kind:  # the family's per-instance name
             self.kind = "mha" if G == H else "mqa" if G == 1 else "gqa"
-        factory = {"device": device, "dtype": dtype}
-        self.init_options = {"kdim": self.kdim, "vdim": self.vdim, "qkv_bias": qkv_bias, "out_bias": out_bias,
-                             "dropout": dropout, "rope": rope, "qk_norm": qk_norm}  # fmt: skip
+        bias, factory = self.qkv_bias, self.factory
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
         if self.fused:
-            self.qkv_proj = nn.Linear(embed_dim, (H + 2 * G) * D, bias=qkv_bias, **factory)
+            self.qkv_proj = nn.Linear(embed_dim, (H + 2 * G) * D, bias=bias, **factory)
         else:
-            self.q_proj = nn.Linear(embed_dim, H * D, bias=qkv_bias, **factory)
-            self.k_proj = nn.Linear(self.kdim, G * D, bias=qkv_bias, **factory)
-            self.v_proj = nn.Linear(self.vdim, G * D, bias=qkv_bias, **factory)
-        self.init_output(H * D, embed_dim, bias=out_bias, **factory)
-        self.init_positions(rope, qk_norm, D, **factory)
+            self.q_proj = nn.Linear(embed_dim, H * D, bias=bias, **factory)
+            self.k_proj = nn.Linear(self.kdim, G * D, bias=bias, **factory)
+            self.v_proj = nn.Linear(self.vdim, G * D, bias=bias, **factory)
+        self.init_output(H * D, embed_dim)
+        self.init_positions(D)
         self._register_load_state_dict_pre_hook(self._load_split_layout)
 
     # ------------------------------------------------------------------ weights

@@ -116,6 +116,7 @@ class MoHAttention(AttentionLayer):
     """
 
     kind = "moh"
+    refused_options = ("kdim", "vdim")  # one fused projection of the model width
     forward_options = ("path",)
     head_independence = (
         "the router couples the heads: each token's gates come from a softmax and a top-k over the heads, "
@@ -131,18 +132,10 @@ class MoHAttention(AttentionLayer):
         routed_heads: int | None = None,
         router: str = "learned",
         aux_loss_coeff: float = 0.01,
-        num_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        qkv_bias: bool = True,
-        out_bias: bool = True,
-        dropout: float = 0.0,
         path: str = "sparse",
-        rope: bool | dict = False,
-        qk_norm: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **options,
     ) -> None:
-        super().__init__(embed_dim, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dropout=dropout)
+        super().__init__(embed_dim, num_heads, **options)
         H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
         hs = H // 2 if shared_heads is None else non_negative_int("shared_heads", shared_heads)
         if hs > H:
@@ -169,14 +162,14 @@ class MoHAttention(AttentionLayer):
         self.path = self._check_path(path)
         self.shared_heads, self.routed_heads, self.num_candidates = hs, hr, E
         self.router, self.aux_loss_coeff = router, float(aux_loss_coeff)
-        factory = {"device": device, "dtype": dtype}
-        self.qkv_proj = nn.Linear(embed_dim, (H + 2 * G) * D, bias=qkv_bias, **factory)
-        self.init_output(H * D, embed_dim, bias=out_bias, **factory)
+        factory = self.factory
+        self.qkv_proj = nn.Linear(embed_dim, (H + 2 * G) * D, bias=self.qkv_bias, **factory)
+        self.init_output(H * D, embed_dim)
         learned = router == "learned"
         self.routed_gate = nn.Linear(embed_dim, E, bias=False, **factory) if learned and hr else None
         self.mix_gate = nn.Linear(embed_dim, 2, bias=False, **factory) if learned and hr and hs else None
         self.shared_gate = nn.Linear(embed_dim, hs, bias=False, **factory) if learned and hs > 1 else None
-        self.init_positions(rope, qk_norm, D, **factory)
+        self.init_positions(D)
         self.last_balance_loss: torch.Tensor | None = None
 
     @staticmethod

@@ -109,6 +109,7 @@ class OverlappingHeadAttention(AttentionLayer):
     """
 
     kind = "overlapping"
+    refused_options = ("kdim", "vdim")  # one fused projection of the model width
     head_independence = (
         "neighbouring heads share projection channels (head i reads channels [i*D - overlap, (i+1)*D + overlap)), "
         "so no head owns its rows of the projections"
@@ -119,23 +120,9 @@ class OverlappingHeadAttention(AttentionLayer):
         """One shared channel on each side of a head (``overlap=1``), the smallest overlap."""
         return {"overlap": 1}
 
-    def __init__(
-        self,
-        embed_dim: int,
-        num_heads: int,
-        *,
-        overlap: int = 0,
-        head_dim: int | None = None,
-        qkv_bias: bool = True,
-        out_bias: bool = True,
-        dropout: float = 0.0,
-        num_kv_heads: int | None = None,
-        rope: bool | dict = False,
-        qk_norm: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(embed_dim, num_heads, head_dim=head_dim, dropout=dropout)
+    def __init__(self, embed_dim: int, num_heads: int, *, overlap: int = 0, num_kv_heads: int | None = None,
+                 **options) -> None:  # fmt: skip
+        super().__init__(embed_dim, num_heads, **options)
         H, D = self.num_heads, self.head_dim
         if num_kv_heads is not None and num_kv_heads != H:
             raise ValueError(
@@ -144,16 +131,16 @@ class OverlappingHeadAttention(AttentionLayer):
             )
         self.overlap = non_negative_int("overlap", overlap)
         self.scale = D**-0.5  # the paper keeps the un-widened scale
-        factory = {"device": device, "dtype": dtype}
-        self.qkv_proj = nn.Linear(embed_dim, 3 * H * D, bias=qkv_bias, **factory)
+        self.qkv_proj = nn.Linear(embed_dim, 3 * H * D, bias=self.qkv_bias, **self.factory)
         Dw = self.wide_head_dim
-        self.init_output(H * Dw, embed_dim, bias=out_bias, **factory)
+        self.init_output(H * Dw, embed_dim)
+        rope = options.get("rope", False)
         if (rope is True or (isinstance(rope, dict) and rope.get("rotary_dim") is None)) and Dw % 2:
             raise ValueError(
                 f"rope rotates the widened heads of width Dw = D + 2*overlap = {D} + 2*{self.overlap} = {Dw}, "
                 f"which is odd; pass rope={{'rotary_dim': <even int <= {Dw}>}}"
             )
-        self.init_positions(rope, qk_norm, Dw, **factory)
+        self.init_positions(Dw)
 
     @property
     def _per_head_cache(self) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import importlib
 import json
 import math
 import os
@@ -33,13 +34,14 @@ from typing import Any
 
 import torch
 
+from ..errors import UsageError
 from ..io import read_json_file, write_text_atomic
 from ..models.gpt import GPT, GPTConfig
 from .compare_plan import KindPlan, default_kinds, plan_kind
 from .compare_report import summarize_kind, write_reports
 from .config import TrainConfig
 
-__all__ = ["CompareConfig", "compare", "steps_for_budget"]
+__all__ = ["CompareConfig", "compare", "plan_comparison", "steps_for_budget"]
 
 HEADROOM = 0.75  # share of the budget the timed training steps may take
 # The shared setting by default: a model that learns in a few hundred steps
@@ -66,6 +68,9 @@ class CompareConfig:
             ``DEFAULT_TRAIN``. Unless given, ``eval_every`` gives
             ``EVAL_POINTS`` points per curve, ``checkpoint_every`` keeps only
             the final checkpoint, and ``warmup`` is at most a tenth of the steps.
+        imports: modules each run's process imports before it trains: those
+            that register kinds of ``kinds`` (``multihead compare --import``;
+            this process must have imported them too).
     """
 
     kinds: tuple[str, ...] = dataclasses.field(default_factory=default_kinds)
@@ -74,6 +79,7 @@ class CompareConfig:
     budget_minutes: float = 18.0
     out: str = "runs/compare"
     train: dict[str, Any] = dataclasses.field(default_factory=dict)
+    imports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.kinds or not self.seeds:
@@ -132,26 +138,26 @@ def steps_for_budget(budget_s: float, step_seconds: list[float], runs_per_kind: 
     """Training steps that fit ``HEADROOM`` of ``budget_s`` for every run.
 
     Raises:
-        ValueError: not even one step fits.
+        UsageError: not even one step fits.
     """
     per_step = runs_per_kind * sum(step_seconds)
     steps = math.floor(HEADROOM * budget_s / per_step)
     if steps < 1:
-        raise ValueError(
+        raise UsageError(
             f"a budget of {budget_s / 60:.2f} minutes fits no training step ({per_step:.2f} s per step over all "
             "runs); raise --budget-minutes or use a smaller --preset"
         )
     return steps
 
 
-def _run(train_config: TrainConfig, log: Path) -> int:
-    """Train in a child process; return its peak memory in bytes."""
+def _run(train_config: TrainConfig, log: Path, imports: tuple[str, ...] = ()) -> int:
+    """Train in a child process (which imports ``imports`` first); return its peak memory in bytes."""
     run_dir = Path(train_config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = write_text_atomic(run_dir / "compare-run.json", json.dumps(train_config.to_dict()))
-    code = "import sys; from multihead.train.compare import run_child; run_child(sys.argv[1])"
+    code = "import sys; from multihead.train.compare import run_child; run_child(sys.argv[1], sys.argv[2:])"
     with open(log, "w", encoding="utf-8") as f:
-        child = subprocess.Popen([sys.executable, "-c", code, str(spec)], stdout=f, stderr=subprocess.STDOUT)
+        child = subprocess.Popen([sys.executable, "-c", code, str(spec), *imports], stdout=f, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0:
@@ -164,10 +170,14 @@ def _run(train_config: TrainConfig, log: Path) -> int:
     return peak
 
 
-def run_child(spec: str) -> None:
-    """The child process of one run: train, and record the CUDA peak when there is one."""
+def run_child(spec: str, imports: list[str] | tuple[str, ...] = ()) -> None:
+    """The child process of one run: import ``imports`` (the parent's ``--import``
+    modules; ``python -c`` searches the current folder first, as the parent
+    did), train, and record the CUDA peak when there is one."""
     from .loop import train
 
+    for name in imports:
+        importlib.import_module(name)
     config = TrainConfig.from_dict(read_json_file(spec))
     train(config, progress=False)
     if torch.cuda.is_available():
@@ -197,6 +207,19 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
+def plan_comparison(config: CompareConfig) -> tuple[TrainConfig, GPTConfig, list[KindPlan]]:
+    """(the shared TrainConfig, the MHA model's config, one plan per kind): what
+    ``compare`` runs, built without training anything.
+
+    Raises:
+        ValueError, TypeError: the shared setting or a kind's options do not
+            make a model (the message names the value).
+    """
+    base = TrainConfig.from_dict({**DEFAULT_TRAIN, **config.train})
+    model_base = _base_model_config(base)
+    return base, model_base, [plan_kind(model_base, kind) for kind in config.kinds]
+
+
 def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str, Path]:
     """Train every kind for every seed and write the reports; return their paths.
 
@@ -206,9 +229,7 @@ def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str
         echo: where progress lines go (``None``: silent).
     """
     say = echo or (lambda *_: None)
-    base = TrainConfig.from_dict({**DEFAULT_TRAIN, **config.train})
-    model_base = _base_model_config(base)
-    plans = [plan_kind(model_base, kind) for kind in config.kinds]
+    base, model_base, plans = plan_comparison(config)
     steps = config.max_steps
     if steps is None:
         say(f"timing one training step of each of {len(plans)} kinds ...")
@@ -225,7 +246,7 @@ def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str
         for j, seed in enumerate(config.seeds):
             run_dir = out / f"{plan.kind}-seed{seed}"
             t = time.perf_counter()
-            peak = _run(_train_config(config, plan, seed, steps, run_dir), run_dir.with_suffix(".log"))
+            peak = _run(_train_config(config, plan, seed, steps, run_dir), run_dir.with_suffix(".log"), config.imports)
             runs.append(_read_run(run_dir, seed, peak))
             n = i * len(config.seeds) + j + 1
             say(f"[{n}/{total}] {plan.kind} seed {seed}: val loss {runs[-1]['val_loss']:.3f} "

@@ -68,3 +68,41 @@ def test_help_lists_every_command(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert all(name in out for name in ("textbook", "inspect", "generate", "--version"))
+
+
+# -- the command table ---------------------------------------------------------------------------------
+
+MODEL_COMMANDS = ("train", "compare", "generate", "inspect", "prune", "convert")
+
+
+def test_cli_is_a_table_of_command_modules():
+    import ast
+    from pathlib import Path
+
+    from multihead import cli
+
+    source = Path(cli.__file__).read_text(encoding="utf-8")
+    assert len(source.splitlines()) <= 150
+    functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
+    assert not [node.name for f in functions for node in ast.walk(f) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert [c.name for c in cli.COMMANDS] == ["textbook", "inspect", "generate", "train", "compare", "convert", "prune"]
+    parsers = cli._parsers()[1]
+    for command in cli.COMMANDS:
+        module = command.module
+        assert module.__name__ == f"multihead.commands.{command.name}"
+        assert callable(module.add_arguments) and callable(module.run), command.name
+        assert command.help and command.examples, command.name
+        text = parsers[command.name].format_help()
+        assert parsers[command.name].description and all(example in text for example in command.examples)
+        has_import = any("--import" in action.option_strings for action in parsers[command.name]._actions)
+        assert has_import == (command.name in MODEL_COMMANDS), command.name
+        assert has_import == any("--import" in example for example in command.examples), command.name
+
+
+def test_top_level_help_has_debug_and_an_example_of_every_command(capsys):
+    from multihead import cli
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "--debug" in out and all(c.examples[0] in out for c in cli.COMMANDS)

@@ -299,3 +299,57 @@ def test_python_dash_m_multihead_version():
     done = subprocess.run([sys.executable, "-m", "multihead", "--version"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout == f"multihead {importlib.metadata.version('multihead')}\n"
+
+
+# -- a bug is not a mistake: its traceback stays -------------------------------------------------------
+
+BUG_LINE = "multihead: this is a bug in multihead"
+
+
+def broken(*args, **kwargs):
+    raise TypeError("unsupported operand type(s) for +: 'Tensor' and 'NoneType'")
+
+
+@pytest.mark.parametrize(
+    "target, argv",
+    [
+        ("multihead.commands.generate.decode_tokens", ["generate", "--preset", "tiny", "--max-new-tokens", "1"]),
+        ("multihead.commands.textbook.textbook_cases", ["textbook"]),
+        ("multihead.commands.inspect.classify_heads", ["inspect", "hi", "--checkpoint", "{ckpt}", "--out", "out"]),
+        ("multihead.train.loop.train", ["train", "--preset", "tiny", "--data", "{tmp}/a-file", "--out", "run"]),
+    ],
+    ids=["generate", "textbook", "inspect", "train"],
+)
+def test_an_internal_error_during_the_work_keeps_its_traceback(target, argv, work, tiny_ckpt, capsys, monkeypatch):
+    monkeypatch.setattr(target, broken)
+    rc = main(fill(argv, work, tiny_ckpt))
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    lines = err.splitlines()
+    assert "Traceback (most recent call last):" in lines, err
+    assert "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'" in lines[-2]
+    assert lines[-1].startswith(BUG_LINE) and "report it" in lines[-1] and multihead.__version__ in lines[-1]
+    assert "error:" not in err
+
+
+def test_debug_shows_the_traceback_of_a_mistake(work, no_model, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--debug", "generate", "--top-k", "0"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    lines = err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and BUG_LINE not in err
+    assert "ValueError: --top-k 0: must be an integer >= 1" in err  # the original, chained under the UsageError
+    assert lines[-1] == "multihead generate: error: --top-k 0: must be an integer >= 1"
+
+
+def test_a_full_disk_during_the_work_is_one_line(work, capsys, monkeypatch):
+    import errno
+
+    def full(model, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr("multihead.models.checkpoint.save_checkpoint", full)
+    line = refused(capsys, ["generate", "--save-init", "init"])
+    assert line == "multihead generate: error: [Errno 28] No space left on device: 'init'"
+

@@ -117,9 +117,16 @@ def test_help_examples_run(capsys, tmp_path, monkeypatch):
     assert "examples:" in help_text
     examples = [line.strip() for line in help_text.split("examples:")[1].splitlines() if line.strip()]
     assert len(examples) >= 3 and all(e.startswith("multihead generate") for e in examples)
+    assert any("--import mykinds" in e for e in examples)
     monkeypatch.chdir(tmp_path)
-    for example in examples:
-        argv = shlex.split(example)[1:]
-        assert main(argv) == 0, example
+    monkeypatch.setattr(sys, "path", list(sys.path))  # --import puts the current folder first
+    (tmp_path / "mykinds.py").write_text("IMPORTED = True  # the user's module; it would register kinds\n")
+    try:
+        for example in examples:
+            argv = shlex.split(example)[1:]
+            assert main(argv) == 0, example
+        assert sys.modules["mykinds"].IMPORTED
+    finally:
+        sys.modules.pop("mykinds", None)
     capsys.readouterr()
     assert "generate" in build_parser().format_help()

@@ -12,7 +12,7 @@ from support.cli import quietly
 from support.training import latest, run_val_loss
 
 from multihead.commands.convert import CALIBRATION_BATCH_SIZE, CALIBRATION_SEED
-from multihead.commands.prune_scores import GATE_LR
+from multihead.tools.objectives import GATE_LR
 from multihead.commands.recovery_option import RECOVER_LR
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig

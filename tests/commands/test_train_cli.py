@@ -122,6 +122,9 @@ def test_help_examples_parse_into_configs(monkeypatch):
     assert any(argv[:2] == ["torchrun", "--nproc-per-node"] and "multihead" in argv for argv in examples)
     for argv in train:
         values = parse(*argv)
+        if "--import" in argv:  # the kind comes from the user's module: only the flags are checked here
+            assert build_parser().parse_args(["train", *argv]).imports == ["mykinds"], argv
+            continue
         assert TrainConfig(**values).out == values.get("out", TrainConfig().out), argv
 
 

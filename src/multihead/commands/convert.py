@@ -29,14 +29,21 @@ Mistakes are refused before anything is written: an --out that cannot be
 written, G outside [1, H] or not dividing the key/value heads, an unknown
 method, "aligned" on a model with rope or qk_norm, calibration options
 with "mean", a checkpoint that is not a GPT or whose layers are not
-mha/gqa/mqa.
+mha/gqa/mqa. ``--import MODULE`` is imported first (a checkpoint of a kind
+from the user's own package).
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from torch import nn
+
+from ..tools.convert_heads import METHODS
+from .checking import checking
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
@@ -46,21 +53,70 @@ from .gpt_inputs import (
     validation,
     write_outputs,
 )
+from .imports import add_import_argument, import_modules
 from .paths import output_folder
-from .recovery_option import check_recover_steps, describe, recover_model
+from .recovery_option import add_recover_steps, check_recover_steps, describe, recover_model
 
-__all__ = ["run", "TARGETS", "CALIBRATION_BATCH_SIZE", "CALIBRATION_SEED", "DEFAULT_CALIBRATION_BATCHES"]
+__all__ = [
+    "add_arguments", "run", "Conversion", "prepare", "convert", "TARGETS", "CALIBRATION_BATCH_SIZE",
+    "CALIBRATION_SEED", "DEFAULT_CALIBRATION_BATCHES",
+]  # fmt: skip
 
 TARGETS = ("gqa",)
 DEFAULT_CALIBRATION_BATCHES = 8
 OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.json")
 _FAMILY = ("mha", "gqa", "mqa")
+DESCRIPTION = (
+    "Load a GPT checkpoint or the run directory of 'multihead train', give every attention layer "
+    "G key/value heads (mean: average each group's key and value projections; aligned: rotate the "
+    "heads onto each other first, from calibration data), save the converted checkpoint into --out "
+    "and print parameters and KV-cache bytes per token before and after, and for a run directory the "
+    "validation loss on the run's own validation batches; report.json holds the same. A BPE run's "
+    "tokenizer.json is copied beside the checkpoint. See docs/surgery.md."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The description and flags of ``multihead convert``."""
+    parser.description = DESCRIPTION
+    parser.add_argument("--to", required=True, metavar="KIND", help=f"target attention: {', '.join(TARGETS)}")
+    parser.add_argument(
+        "--num-kv-heads", type=int, required=True, metavar="G", help="key/value heads per layer, dividing H"
+    )
+    parser.add_argument("--method", default="mean", metavar="M", help=f"{' or '.join(METHODS)} (default mean)")
+    parser.add_argument(
+        "--checkpoint", required=True, metavar="PATH",
+        help="a GPT checkpoint, or the run directory of 'multihead train'",
+    )  # fmt: skip
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the converted checkpoint and report.json")
+    parser.add_argument(
+        "--calibration-data", metavar="SOURCE",
+        help="aligned or recovery: shakespeare or a UTF-8 text file (default: a run directory's data/train.bin)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--calibration-batches", type=int, metavar="N",
+        help=f"aligned or recovery: batches of {CALIBRATION_BATCH_SIZE} windows "
+        f"(default {DEFAULT_CALIBRATION_BATCHES})",
+    )  # fmt: skip
+    add_recover_steps(parser)
+    add_import_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``multihead convert``: check the options, load the checkpoint and the calibration data, then convert."""
+    with checking():
+        import_modules(args.imports)
+        job = prepare(
+            to=args.to, num_kv_heads=args.num_kv_heads, checkpoint=args.checkpoint, out=args.out,
+            method=args.method, calibration_data=args.calibration_data,
+            calibration_batches=args.calibration_batches, recover_steps=args.recover_steps,
+        )  # fmt: skip
+    convert(job)
+    return 0
 
 
 def _check_options(to: str, method: str, calibration_data: str | None, calibration_batches: int | None,
                    recover_steps: int) -> None:  # fmt: skip
-    from ..tools.convert_heads import METHODS
-
     if to not in TARGETS:
         raise ValueError(f"--to {to}: unknown target; valid: {', '.join(TARGETS)}")
     if method not in METHODS:
@@ -115,7 +171,22 @@ def _kv_bytes(model) -> int:
     return sum(block.attn.cost(1, bytes_per_element=size).kv_cache_bytes_per_token for block in model.blocks)
 
 
-def run(
+@dataclass
+class Conversion:
+    """What ``prepare`` checked and loaded for ``convert``."""
+
+    model: nn.Module
+    num_kv_heads: int
+    method: str
+    folder: Path
+    source: str
+    calibration: list | None
+    validate: tuple | None  # (loss function of a model, description) on a run's validation batches
+    recover_steps: int
+    tokenizer_file: Path | None  # a BPE run's tokenizer.json, copied beside the converted checkpoint
+
+
+def prepare(
     *,
     to: str,
     num_kv_heads: int,
@@ -125,9 +196,8 @@ def run(
     calibration_data: str | None = None,
     calibration_batches: int | None = None,
     recover_steps: int = 0,
-    echo: Callable[[str], None] = print,
-) -> dict:
-    """The CLI command: convert, save, report.
+) -> Conversion:
+    """Check the options and --out, load the checkpoint and the calibration data.
 
     Args:
         to: the target kind ("gqa").
@@ -136,22 +206,15 @@ def run(
         out: the folder for config.json, model.safetensors, report.json
             (and tokenizer.json from a BPE run).
         method: "mean" or "aligned" (``to_gqa``).
-        calibration_data: "shakespeare" or a text file ("aligned" only).
+        calibration_data: "shakespeare" or a text file ("aligned" and recovery).
         calibration_batches: batches for "aligned" and recovery (default
             ``DEFAULT_CALIBRATION_BATCHES``).
         recover_steps: steps of distillation towards the original after the
             conversion, on the calibration batches (``recovery_option``); 0: none.
-        echo: where the report lines go.
-
-    Returns:
-        the report (as in report.json).
 
     Raises:
-        ValueError: see the module docstring; nothing is written then.
+        ValueError: see the module docstring; nothing is written.
     """
-    from ..models.checkpoint import save_checkpoint
-    from ..tools.convert_heads import to_gqa
-
     _check_options(to, method, calibration_data, calibration_batches, recover_steps)
     folder = output_folder("--out", out, OUTPUT_FILES)
     model, run_dir, tokenizer, source = load_gpt(checkpoint)
@@ -162,14 +225,24 @@ def run(
         count = DEFAULT_CALIBRATION_BATCHES if calibration_batches is None else calibration_batches
         calibration = calibration_windows(model, run_dir, run_tokenizer, calibration_data, count)
     validate = validation(run_dir) if run_dir is not None else None
-    new = to_gqa(model, num_kv_heads, method=method, calibration=calibration if method == "aligned" else None).eval()
+    tokenizer_file = tokenizer_json(checkpoint, run_dir) if run_tokenizer is not None else None
+    return Conversion(model, num_kv_heads, method, folder, source, calibration, validate, recover_steps, tokenizer_file)
+
+
+def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
+    """Convert, distil back when asked, save, print and return the report (as in report.json)."""
+    from ..models.checkpoint import save_checkpoint
+    from ..tools.convert_heads import to_gqa
+
+    model, method, calibration, validate = job.model, job.method, job.calibration, job.validate
+    new = to_gqa(model, job.num_kv_heads, method=method, calibration=calibration if method == "aligned" else None).eval()
     recovery = None
-    if recover_steps:
+    if job.recover_steps:
         before = None if validate is None else validate[0](new)
-        recovery = recover_model(new, model, calibration, "gpt", recover_steps)
+        recovery = recover_model(new, model, calibration, "gpt", job.recover_steps)
         recovery["before"] = before
     report = {
-        "source": source,
+        "source": job.source,
         "method": method,
         "attention": [model.config.attention, new.config.attention],
         "num_heads": model.config.num_heads,
@@ -184,9 +257,8 @@ def run(
     if validate is not None:
         loss, where = validate
         report["val_loss"], report["val_batches"] = [loss(model), loss(new)], where
-    tokenizer_file = tokenizer_json(checkpoint, run_dir) if run_tokenizer is not None else None
-    write_outputs(folder, lambda f: save_checkpoint(new, f), report, tokenizer_file)
-    _print(report, folder, run_tokenizer is not None, echo)
+    write_outputs(job.folder, lambda f: save_checkpoint(new, f), report, job.tokenizer_file)
+    _print(report, job.folder, job.tokenizer_file is not None, echo)
     return report
 
 

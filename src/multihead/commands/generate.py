@@ -13,19 +13,25 @@ unless a run directory brings its own tokenizer.
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
+from ..models.gpt import GPT_PRESETS
+from .checking import checking
+from .imports import add_import_argument, import_modules
 from .paths import output_folder
 from .run_dir import run_checkpoint
 from .tokens import load_tokenizer
 
 __all__ = [
-    "run", "encode_prompt", "decode_tokens", "DEFAULT_PRESET", "DEFAULT_PROMPT", "DEFAULT_MAX_NEW_TOKENS",
-    "DEFAULT_TEMPERATURE",
+    "add_arguments", "run", "Generation", "prepare", "generate", "encode_prompt", "decode_tokens", "DEFAULT_PRESET",
+    "DEFAULT_PROMPT", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TEMPERATURE",
 ]  # fmt: skip
 
 DEFAULT_PRESET = "tiny"
@@ -33,6 +39,65 @@ DEFAULT_PROMPT = "Hello"
 DEFAULT_MAX_NEW_TOKENS = 50
 DEFAULT_TEMPERATURE = 1.0
 BYTE_VOCAB = 256
+DESCRIPTION = (
+    "Build a GPT-2 style model from a preset with freshly initialised, seeded weights, or load "
+    "a checkpoint (config.json + model.safetensors, e.g. written by --save-init, or the run "
+    "directory of 'multihead train': its latest checkpoint and its own tokenizer), then sample a "
+    "continuation of the prompt and print prompt + continuation. Byte-level models (vocab 256: "
+    "the tiny and mini presets) read the prompt as UTF-8 bytes; other vocabularies need "
+    "--tokenizer tokenizer.json (a run directory brings its tokenizer). A preset's untrained "
+    "weights produce noise: they show the decoding machinery (KV cache, temperature, top-k, "
+    "top-p), not a language model. --save-init only saves the model, so the sampling options "
+    "cannot go with it. A checkpoint of an attention kind from your own package needs --import."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The description and flags of ``multihead generate``."""
+    parser.description = DESCRIPTION
+    parser.add_argument(
+        "--preset",
+        help=f"model preset: {', '.join(GPT_PRESETS)} (default {DEFAULT_PRESET} unless --checkpoint is given)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="checkpoint directory, .safetensors file, or run directory of 'multihead train' to load",
+    )
+    parser.add_argument("text", nargs="?", metavar="PROMPT", help="text to continue (the same as --prompt)")
+    parser.add_argument("--prompt", help=f"text to continue (default {DEFAULT_PROMPT!r})")
+    parser.add_argument(
+        "--max-new-tokens", type=int, metavar="N", help=f"tokens to add (default {DEFAULT_MAX_NEW_TOKENS})"
+    )
+    parser.add_argument(
+        "--temperature", type=float, metavar="T", help=f"0 = greedy; higher = more random (default {DEFAULT_TEMPERATURE})"
+    )
+    parser.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
+    parser.add_argument("--top-p", type=float, metavar="P", help="sample among the smallest set with mass >= P")
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed of the weights and the sampling (default 0)"
+    )
+    parser.add_argument(
+        "--tokenizer", metavar="FILE", help="Hugging Face tokenizer.json (required when vocab_size is not 256)"
+    )
+    parser.add_argument("--save-init", metavar="PATH", help="save the freshly initialised preset model to PATH and exit")
+    add_import_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``multihead generate``: everything is checked and the model built, then it samples (or saves)."""
+    with checking():
+        import_modules(args.imports)
+        if args.text is not None and args.prompt is not None:
+            raise ValueError(
+                f"give the prompt once, as PROMPT or --prompt (got {args.text!r} and --prompt {args.prompt!r})"
+            )
+        job = prepare(
+            preset=args.preset, checkpoint=args.checkpoint, prompt=args.prompt if args.text is None else args.text,
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, tokenizer=args.tokenizer, save_init=args.save_init,
+        )  # fmt: skip
+    return generate(job)
 
 
 def encode_prompt(prompt: str, vocab_size: int, tokenizer=None) -> list[int]:
@@ -99,7 +164,23 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
         raise ValueError(f"--temperature 0 is greedy (always the most likely token), so {chosen} would be ignored")
 
 
-def run(
+@dataclass
+class Generation:
+    """What ``prepare`` checked and built: the model, and either the ids to continue or where to save it."""
+
+    model: nn.Module
+    source: str
+    tokenizer: object | None
+    ids: list[int] | None
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int
+    save_init: str | None
+
+
+def prepare(
     *,
     preset: str | None = None,
     checkpoint: str | None = None,
@@ -111,28 +192,24 @@ def run(
     seed: int = 0,
     tokenizer: str | None = None,
     save_init: str | None = None,
-    echo: Callable[[str], None] = print,
-    info: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-) -> int:
-    """Build or load a model, generate, and ``echo`` prompt + continuation.
+) -> Generation:
+    """Check the options, build or load the model and encode the prompt.
 
-    With ``save_init`` the freshly built preset model is saved there and
-    nothing is generated. Diagnostics go to ``info`` (stderr), the text to
-    ``echo`` (stdout). None means the default (``DEFAULT_PROMPT``,
-    ``DEFAULT_MAX_NEW_TOKENS``, ``DEFAULT_TEMPERATURE``, no top-k/top-p).
-    Returns the exit status.
+    None means the default (``DEFAULT_PROMPT``, ``DEFAULT_MAX_NEW_TOKENS``,
+    ``DEFAULT_TEMPERATURE``, no top-k/top-p). With ``save_init`` the freshly
+    built preset model is to be saved there and nothing is encoded.
 
     Raises:
-        ValueError: conflicting or invalid options (the CLI prints them):
-            --preset with --checkpoint; --save-init with --checkpoint or a
-            sampling option, or a PATH that cannot be written; --top-k or
-            --top-p with --temperature 0 (greedy ignores them); sampling
-            values out of range; a missing --tokenizer file; a run directory
-            with no checkpoint yet, or with --tokenizer (it has its own).
-            All are checked before a model is built; a prompt too long for
-            the model after.
+        ValueError: conflicting or invalid options: --preset with
+            --checkpoint; --save-init with --checkpoint or a sampling option,
+            or a PATH that cannot be written; --top-k or --top-p with
+            --temperature 0 (greedy ignores them); sampling values out of
+            range; a missing --tokenizer file; a run directory with no
+            checkpoint yet, or with --tokenizer (it has its own). All are
+            checked before a model is built; a prompt too long for the
+            model after.
     """
-    from ..models.checkpoint import load_checkpoint, save_checkpoint
+    from ..models.checkpoint import load_checkpoint
     from ..models.gpt import GPT, GPTConfig
 
     if preset is not None and checkpoint is not None:
@@ -167,27 +244,46 @@ def run(
         model = GPT(config)
         source = f"preset {name!r}, fresh weights (seed {seed})"
     model.eval()
-    if save_init is not None:
-        config_path, weights_path = save_checkpoint(model, save_init)
-        info(f"saved {source}: {config_path} + {weights_path}")
-        echo(str(save_init))
+    ids = None
+    if save_init is None:
+        prompt = DEFAULT_PROMPT if prompt is None else prompt
+        ids = encode_prompt(prompt, model.config.vocab_size, tok)
+        if len(ids) > model.config.context_length:
+            raise ValueError(
+                f"the prompt's {len(ids)} tokens exceed the model's context_length={model.config.context_length}"
+            )
+    return Generation(
+        model, source, tok, ids, DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
+        DEFAULT_TEMPERATURE if temperature is None else temperature, top_k, top_p, seed, save_init,
+    )  # fmt: skip
+
+
+def generate(
+    job: Generation,
+    echo: Callable[[str], None] = print,
+    info: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> int:
+    """Sample and ``echo`` prompt + continuation (or save the model with ``save_init``); return 0.
+
+    Diagnostics go to ``info`` (stderr), the text to ``echo`` (stdout).
+    """
+    from ..models.checkpoint import save_checkpoint
+
+    model = job.model
+    if job.save_init is not None:
+        config_path, weights_path = save_checkpoint(model, job.save_init)
+        info(f"saved {job.source}: {config_path} + {weights_path}")
+        echo(str(job.save_init))
         return 0
-    prompt = DEFAULT_PROMPT if prompt is None else prompt
-    ids = encode_prompt(prompt, model.config.vocab_size, tok)
-    new = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
-    if len(ids) > model.config.context_length:
-        raise ValueError(
-            f"the prompt's {len(ids)} tokens exceed the model's context_length={model.config.context_length}"
-        )
-    info(f"model: {source}, {model.num_parameters():,} parameters; prompt {len(ids)} tokens")
-    generator = torch.Generator().manual_seed(seed)
+    info(f"model: {job.source}, {model.num_parameters():,} parameters; prompt {len(job.ids)} tokens")
+    generator = torch.Generator().manual_seed(job.seed)
     out = model.generate(
-        torch.tensor([ids]),
-        new,
-        temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
-        top_k=top_k,
-        top_p=top_p,
+        torch.tensor([job.ids]),
+        job.max_new_tokens,
+        temperature=job.temperature,
+        top_k=job.top_k,
+        top_p=job.top_p,
         generator=generator,
     )
-    echo(decode_tokens(out[0].tolist(), tok))
+    echo(decode_tokens(out[0].tolist(), job.tokenizer))
     return 0

@@ -1,14 +1,16 @@
-"""``multihead inspect --importance``: how much each head matters on the text.
+"""``multihead inspect --importance``: the table of heads with their ablation scores.
 
 The importance of head h of layer l is measured by ablation: the text runs
 through the model once whole and once with that head alone masked (its
-context zeroed before the heads are merged, ``tools.heads.mask_heads`` /
-``hf.head_mask``), and the score is how much worse the masked model does::
+context zeroed before the heads are merged), and the score is how much
+worse the masked model does::
 
-    GPT checkpoint         LM loss (nats/token) on the text, masked - whole:
-                           predicting tokens 1..T-1 from the ones before
+    GPT checkpoint         LM loss (nats/token) on the text, masked - whole
+                           (``tools.objectives.gpt_importance``)
     encoder (MiniLM, BERT) 1 - cos(e_masked, e_whole), e the sentence
-                           embedding (mean of the last hidden states)
+                           embedding (mean of the last hidden states;
+                           ``tools.objectives.encoder_importance``,
+                           ``hf.encoder_importance`` for a ``--hf`` folder)
 
 Positive: the model needs the head on this text; about 0: it does not;
 negative (LM loss only): the text is predicted better without it. One
@@ -17,107 +19,27 @@ forward per head plus one: L * H + 1 passes over one text.
 A Hugging Face folder (``--hf``) is scored as an encoder (the base model
 ``AutoModel`` loads has no LM head), whatever its architecture.
 
-A pruned model (layers with different head counts) is scored by
-``head_importance`` as [L, Hmax] with NaN past a layer's heads: no head
-there. ``format_head_table`` prints such a model with a "pruned" row for
-each removed head (``tools.head_slots``).
+A pruned model (layers with different head counts) is scored as [L, Hmax]
+with NaN past a layer's heads: no head there. ``format_head_table`` prints
+such a model with a "pruned" row for each removed head (``tools.head_slots``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from ..tools.roles import role_table
 
 if TYPE_CHECKING:
     from ..tools.head_slots import HeadSlots
 
-__all__ = [
-    "IMPORTANCE_MEANING", "gpt_importance", "encoder_importance", "hf_importance", "format_with_importance",
-    "format_head_table",
-]  # fmt: skip
+__all__ = ["IMPORTANCE_MEANING", "format_with_importance", "format_head_table"]
 
 IMPORTANCE_MEANING = (
     "ablation: the loss increase when this head alone is masked (GPT: LM loss on the text, nats/token; "
     "encoder: 1 - cosine between the masked and unmasked mean-pooled text embedding)"
 )
-
-
-def _check_lm_length(ids: torch.Tensor) -> None:
-    if ids.shape[1] < 2:
-        raise ValueError(
-            f"--importance on a GPT measures the LM loss of predicting the text's next tokens: "
-            f"the text has {ids.shape[1]} token, give at least 2"
-        )
-
-
-def gpt_importance(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """[L, H] float64: LM-loss increase of the text per masked head (NaN past a pruned layer's heads).
-
-    Args:
-        model: a ``GPT``.
-        ids: [1, T] token ids of the text, T >= 2.
-    """
-    from ..tools.importance import head_importance
-    from .prune_scores import lm_loss  # next-token cross-entropy of windows [B, T]
-
-    _check_lm_length(ids)
-    return head_importance(model, [ids], lm_loss, method="ablation", normalize=None)
-
-
-def _dissimilarity(reference: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """e [1, C] -> 1 - cos(e, reference), a 0-d float64 tensor."""
-    ref = reference.double()
-    return lambda e: 1 - F.cosine_similarity(e.double(), ref, dim=-1).reshape(())
-
-
-def encoder_importance(encoder: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """[L, H] float64: 1 - cos of the mean-pooled embedding per masked head (NaN past a pruned layer's heads).
-
-    Args:
-        encoder: a ``models.minilm.SentenceEncoder`` (its mean pooling).
-        ids: [1, T] token ids of the text.
-    """
-    from ..tools.importance import head_importance
-
-    mask = torch.ones_like(ids)  # (1, T): one sentence, no padding
-
-    def embed(net: nn.Module) -> torch.Tensor:
-        last = net.encoder(ids, attention_mask=mask)  # (1, T, C)
-        return last.mean(dim=1)  # (1, T, C) -> (1, C)
-
-    with torch.no_grad():
-        distance = _dissimilarity(embed(encoder.eval()))
-    return head_importance(encoder, [ids], lambda net, _: distance(embed(net)), method="ablation", normalize=None)
-
-
-@torch.no_grad()
-def hf_importance(model: nn.Module, ids: torch.Tensor, num_layers: int, num_heads: int) -> torch.Tensor:
-    """[L, H] float64 for a transformers model on multihead attention, as an encoder.
-
-    Args:
-        model: loaded with ``multihead.hf.load_hf``.
-        ids: [1, T] token ids of the text.
-        num_layers, num_heads: L and H of the captured record.
-    """
-    from ..hf import head_mask
-
-    mask = torch.ones_like(ids)  # (1, T)
-
-    def embed() -> torch.Tensor:
-        return model(input_ids=ids, attention_mask=mask).last_hidden_state.mean(dim=1)  # (1, T, C) -> (1, C)
-
-    distance = _dissimilarity(embed())
-    base = float(distance(embed()))  # 0 up to rounding, subtracted as head_importance does
-    scores = torch.zeros(num_layers, num_heads, dtype=torch.float64)
-    for layer in range(num_layers):
-        for head in range(num_heads):
-            with head_mask(model, {layer: [head]}):
-                scores[layer, head] = float(distance(embed())) - base
-    return scores
 
 
 def format_with_importance(roles: Sequence, digits: int = 2) -> str:
@@ -145,8 +67,6 @@ def format_head_table(
         layers: the model layers shown (one per recorded call), for ``slots``.
         digits: decimals of the role scores.
     """
-    from ..tools.roles import role_table
-
     rows = role_table(roles, digits)
     if importance:
         rows[0].append("importance")

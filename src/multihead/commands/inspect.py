@@ -29,10 +29,15 @@ Mistakes are refused before any work: an output folder that cannot be
 written, a missing tokenizer file, options that contradict each other, an
 empty text; a text longer than the model's maximum is refused unless
 ``truncate`` is set, and then the terminal and the page say what was cut.
+``capture_text`` checks the options, loads the model, encodes the text and
+runs it once (capturing the weights); ``analyse`` then scores the heads.
+``--import MODULE`` is imported first (a checkpoint of a kind from the
+user's own package).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -44,18 +49,89 @@ import torch
 
 from ..tools.capture import AttentionRecord, capture
 from ..tools.head_slots import HeadSlots
+from ..tools.objectives import encoder_importance, gpt_importance
 from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format_roles, role_legend, strongest_links
+from .checking import checking
 from .head_scores import IMPORTANCE_MEANING, format_head_table
+from .imports import add_import_argument, import_modules
 from .paths import input_file, output_folder
 from .run_dir import run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
-__all__ = ["DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Inspection", "inspect_text", "shown_links", "run"]
+__all__ = [
+    "DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Captured", "Inspection", "capture_text", "analyse", "inspect_text",
+    "shown_links", "add_arguments", "run",
+]  # fmt: skip
 
 DEFAULT_TEXT = "The law will never be perfect, but its application should be just."
 MODELS = ("minilm-l6",)
 OUTPUT_FILES = ("heads.html", "heads.png", "heads.json")
 _MINILM = "all-MiniLM-L6-v2"
+DESCRIPTION = (
+    "Run TEXT through a pretrained model (all-MiniLM-L6-v2 by default, offline) or a GPT "
+    "checkpoint, capture every head's exact attention weights, score each head for documented "
+    "roles (previous/next token, self, [CLS], [SEP], punctuation, broad, rare token), print a "
+    "table of heads with their roles, a legend of the scores and the strongest token links, and "
+    "write heads.html (head view, model view, role table; opens from disk), heads.png and "
+    "heads.json into --out. --hf DIR does the same for any local Hugging Face model folder "
+    "(config.json, safetensors weights, tokenizer.json), run on multihead attention. --importance "
+    "adds each head's ablation score: the loss increase when that head alone is masked (a GPT's LM "
+    "loss on the text; for an encoder 1 - cosine between the masked and the whole text's mean-pooled "
+    "embedding). A text longer than the model's maximum (256 tokens for MiniLM) is "
+    "refused unless --truncate is given. A checkpoint of an attention kind from your own package "
+    "needs --import."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The description and flags of ``multihead inspect``."""
+    parser.description = DESCRIPTION
+    parser.add_argument("text", nargs="?", default=DEFAULT_TEXT, help=f"the input text (default {DEFAULT_TEXT!r})")
+    parser.add_argument("--model", choices=MODELS, help=f"packaged model (default {MODELS[0]} unless --checkpoint)")
+    parser.add_argument(
+        "--checkpoint", metavar="PATH",
+        help="a GPT checkpoint, or the run directory of 'multihead train', to inspect instead of --model",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tokenizer", metavar="FILE", help="tokenizer.json for a --checkpoint whose vocabulary is not bytes"
+    )
+    parser.add_argument(
+        "--hf", metavar="DIR",
+        help="a local Hugging Face model folder (config.json, weights, tokenizer.json) instead of --model",
+    )  # fmt: skip
+    parser.add_argument(
+        "--importance", action="store_true",
+        help="score each head by ablation (loss increase when it alone is masked; one pass per head)",
+    )  # fmt: skip
+    parser.add_argument("--layer", type=int, metavar="L", help="only this layer")
+    parser.add_argument(
+        "--truncate",
+        action="store_true",
+        help="analyse the first tokens of a text longer than the model's maximum (with a notice) instead of refusing it",
+    )
+    parser.add_argument("--out", default="out", metavar="DIR", help="folder for heads.html/png/json (default out)")
+    add_import_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``multihead inspect``: check, load and capture, then score the heads, print and write the files."""
+    with checking():
+        import_modules(args.imports)
+        folder = _check_out(args.out)
+        captured = capture_text(
+            args.text, model=args.model, checkpoint=args.checkpoint, tokenizer=args.tokenizer, layer=args.layer,
+            truncate=args.truncate, hf=args.hf, importance=args.importance,
+        )  # fmt: skip
+    report(analyse(captured, importance=args.importance), folder, importance=args.importance)
+    return 0
+
+
+def _check_out(out: str) -> Path:
+    """The --out folder, checked (and matplotlib, which heads.png needs) before anything is loaded."""
+    if find_spec("matplotlib") is None:  # heads.png needs it: refuse before writing the other two
+        raise ImportError("multihead inspect draws heads.png with matplotlib, which is not installed: "
+                          "pip install 'multihead[viz]'")
+    return output_folder("--out", out, OUTPUT_FILES)
 
 
 @dataclass
@@ -83,12 +159,10 @@ class Inspection:
     slots: HeadSlots | None = None
 
 
-def _run_minilm(text: str, truncate: bool) -> tuple[AttentionRecord, Encoded, list[str]]:
+def _run_minilm(text: str, truncate: bool):
     from ..models.minilm import load_minilm
 
     model = load_minilm()
-    from .head_scores import encoder_importance
-
     enc = encode_text(model.tokenizer, text, model.max_seq_length, model=_MINILM, truncate=truncate)
     ids = torch.tensor([enc.ids])  # (1, T)
     with torch.no_grad(), capture(model.encoder) as record:
@@ -128,8 +202,6 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
         raise ValueError(
             f"the checkpoint's vocabulary has {vocab} tokens, not 256 bytes: pass --tokenizer tokenizer.json"
         )
-    from .head_scores import gpt_importance
-
     ids = torch.tensor([enc.ids])  # (1, T)
     with torch.no_grad(), capture(model) as record:
         model(ids)
@@ -166,36 +238,14 @@ def _pruned_slots(config, report_path: Path) -> tuple[HeadSlots | None, list[str
         return HeadSlots.from_counts(config.num_heads, counts), [note]
 
 
-def _hf_folder(hf: str) -> Path:
-    """The --hf folder, checked: config.json and tokenizer.json in it."""
-    folder = Path(hf)
-    if not folder.is_dir():
-        raise ValueError(f"--hf {hf}: no such folder (expected a Hugging Face model folder)")
-    for name, what in (("config.json", "the model's configuration"), ("tokenizer.json", "its tokenizers file")):
-        if not (folder / name).is_file():
-            raise ValueError(f"--hf {hf}: no {name} in it ({what})")
-    return folder
-
-
 def _run_hf(text: str, hf: str, truncate: bool):
-    from ..hf import capture as hf_capture
-    from ..hf import load_hf
-    from .head_scores import hf_importance
+    from ..hf import capture as hf_capture  # imports transformers: only for --hf
+    from ..hf import encoder_importance as hf_importance
+    from ..hf.folders import load_transformers_folder, model_folder
 
-    folder = _hf_folder(hf)
+    folder = model_folder(hf, ("config.json", "tokenizer.json"), label=f"--hf {hf}")
     tok = load_tokenizer(str(folder / "tokenizer.json"))
-    from transformers.utils import logging as hf_logging
-
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # the terminal shows the heads, not a loading bar
-    try:
-        model = load_hf(folder)
-    except Exception as e:  # transformers raises many types (ValueError, OSError, KeyError) for a foreign folder
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"--hf {hf}: not a transformers model folder ({reason})") from None
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
+    model = load_transformers_folder(folder, label=f"--hf {hf}")
     config = model.config
     sizes = [getattr(config, n, None) for n in ("max_position_embeddings", "n_positions")]
     limit = next((v for v in sizes if isinstance(v, int)), None)  # None: no positional limit
@@ -220,7 +270,29 @@ def _visible(record: AttentionRecord, T: int) -> torch.Tensor:
     return full.tril() if causal else full
 
 
-def inspect_text(
+@dataclass
+class Captured:
+    """What ``capture_text`` loaded and recorded: the weights of one forward pass over the text.
+
+    Attributes:
+        record: the captured weights (only ``layer`` when one was asked for),
+            with the query tokens and the source.
+        encoded: the text's tokens.
+        notices: what the reader must know (text cut, words not understood).
+        visible: [T, T] bool, the keys each query was allowed to see.
+        scorer: () -> [L, H] ablation scores of every head (``--importance``).
+        slots: a pruned model's heads before pruning (None: nothing pruned).
+    """
+
+    record: AttentionRecord
+    encoded: Encoded
+    notices: list[str]
+    visible: torch.Tensor
+    scorer: Callable[[], torch.Tensor]
+    slots: HeadSlots | None = None
+
+
+def capture_text(
     text: str,
     *,
     model: str | None = None,
@@ -230,8 +302,8 @@ def inspect_text(
     truncate: bool = False,
     hf: str | None = None,
     importance: bool = False,
-) -> Inspection:
-    """Capture and classify every head on ``text``.
+) -> Captured:
+    """Check the options, load the model, encode ``text`` and capture every head's weights on it.
 
     Args:
         text: the input sentence.
@@ -246,14 +318,13 @@ def inspect_text(
             maximum (with a notice) instead of refusing it.
         hf: a local Hugging Face model folder (config.json, weights,
             tokenizer.json); not with ``model``, ``checkpoint`` or ``tokenizer``.
-        importance: add each head's ablation score as ``"importance"`` to
-            its role scores (``head_scores``).
+        importance: the heads will be scored (a GPT then needs 2 tokens).
 
     Raises:
         ValueError: contradicting options, unknown model, a missing or bad
             tokenizer file, empty or too long text, layer out of range, an
             ``hf`` folder without config.json or tokenizer.json or that
-            transformers cannot load.
+            transformers cannot load, a one-token text to score on a GPT.
     """
     if hf is not None:
         given = [f"{flag} {value}" for flag, value in (("--model", model), ("--checkpoint", checkpoint),
@@ -279,6 +350,11 @@ def inspect_text(
     elif checkpoint is not None:
         record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
+        if importance and len(enc.ids) < 2:
+            raise ValueError(
+                f"--importance on a GPT measures the LM loss of predicting the text's next tokens: "
+                f"the text has {len(enc.ids)} token, give at least 2"
+            )
     else:
         record, enc, notes, scorer, slots = _run_minilm(text, truncate)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
@@ -287,12 +363,32 @@ def inspect_text(
         if layer >= record.num_layers:
             raise ValueError(f"--layer {layer} out of range: the model has layers 0..{record.num_layers - 1}")
         record.layers = [record.layers[layer]]
-    roles = classify_heads(record, token_ids=enc.ids, mask=visible)
+    return Captured(record, enc, notes, visible, scorer, slots)
+
+
+def analyse(captured: Captured, *, importance: bool = False) -> Inspection:
+    """Classify every captured head; with ``importance`` add each head's ablation score as
+    ``"importance"`` to its role scores (``tools.objectives``, ``hf.encoder_importance``)."""
+    record, enc = captured.record, captured.encoded
+    roles = classify_heads(record, token_ids=enc.ids, mask=captured.visible)
     if importance:
-        scores = scorer()  # (L, H) in model layer order, as the record's layer numbers; NaN past a layer's heads
+        scores = captured.scorer()  # (L, H) in model layer order, as the record's layer numbers; NaN past a layer's heads
         for r in roles:
             r.scores["importance"] = float(scores[r.layer, r.head])
-    return Inspection(record, enc.ids, roles, visible, enc.analysed, enc.total, notes, slots)
+    return Inspection(record, enc.ids, roles, captured.visible, enc.analysed, enc.total, captured.notices,
+                      captured.slots)  # fmt: skip
+
+
+def inspect_text(text: str, *, importance: bool = False, **options) -> Inspection:
+    """Capture and classify every head on ``text``: ``analyse(capture_text(text, **options))``.
+
+    Takes the arguments of ``capture_text``; ``importance`` adds each head's
+    ablation score as ``"importance"`` to its role scores (``head_scores``).
+
+    Raises:
+        ValueError: as ``capture_text``.
+    """
+    return analyse(capture_text(text, importance=importance, **options), importance=importance)
 
 
 def _label(tokens: list[str], counts: Counter, i: int) -> str:
@@ -343,41 +439,17 @@ def _title(source: str, found: Inspection) -> str:
     return f"{source}: {text}"
 
 
-def run(
-    text: str,
-    *,
-    model: str | None = None,
-    checkpoint: str | None = None,
-    tokenizer: str | None = None,
-    layer: int | None = None,
-    out: str = "out",
-    truncate: bool = False,
-    hf: str | None = None,
-    importance: bool = False,
-    echo: Callable[[str], None] = print,
+def report(
+    found: Inspection, folder: Path, *, importance: bool = False, echo: Callable[[str], None] = print
 ) -> dict[str, Path]:
-    """The CLI command: print roles, legend and links, write the three files.
-
-    The output folder is checked before the model is loaded; nothing is
-    written when any check fails.
+    """Print roles, legend and links of ``found``; write heads.html, heads.png and heads.json into ``folder``
+    (checked by ``run`` before the model was loaded).
 
     Returns:
         {"html": ..., "png": ..., "json": ...} paths written.
-
-    Raises:
-        ValueError: as ``inspect_text``; an ``out`` that is not a writable folder.
-        ImportError: matplotlib (for heads.png) is not installed.
     """
     from ..tools.visualize import write_html, write_json, write_png
 
-    if find_spec("matplotlib") is None:  # heads.png needs it: refuse before writing the other two
-        raise ImportError("multihead inspect draws heads.png with matplotlib, which is not installed: "
-                          "pip install 'multihead[viz]'")
-    folder = output_folder("--out", out, OUTPUT_FILES)
-    found = inspect_text(
-        text, model=model, checkpoint=checkpoint, tokenizer=tokenizer, layer=layer, truncate=truncate, hf=hf,
-        importance=importance,
-    )
     record, roles, slots = found.record, found.roles, found.slots
     if slots is not None:
         echo(f"{record.source}: {slots.summary([e.layer for e in record.layers])} on")

@@ -41,7 +41,7 @@ only): the loss on the run's fixed validation batches before and after.
 
 The losses of each method per model family (including "gates": gates
 trained at ``--gate-penalties`` to keep the unpruned model's outputs) are
-in ``prune_scores``. ``--recover-steps N`` then distils the pruned model
+in ``tools.objectives``. ``--recover-steps N`` then distils the pruned model
 towards the unpruned one on the calibration data (``recovery_option``); the
 report gives the fidelity before and after.
 
@@ -52,19 +52,34 @@ ratio unpruned / pruned.
 Mistakes are refused before anything is written: FRACTION outside (0, 1],
 an unknown method, not exactly one of --model, --checkpoint and --hf, an
 attention kind whose heads cannot be removed alone (moh, dcmha, ...), an
---out that cannot be written.
+--out that cannot be written: ``prepare`` checks the options and loads the
+model and its data, then ``prune`` does the work. ``--import MODULE`` is
+imported first (a checkpoint of a kind from the user's own package).
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
+from ..tools.objectives import (
+    GATE_PENALTIES,
+    GATE_STEPS,
+    METHODS,
+    anchor_batches,
+    encoder_scores,
+    gate_training,
+    gpt_scores,
+)
+from .checking import checking
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
@@ -74,11 +89,14 @@ from .gpt_inputs import (
     validation,
     write_outputs,
 )
+from .imports import add_import_argument, import_modules
 from .paths import output_folder
-from .prune_scores import METHODS, anchor_batches, encoder_scores, gpt_scores
-from .recovery_option import check_recover_steps, describe, recover_model
+from .recovery_option import add_recover_steps, check_recover_steps, describe, recover_model
 
-__all__ = ["run", "MODELS", "METHODS", "SEED", "HELDOUT_LINES", "DEFAULT_CALIBRATION_LINES", "TIMED_PASSES"]
+__all__ = [
+    "add_arguments", "run", "Pruning", "prepare", "prune", "MODELS", "METHODS", "SEED", "HELDOUT_LINES",
+    "DEFAULT_CALIBRATION_LINES", "TIMED_PASSES",
+]  # fmt: skip
 
 _Sources = tuple[str | None, str | None, str | None]
 
@@ -89,6 +107,68 @@ DEFAULT_CALIBRATION_LINES = 256
 TIMED_PASSES = 7
 BATCH_SIZE = 64
 OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.json")
+DESCRIPTION = (
+    "Score every attention head on calibration data, remove the lowest-scoring ones (one ranking over "
+    "all layers, at least one head left per layer), save the pruned model into --out and report the "
+    f"heads removed, parameters, fidelity (MiniLM, BERT: {HELDOUT_LINES} held-out Shakespeare lines; a run: "
+    "its validation loss; GPT-2: the loss on Shakespeare's validation text) and the measured forward "
+    "speed-up. The model is saved in multihead's own format (per-layer head counts), with its "
+    "tokenizer.json: read it back with load_sentence_encoder, load_checkpoint or --checkpoint. "
+    "See docs/surgery.md."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The description and flags of ``multihead prune``."""
+    parser.description = DESCRIPTION
+    parser.add_argument("--model", metavar="NAME", help=f"a pretrained model: {', '.join(MODELS)}")
+    parser.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint or a multihead train run directory")
+    parser.add_argument(
+        "--hf", metavar="DIR",
+        help="a local Hugging Face folder (config.json, model.safetensors, tokenizer.json) of model_type bert or gpt2",
+    )  # fmt: skip
+    parser.add_argument("--method", required=True, metavar="M", help=f"importance scores: {' or '.join(METHODS)}")
+    parser.add_argument("--keep", required=True, type=float, metavar="FRACTION", help="share of heads kept, in (0, 1]")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the pruned model and report.json")
+    parser.add_argument(
+        "--calibration-lines", type=int, default=DEFAULT_CALIBRATION_LINES, metavar="N",
+        help=f"MiniLM: calibration line pairs; GPT: windows, 16 per batch (default {DEFAULT_CALIBRATION_LINES})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--heldout-lines", type=int, metavar="N",
+        help=f"MiniLM, BERT: held-out lines of the fidelity (default {HELDOUT_LINES})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gate-penalties", type=_floats, metavar="P,P,...",
+        help="--method gates: L0 penalties, one gate training each (default: "
+        + "; ".join(f"{family} {','.join(map(str, p))}" for family, p in GATE_PENALTIES.items()) + ")",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gate-steps", type=int, metavar="N", help=f"--method gates: Adam steps per penalty (default {GATE_STEPS})"
+    )
+    add_recover_steps(parser)
+    add_import_argument(parser)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    """'0.1,0.3' -> (0.1, 0.3)."""
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give comma-separated numbers such as 0.1,0.3, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """``multihead prune``: check the options, load the model and its data, then score, prune and report."""
+    with checking():
+        import_modules(args.imports)
+        job = prepare(
+            method=args.method, keep=args.keep, out=args.out, model=args.model, checkpoint=args.checkpoint,
+            hf=args.hf, calibration_lines=args.calibration_lines, heldout_lines=args.heldout_lines,
+            gate_penalties=args.gate_penalties, gate_steps=args.gate_steps, recover_steps=args.recover_steps,
+        )  # fmt: skip
+    prune(job)
+    return 0
 
 
 def _check_options(sources: _Sources, method: str, keep: float, lines: int, heldout: int | None) -> None:
@@ -126,8 +206,6 @@ def _check_gates(method: str, penalties: tuple[float, ...] | None, steps: int | 
 
 
 def _gates(method: str, family: str, penalties, steps):
-    from .prune_scores import gate_training
-
     return gate_training(family, penalties, steps) if method == "gates" else None
 
 
@@ -191,7 +269,32 @@ def _count(model) -> int:
     return model.num_parameters() if hasattr(model, "num_parameters") else sum(p.numel() for p in model.parameters())
 
 
-def run(
+@dataclass
+class Pruning:
+    """What ``prepare`` checked and loaded for ``prune``.
+
+    ``pairs`` and ``heldout`` are an encoder's calibration pairs and held-out
+    lines; ``batches`` a GPT's calibration windows [B, T]; ``validate`` a
+    GPT's (loss function of a model, description) when it has validation data.
+    """
+
+    net: nn.Module
+    encoder: bool
+    source: str
+    method: str
+    keep: float
+    folder: Path
+    gates: object | None
+    recover_steps: int
+    pooling: str | None = None
+    pairs: list | None = None
+    heldout: list | None = None
+    batches: list | None = None
+    validate: tuple | None = None
+    tokenizer_file: Path | None = None
+
+
+def prepare(
     *,
     method: str,
     keep: float,
@@ -204,9 +307,8 @@ def run(
     gate_penalties: tuple[float, ...] | None = None,
     gate_steps: int | None = None,
     recover_steps: int = 0,
-    echo: Callable[[str], None] = print,
-) -> dict:
-    """The CLI command: score, prune, save, report.
+) -> Pruning:
+    """Check the options and --out, load the model and its calibration and fidelity data.
 
     Args:
         method: "gradient", "ablation" or "gates".
@@ -219,21 +321,14 @@ def run(
         heldout_lines: encoders: held-out lines of the fidelity (None:
             ``HELDOUT_LINES``).
         gate_penalties, gate_steps: "gates": the L0 penalties (one training
-            each) and Adam steps per penalty (None: ``prune_scores``'
+            each) and Adam steps per penalty (None: ``tools.objectives``'
             defaults for the model family).
         recover_steps: steps of distillation towards the unpruned model
             after pruning (``recovery_option``); 0: none.
-        echo: where the report lines go.
-
-    Returns:
-        the report (as in report.json).
 
     Raises:
-        ValueError: see the module docstring; nothing is written then.
+        ValueError: see the module docstring; nothing is written.
     """
-    from ..tools.fidelity import fidelity, keep_heads
-    from ..tools.prune import prune_heads
-
     _check_options((model, checkpoint, hf), method, keep, calibration_lines, heldout_lines)
     _check_gates(method, gate_penalties, gate_steps)
     check_recover_steps(recover_steps)
@@ -246,59 +341,75 @@ def run(
         if hf_type == "gpt2" and heldout_lines is not None:
             raise ValueError(f"--heldout-lines {heldout_lines} is for encoders; the GPT-2 --hf {hf} is measured "
                              f"on {prune_hf.VAL_WINDOWS} windows of the Shakespeare validation text")  # fmt: skip
-    encoder = model is not None or hf_type == "bert"
-    run_dir = tokenizer_file = validate = None
-    pooling = None
-    if encoder:
+    if model is not None or hf_type == "bert":
         if model is not None:
             from ..models.minilm import load_minilm
 
             net, source = load_minilm(), f"model {model}"
             pooling = f"{net.pooling} pooling{', L2-normalised' if net.normalize else ''}"
         else:
-            net, pooling = prune_hf.load_encoder(hf_folder)
+            from ..hf.folders import load_sentence_encoder_folder
+
+            net, pooling = load_sentence_encoder_folder(hf_folder)
             source = f"bert model {hf}"
         _target(net)
         pairs, heldout = _minilm_lines(net, calibration_lines, HELDOUT_LINES if heldout_lines is None else heldout_lines)
         gates = _gates(method, "encoder", gate_penalties, gate_steps)
-        scores = encoder_scores(net, method, pairs, gates)
+        return Pruning(net, True, source, method, keep, folder, gates, recover_steps, pooling, pairs, heldout)
+    count = max(1, calibration_lines // CALIBRATION_BATCH_SIZE)
+    tokenizer_file = None
+    if hf is not None:
+        from ..hf.folders import load_gpt2_folder
+
+        net, hf_tokenizer = load_gpt2_folder(hf_folder)
+        source, tokenizer_file = f"gpt2 model {hf}", hf_folder / "tokenizer.json"
+        _target(net)
+        batches = prune_hf.gpt2_calibration(net, hf_tokenizer, count, CALIBRATION_BATCH_SIZE, CALIBRATION_SEED, hf)
+        validate = prune_hf.gpt2_validation(net, hf_tokenizer, CALIBRATION_BATCH_SIZE, hf)
     else:
-        count = max(1, calibration_lines // CALIBRATION_BATCH_SIZE)
-        if hf is not None:
-            net, hf_tokenizer = prune_hf.load_gpt2(hf_folder)
-            source, tokenizer_file = f"gpt2 model {hf}", hf_folder / "tokenizer.json"
-            _target(net)
-            batches = prune_hf.gpt2_calibration(net, hf_tokenizer, count, CALIBRATION_BATCH_SIZE, CALIBRATION_SEED, hf)
-            validate = prune_hf.gpt2_validation(net, hf_tokenizer, CALIBRATION_BATCH_SIZE, hf)
-        else:
-            net, run_dir, tokenizer, source = load_gpt(checkpoint)
-            _target(net)
-            tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
-            if tokenizer is not None:
-                tokenizer_file = tokenizer_json(checkpoint, run_dir)
-            data = None if run_dir is not None else "shakespeare"
-            batches = calibration_windows(net, run_dir, tokenizer, data, count)
-            validate = validation(run_dir) if run_dir is not None else None
-        gates = _gates(method, "gpt", gate_penalties, gate_steps)
-        scores = gpt_scores(net, method, batches, gates)
+        net, run_dir, tokenizer, source = load_gpt(checkpoint)
+        _target(net)
+        tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
+        if tokenizer is not None:
+            tokenizer_file = tokenizer_json(checkpoint, run_dir)
+        data = None if run_dir is not None else "shakespeare"
+        batches = calibration_windows(net, run_dir, tokenizer, data, count)
+        validate = validation(run_dir) if run_dir is not None else None
+    gates = _gates(method, "gpt", gate_penalties, gate_steps)
+    return Pruning(net, False, source, method, keep, folder, gates, recover_steps, batches=batches,
+                   validate=validate, tokenizer_file=tokenizer_file)  # fmt: skip
+
+
+def prune(job: Pruning, echo: Callable[[str], None] = print) -> dict:
+    """Score the heads, remove them, measure, save, print and return the report (as in report.json)."""
+    from ..tools.fidelity import fidelity, keep_heads
+    from ..tools.prune import prune_heads
+
+    net, encoder, gates, pairs, heldout, batches, validate = (
+        job.net, job.encoder, job.gates, job.pairs, job.heldout, job.batches, job.validate
+    )
+    if encoder:
+        scores = encoder_scores(net, job.method, pairs, gates)
+    else:
+        scores = gpt_scores(net, job.method, batches, gates)
     L = scores.shape[0]
     counts = (~scores.isnan()).sum(dim=1).tolist()  # heads per layer (fewer in a model pruned before)
     total = sum(counts)
-    kept = max(L, round(keep * total))
+    kept = max(L, round(job.keep * total))
     table = keep_heads(scores, kept)
     unpruned = _copy(net)
     params_before = _count(net)
     prune_heads(net, table)
     net.eval()
     report = {
-        "source": source,
-        "method": method,
-        "keep": keep,
+        "source": job.source,
+        "method": job.method,
+        "keep": job.keep,
         "heads": [total, kept],
         "removed": {str(i): sorted(table.get(i, [])) for i in range(L)},
         "layer_heads": [counts[i] - len(table.get(i, [])) for i in range(L)],
         "parameters": [params_before, _count(net)],
-        "pooling": pooling,
+        "pooling": job.pooling,
         "gates": None if gates is None else {"penalties": list(gates.penalties), "steps": gates.steps, "lr": gates.lr},
         "calibration": None,
         "fidelity": None,
@@ -328,10 +439,10 @@ def run(
         def timed(m):
             return lambda: m(x)
 
-    if recover_steps:
+    if job.recover_steps:
         before = None if measure is None else measure(net)
         data = anchor_batches(net, pairs) if encoder else batches
-        report["recovery"] = recover_model(net, unpruned, data, "encoder" if encoder else "gpt", recover_steps)
+        report["recovery"] = recover_model(net, unpruned, data, "encoder" if encoder else "gpt", job.recover_steps)
         report["recovery"]["before"] = before
     if encoder:
         report["fidelity"] = measure(net)
@@ -339,8 +450,8 @@ def run(
         report["val_loss"], report["val_batches"] = [measure(unpruned), measure(net)], validate[1]
     before, after, ratio = _speedup(timed(unpruned), timed(net))
     report["seconds"], report["speedup"] = [before, after], ratio
-    write_outputs(folder, lambda f: _save(net, f), report, tokenizer_file)
-    _print(report, folder, echo)
+    write_outputs(job.folder, lambda f: _save(net, f), report, job.tokenizer_file)
+    _print(report, job.folder, echo)
     return report
 
 

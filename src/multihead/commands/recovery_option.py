@@ -15,11 +15,19 @@ from __future__ import annotations
 
 from torch import nn
 
-from .prune_scores import embed, logits
+from ..tools.objectives import embed, next_token_logits
 
-__all__ = ["RECOVER_LR", "check_recover_steps", "recover_model", "describe"]
+__all__ = ["RECOVER_LR", "add_recover_steps", "check_recover_steps", "recover_model", "describe"]
 
 RECOVER_LR = {"gpt": 1e-3, "encoder": 3e-4}
+
+
+def add_recover_steps(parser) -> None:
+    """Add ``--recover-steps N`` (default 0) to an ``argparse.ArgumentParser``."""
+    parser.add_argument(
+        "--recover-steps", type=int, default=0, metavar="N",
+        help="then distil the result towards the original for N steps on the calibration data (default 0: none)",
+    )  # fmt: skip
 
 
 def check_recover_steps(steps: object) -> int:
@@ -33,7 +41,7 @@ def recover_model(student: nn.Module, teacher: nn.Module, batches: list, family:
     """Distil ``student`` towards ``teacher`` in place (left in eval mode); the report's "recovery" entry."""
     from ..tools.recovery import recover
 
-    outputs, objective = (logits, "kl") if family == "gpt" else (embed, "cosine")
+    outputs, objective = (next_token_logits, "kl") if family == "gpt" else (embed, "cosine")
     lr = RECOVER_LR[family]
     losses = recover(student, teacher, batches, outputs, steps=steps, lr=lr, objective=objective, progress=True)
     student.eval()

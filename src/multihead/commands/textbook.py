@@ -8,6 +8,7 @@ difference. A parity table (``commands.parity``) follows.
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable
 
@@ -15,9 +16,31 @@ import torch
 
 from .. import textbook
 from ..data import load_textbook_oracle
+from .checking import checking
 from .parity import parity_table
 
-__all__ = ["textbook_cases", "run"]
+__all__ = ["textbook_cases", "add_arguments", "run", "check_tolerance", "report"]
+
+DESCRIPTION = (
+    "Rebuild Raschka's chapter-3 attention classes with the book's seeds, print their "
+    "tensors beside the published values with the max difference, then a parity table "
+    "of multihead vs torch.nn.MultiheadAttention vs F.scaled_dot_product_attention."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The description and flags of ``multihead textbook``."""
+    parser.description = DESCRIPTION
+    parser.add_argument(
+        "--tolerance", type=float, default=1e-6, help="largest accepted |difference|, a number >= 0 (default 1e-6)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``multihead textbook``: 0 when every case matches, 1 otherwise."""
+    with checking():
+        tolerance = check_tolerance(args.tolerance)
+    return report(tolerance)
 
 
 def _case_class(name: str) -> type[torch.nn.Module]:
@@ -89,16 +112,22 @@ def _print_case(r: dict, echo: Callable[[str], None]) -> None:
     echo(f"  max |difference| = {r['max_diff']:.2e}")
 
 
-def run(echo: Callable[[str], None] = print, tolerance: float = 1e-6) -> int:
-    """Print every case and the parity table; return 0 when all cases match.
+def check_tolerance(tolerance: object) -> float:
+    """``--tolerance``: a finite number >= 0.
 
     Raises:
-        ValueError: ``tolerance`` negative, NaN or infinite (checked before any work).
+        TypeError: not a number.
+        ValueError: negative, NaN or infinite.
     """
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
         raise TypeError(f"--tolerance must be a number, got {tolerance!r}")
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"--tolerance {tolerance}: must be a finite number >= 0 (the largest accepted |difference|)")
+    return tolerance
+
+
+def report(tolerance: float = 1e-6, echo: Callable[[str], None] = print) -> int:
+    """Print every case and the parity table; return 0 when all cases match within ``tolerance``, else 1."""
     echo("Textbook attention classes (Raschka, Build a Large Language Model from Scratch, ch. 3)")
     echo("rebuilt with the book's seeds, beside the published tensors")
     results = textbook_cases()

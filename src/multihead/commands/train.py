@@ -38,15 +38,28 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..train.config import TrainConfig
+from .checking import checking
+from .imports import add_import_argument, import_modules
 from .paths import input_file, output_folder
 
 __all__ = [
-    "FLAGS", "OTHER_FIELDS", "add_arguments", "parse_attention_options", "config_values", "resume_values", "run",
-    "summary", "is_rank_zero",
+    "FLAGS", "OTHER_FIELDS", "add_arguments", "parse_attention_options", "config_values", "resume_values",
+    "check_config", "run", "summary", "is_rank_zero",
 ]  # fmt: skip
 
 BUILTIN_DATA = "shakespeare"
 TRY_PROMPT = "To be"
+DESCRIPTION = (
+    "Train a GPT preset with the chosen attention kind on Shakespeare's plays (downloaded once) "
+    "or a UTF-8 text file, tokenized as bytes or BPE: AdamW, linear warm-up then cosine decay, "
+    "validation loss every --eval-every steps. The run directory (--out) gets config.json, the "
+    "tokenizer, the token files, metrics.jsonl and crash-safe checkpoints; --resume continues "
+    "from the latest one with the same config. Each flag sets the TrainConfig field of the same "
+    "name; a flag left out keeps TrainConfig's default. --import MODULE brings the attention kinds "
+    "of your own package. Under torchrun every process runs this "
+    "command (data parallel, the same global --batch-size; --shard: FSDP2). See docs/training.md."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,13 +131,12 @@ def _default_text(config_type: type, flag: Flag) -> str:
 
 
 def add_arguments(parser) -> None:
-    """Add the ``train`` flags to ``parser`` (an ``argparse.ArgumentParser``).
+    """The description and flags of ``multihead train`` (``parser``: an ``argparse.ArgumentParser``).
 
     Every flag defaults to None, which means "TrainConfig's default"; the help
     shows that default, read from the dataclass.
     """
-    from ..train.config import TrainConfig
-
+    parser.description = DESCRIPTION
     for flag in FLAGS:
         help = f"{flag.help} ({_default_text(TrainConfig, flag)})"
         if flag.type is bool:  # --name / --no-name, None when neither is given
@@ -141,6 +153,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its latest checkpoint (same config)"
     )
+    add_import_argument(parser)
 
 
 def parse_attention_options(items: list[str] | None) -> dict[str, Any]:
@@ -221,7 +234,6 @@ def resume_values(values: Mapping[str, Any]) -> dict[str, Any]:
         ValueError: an unreadable or invalid ``config.json``.
     """
     from ..io import read_json_file
-    from ..train.config import TrainConfig
 
     out = values.get("out")
     if out is None:  # the default run directory depends on the preset and the attention kind only
@@ -252,18 +264,31 @@ def summary(result, config) -> list[str]:
     return lines
 
 
-def run(
-    values: Mapping[str, Any],
-    *,
-    resume: bool = False,
-    echo: Callable[[str], None] = print,
-    progress: bool | None = None,
-) -> int:
-    """Build the ``TrainConfig`` from ``values``, train, and ``echo`` the summary (rank 0 only).
+def check_config(config: TrainConfig, *, resume: bool) -> None:
+    """Everything ``train`` would refuse that can be known before anything is written:
+    the data file, ``--out``, ``--resume`` with nothing to resume, and the model
+    the options build (the attention kind and its options; built on the meta
+    device, so no memory is used).
+
+    Raises:
+        ValueError, TypeError, OSError: the user's mistake, naming the value.
+    """
+    from ..models.gpt import GPT, GPTConfig
+
+    _check_inputs(config, resume=resume)
+    model_config = GPTConfig.from_preset(
+        config.preset, vocab_size=config.vocab_size or 256, context_length=config.context_length,
+        attention=config.attention, attention_options=dict(config.attention_options), dropout=config.dropout,
+        mlp_dim=config.mlp_dim,
+    )  # fmt: skip
+    GPT(model_config, device="meta")
+
+
+def run(args: argparse.Namespace, *, echo: Callable[[str], None] = print, progress: bool | None = None) -> int:
+    """``multihead train``: check everything, train, and ``echo`` the summary (rank 0 only).
 
     Args:
-        values: ``TrainConfig`` fields given on the command line.
-        resume: continue the run in ``config.out`` from its latest checkpoint.
+        args: the parsed command line (``add_arguments``).
         echo: where the summary goes (stdout).
         progress: passed to ``train`` (None: the loop decides).
 
@@ -271,17 +296,19 @@ def run(
         The exit status, 0.
 
     Raises:
-        ValueError, TypeError, OSError: a user mistake (the CLI prints one
-            line and exits with status 2); everything but the loop's own
-            refusals is checked before anything is written.
+        UsageError: a user mistake (the CLI prints one line and exits with
+            status 2); everything but the loop's own refusals (a checkpoint
+            of another config, a split too short for a batch) is checked
+            before anything is written.
     """
-    from ..train.config import TrainConfig
-
-    config = TrainConfig(**(resume_values(values) if resume else values))
-    _check_inputs(config, resume=resume)
     from ..train.loop import train
 
-    result = train(config, resume=resume, progress=progress)
+    with checking():
+        import_modules(args.imports)
+        values = config_values(args)
+        config = TrainConfig(**(resume_values(values) if args.resume else values))
+        check_config(config, resume=args.resume)
+    result = train(config, resume=args.resume, progress=progress)
     if is_rank_zero():
         for line in summary(result, config):
             echo(line)

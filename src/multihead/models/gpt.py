@@ -30,6 +30,7 @@ from .._checks import dropout_probability, positive_int
 from ..modules.base import check_heads
 from ..modules.calls import rollback_all_on_error
 from ..modules.registry import build_attention, check_kind, total_aux_loss
+from .generation import generate as generate_tokens
 from .gpt_inputs import check_caches, check_token_ids, positions_from_mask, token_positions
 from .head_layout import check_layer_heads, layer_head_options
 
@@ -446,40 +447,10 @@ class GPT(nn.Module):
                 x = block(x, key_padding_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
         return self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, vocab)
 
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos: int | None = None,
-        pad: int | None = None,
-        attention_mask: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-        use_cache: bool = True,
-        return_logits: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Extend idx [B, T0] by up to ``max_new_tokens`` tokens -> [B, T0 + n]
-        (and logits [B, n, V] with ``return_logits``); temperature 0 is greedy.
-        See :func:`multihead.models.generation.generate` for every option."""
-        from .generation import generate
-
-        return generate(
-            self,
-            idx,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            eos=eos,
-            pad=pad,
-            attention_mask=attention_mask,
-            generator=generator,
-            use_cache=use_cache,
-            return_logits=return_logits,
-        )
+    # GPT.generate(idx [B, T0], max_new_tokens, *, temperature, top_k, top_p, eos, pad,
+    # attention_mask, generator, use_cache, return_logits): ``models.generation.generate``
+    # with this model, temperature 0 greedy.
+    generate = generate_tokens
 
     # ------------------------------------------------------------- HF config
     @classmethod

@@ -117,23 +117,12 @@ class AnnotatedTransformerAttention(nn.Module):
         dead = dead[..., 0].expand(B, H, Tq).to(out.dtype)  # (B|1, H|1, Tq|1, 1) -> (B, H, Tq)
         return out + torch.einsum("bht,bhc->btc", dead, per_head)
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The official forward.
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask=None) -> torch.Tensor:
+        """The official forward: query [B, Tq, d_model], key and value [B, Tk, d_model].
 
-        Args:
-            query: [B, Tq, d_model].
-            key: [B, Tk, d_model].
-            value: [B, Tk, d_model].
-            mask: 1/True = keep, 0/False = masked (any dtype, compared with
-                0); [B, 1, Tk] (padding), [B, Tq, Tk] or [1, Tq, Tk] (e.g.
-                ``subsequent_mask``); a head axis is inserted at dim 1. A
-                query row with no kept key attends uniformly to all Tk keys.
+        ``mask`` as in ``textbook.annotated.MultiHeadedAttention.forward``
+        (1/True = keep, any dtype compared with 0; a head axis is inserted
+        at dim 1); a query row with no kept key attends uniformly to all Tk keys.
 
         Returns:
             Output [B, Tq, d_model].

@@ -12,7 +12,6 @@ from support.cli import quietly
 from support.training import latest, run_val_loss
 
 from multihead.commands.convert import CALIBRATION_BATCH_SIZE, CALIBRATION_SEED
-from multihead.tools.objectives import GATE_LR
 from multihead.commands.recovery_option import RECOVER_LR
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
@@ -20,6 +19,7 @@ from multihead.tools.distill import distillation
 from multihead.tools.fidelity import keep_heads
 from multihead.tools.gate_importance import GateTraining, gate_sweep
 from multihead.tools.importance import head_importance
+from multihead.tools.objectives import GATE_LR
 from multihead.tools.prune import prune_heads
 from multihead.tools.recovery import recover
 from multihead.train.batches import Batches, read_tokens

@@ -18,6 +18,11 @@ static ``KVCache`` per layer; cross-attention fills one cache per layer with the
 memory's keys/values on the first call and reuses it on every later step, through
 the attention module's own API (``kv_cache`` with ``key``: ``modules.base``), so
 every kind, observers included, decodes the same way.
+
+The file is longer than the house's 500 lines because the config's per-role
+head counts, the two layer types, the decoder cache and greedy decoding all
+read the one table of attention roles (``ATTENTION_ROLES``) and are checked
+together against the paper's figure.
 """
 
 from __future__ import annotations

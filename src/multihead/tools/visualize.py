@@ -63,6 +63,7 @@ from pathlib import Path
 import torch
 
 from .._checks import non_negative_int, positive_int
+from ..io import write_bytes_atomic
 from .capture import AttentionRecord
 from .head_slots import HeadSlots
 
@@ -152,7 +153,7 @@ def write_html(
     )
     parts = {"TITLE": html.escape(title), "CSP": csp, "CSS": css, "DATA": _script_json(data), "JS": js}
     page = _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("heads.html"))
-    return _write_atomic(path, page.encode("utf-8"))
+    return write_bytes_atomic(path, page.encode("utf-8"))
 
 
 def write_png(
@@ -262,7 +263,7 @@ def write_png(
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
-    return _write_atomic(path, buffer.getvalue())
+    return write_bytes_atomic(path, buffer.getvalue())
 
 
 def write_json(
@@ -296,7 +297,7 @@ def write_json(
             out["original_heads"] = [slots.original_index(entry.layer, h) for h in range(entry.num_heads)]
         for role in payload["roles"] or []:
             role["original_head"] = slots.original_index(role["layer"], role["head"])
-    return _write_atomic(path, json.dumps(payload, allow_nan=False).encode("utf-8"))
+    return write_bytes_atomic(path, json.dumps(payload, allow_nan=False).encode("utf-8"))
 
 
 # -- checks -------------------------------------------------------------------
@@ -492,11 +493,3 @@ def _plain(text: str) -> str:
     """Text matplotlib shows as is: a "$" would otherwise start math mode."""
     return text.replace("$", r"\$")
 
-
-def _write_atomic(path: str | os.PathLike, payload: bytes) -> Path:
-    """Write ``payload`` through the checkpoint writer: a temp file beside
-    ``path``, fsynced and renamed into place (mode 0o666 less the umask);
-    temp files of killed writers are removed on the next write."""
-    from ..io import write_bytes_atomic
-
-    return write_bytes_atomic(path, payload)

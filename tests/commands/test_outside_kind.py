@@ -40,14 +40,14 @@ class MeanQueryHeads(AttentionLayer):
     kind = "mean_query_heads"
     head_independence = "every head's query adds the mean query of all heads, so each head depends on the others"
 
-    def __init__(self, embed_dim, num_heads, *, qkv_bias=True, dropout=0.0, device=None, dtype=None, **sizes):
-        super().__init__(embed_dim, num_heads, dropout=dropout, **sizes)
+    def __init__(self, embed_dim, num_heads, **options):
+        super().__init__(embed_dim, num_heads, **options)
         H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
-        factory = {"device": device, "dtype": dtype}
-        self.q_proj = nn.Linear(embed_dim, H * D, bias=qkv_bias, **factory)
-        self.k_proj = nn.Linear(self.kdim, G * D, bias=qkv_bias, **factory)
-        self.v_proj = nn.Linear(self.vdim, G * D, bias=qkv_bias, **factory)
-        self.init_output(H * D, embed_dim, bias=True, **factory)
+        self.q_proj = nn.Linear(embed_dim, H * D, bias=self.qkv_bias, **self.factory)
+        self.k_proj = nn.Linear(self.kdim, G * D, bias=self.qkv_bias, **self.factory)
+        self.v_proj = nn.Linear(self.vdim, G * D, bias=self.qkv_bias, **self.factory)
+        self.init_output(H * D, embed_dim)
+        self.init_positions(D)
 
     def project(self, query, key=None, value=None):
         key = query if key is None else key

@@ -188,7 +188,7 @@ def test_a_gated_layer_whose_heads_are_all_closed_is_refused():
         model.blocks[0].attn.log_alpha.fill_(-5.0)
     with pytest.raises(ValueError, match=r"layer 0 would keep no heads \(removing all of its 6"):
         prune_closed_heads(model)
-    with pytest.raises(ValueError, match="needs attention kind 'gated', got attention='mha'"):
+    with pytest.raises(ValueError, match=r"needs an attention kind with head gates \(closed_heads\(\), as 'gated'\), got attention='mha'"):
         prune_closed_heads(gpt(num_layers=1))
 
 

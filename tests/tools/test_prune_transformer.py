@@ -173,7 +173,7 @@ def test_refusals_name_the_values_and_change_nothing():
     mixed = Transformer(TransformerConfig(**{**BASE, "attention": "talking_heads", "num_heads": 4}))
     with pytest.raises(ValueError, match=r"attention kind 'talking_heads' cannot lose one head alone: the composition mixes heads"):
         prune_heads(mixed, {0: [1]})
-    with pytest.raises(ValueError, match="needs attention kind 'gated', got attention='mha'"):
+    with pytest.raises(ValueError, match=r"needs an attention kind with head gates \(closed_heads\(\), as 'gated'\), got attention='mha'"):
         prune_closed_heads(transformer())
 
 

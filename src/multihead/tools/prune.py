@@ -68,7 +68,6 @@ from torch import nn
 
 from ..modules.base import AttentionLayer
 from ..modules.head_selection import check_head_selection
-from ..modules.kinds.gated import GatedHeadAttention
 from .heads import check_index
 from .prune_targets import PruneTarget, prune_target
 
@@ -187,16 +186,19 @@ def prune_closed_heads(model: nn.Module) -> dict[int, list[int]]:
 
     Raises:
         TypeError: see :func:`prune_heads`.
-        ValueError: a model whose attention kind is not "gated", a layer
+        ValueError: a model whose attention kind has no head gates (``closed_heads``), a layer
             whose heads are all closed, or closed heads that leave GQA
             groups of different sizes (see :func:`prune_heads`).
     """
     target = prune_target(model)
     kind = target.model.config.attention
-    if kind != "gated":
-        raise ValueError(f"prune_closed_heads needs attention kind 'gated', got attention={kind!r}")
     layers = target.layers
-    table = {i: layer.closed_heads() for i, layer in enumerate(layers) if isinstance(layer, GatedHeadAttention)}
+    if not all(callable(getattr(layer, "closed_heads", None)) for layer in layers):
+        raise ValueError(
+            f"prune_closed_heads needs an attention kind with head gates (closed_heads(), as 'gated'), "
+            f"got attention={kind!r}"
+        )
+    table = {i: layer.closed_heads() for i, layer in enumerate(layers)}
     table = {i: heads for i, heads in table.items() if heads}
     prune_heads(model, table)
     return table

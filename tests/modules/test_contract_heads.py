@@ -133,3 +133,10 @@ def test_shared_options_are_taken_once_and_refused_ones_are_named(kind):
     for name in cls.refused_options:
         with pytest.raises(TypeError, match=rf"{cls.__name__} does not take {name} \(got \{{'{name}': 8\}}\)"):
             cls(C, H, **{name: 8})
+
+
+def test_a_class_claiming_independent_heads_without_subset_heads_is_refused_when_defined():
+    with pytest.raises(TypeError, match="Claims declares independent_heads = True but defines no subset_heads"):
+
+        class Claims(AttentionLayer):
+            independent_heads = True

@@ -125,8 +125,11 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             another device, on its own (a key/value head only with its whole
             group): the layer's output is a sum over heads of
             ``out_proj`` columns times that head's context, and nothing else
-            couples them. Such a kind implements ``subset_heads``, which
-            ``select_heads`` calls.
+            couples them. Such a kind implements ``subset_heads(heads,
+            kv_heads)`` (checked, ascending lists; it returns the smaller
+            layer, ``head_selection.load_selected`` fills a copy built on the
+            meta device), which ``select_heads`` calls; a class that claims
+            independent heads without it is refused when it is defined.
         head_independence: one sentence saying why heads are, or are not,
             independent (the reason ``select_heads`` gives when refusing).
         comparison_skip: None, or the reason the kind stays out of
@@ -215,6 +218,11 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         self.qk_norm = QKNorm(dim, **self.factory) if qk_norm else None
 
     # ------------------------------------------------------------------ capabilities
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.independent_heads and not callable(getattr(cls, "subset_heads", None)):
+            raise TypeError(f"{cls.__name__} declares independent_heads = True but defines no subset_heads")
+
     @classmethod
     def comparison_options(cls, kind: str, num_heads: int) -> dict:
         """The options ``multihead compare`` builds the registered name ``kind``
@@ -248,12 +256,6 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             raise ValueError(f"{self.kind!r} attention cannot keep a subset of its heads: {self.head_independence}")
         keep_q, keep_kv = check_head_selection(heads, kv_heads, self.num_heads, self.num_kv_heads)
         return self.subset_heads(keep_q, keep_kv)
-
-    def subset_heads(self, heads: list[int], kv_heads: list[int]) -> AttentionLayer:
-        """[kind with independent heads] the layer of ``select_heads`` for checked,
-        ascending ``heads`` and ``kv_heads`` (``head_selection.load_selected``
-        fills a copy built on the meta device)."""
-        raise NotImplementedError(f"{type(self).__name__} declares independent_heads but has no subset_heads")
 
     # ------------------------------------------------------------------ observers
     @property

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
-from ..modules.base import check_heads
+from ..modules.head_selection import check_heads
 from ..modules.registry import build_attention, check_kind, total_aux_loss
 from .head_layout import check_layer_heads, layer_head_options
 

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
-from ..modules.base import check_heads
 from ..modules.calls import rollback_all_on_error
+from ..modules.head_selection import check_heads
 from ..modules.registry import build_attention, check_kind, total_aux_loss
 from .generation import generate as generate_tokens
 from .gpt_inputs import check_caches, check_token_ids, positions_from_mask, token_positions

@@ -49,43 +49,13 @@ from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
 from ..functional.masks import check_alignment
 from .calls import check_cache_use, check_call, default_alignment, key_padding, rollback_on_error
-from .head_selection import check_head_selection
+from .head_selection import check_head_selection, check_heads
 from .kv_cache import KVCache
 from .norms import QKNorm
 from .observe import AttentionEvent, Observer
 from .rope import Rotary, query_positions
 
-__all__ = ["AttentionLayer", "check_heads"]
-
-
-def check_heads(
-    embed_dim: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None, *, width: str = "embed_dim",
-    config: bool = False,
-) -> tuple[int, int, int]:
-    """Validate head sizes; return (num_heads, num_kv_heads, head_dim).
-
-    The one head-count check: layers call it, and so do model configs
-    (``config=True``; ``width`` names their field, e.g. BERT's
-    "hidden_size"; a config has no head_dim to decouple the widths, so its
-    message gives no such hint).
-
-    Raises:
-        TypeError: a size that is not an int.
-        ValueError: non-positive sizes, embed_dim not divisible by num_heads
-            (when head_dim is not given), num_kv_heads not dividing num_heads.
-    """
-    positive_int(width, embed_dim)
-    positive_int("num_heads", num_heads)
-    if head_dim is None:
-        if embed_dim % num_heads != 0:
-            hint = "" if config else "; pass head_dim explicitly to decouple them"
-            raise ValueError(f"{width}={embed_dim} is not divisible by num_heads={num_heads}{hint}")
-        head_dim = embed_dim // num_heads
-    positive_int("head_dim", head_dim)
-    G = num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
-    if G > num_heads or num_heads % G != 0:
-        raise ValueError(f"num_kv_heads={G} must divide num_heads={num_heads}")
-    return num_heads, G, head_dim
+__all__ = ["AttentionLayer"]
 
 
 class AttentionLayer(nn.Module, metaclass=ABCMeta):

@@ -1,4 +1,6 @@
-"""Keeping a subset of a layer's heads: which key/value groups go with them.
+"""Head counts and head subsets: ``check_heads`` validates H, G and D (for
+layers and model configs alike); a selection keeps some heads and the
+key/value groups that go with them.
 
 Query head h reads key/value head h // (H // G). A selection keeps the
 groups its query heads read; the map h' -> h' // (H' // G') must still hold
@@ -21,7 +23,39 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-__all__ = ["check_head_selection", "head_rows", "load_selected"]
+from .._checks import positive_int
+
+__all__ = ["check_heads", "check_head_selection", "head_rows", "load_selected"]
+
+
+def check_heads(
+    embed_dim: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None, *, width: str = "embed_dim",
+    config: bool = False,
+) -> tuple[int, int, int]:
+    """Validate head sizes; return (num_heads, num_kv_heads, head_dim).
+
+    The one head-count check: layers call it, and so do model configs
+    (``config=True``; ``width`` names their field, e.g. BERT's
+    "hidden_size"; a config has no head_dim to decouple the widths, so its
+    message gives no such hint).
+
+    Raises:
+        TypeError: a size that is not an int.
+        ValueError: non-positive sizes, embed_dim not divisible by num_heads
+            (when head_dim is not given), num_kv_heads not dividing num_heads.
+    """
+    positive_int(width, embed_dim)
+    positive_int("num_heads", num_heads)
+    if head_dim is None:
+        if embed_dim % num_heads != 0:
+            hint = "" if config else "; pass head_dim explicitly to decouple them"
+            raise ValueError(f"{width}={embed_dim} is not divisible by num_heads={num_heads}{hint}")
+        head_dim = embed_dim // num_heads
+    positive_int("head_dim", head_dim)
+    G = num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+    if G > num_heads or num_heads % G != 0:
+        raise ValueError(f"num_kv_heads={G} must divide num_heads={num_heads}")
+    return num_heads, G, head_dim
 
 
 def _indices(name: str, values: object, upper: int) -> list[int]:

@@ -27,13 +27,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..base import AttentionLayer, check_heads
+from ..base import AttentionLayer
 from ..cost import AttentionCost, visible_pairs
 from ..head_selection import head_rows, load_selected
 from ..projections import fused_qkv, split_heads
 from ..registry import register_attention
 
-__all__ = ["MultiHeadAttention", "check_heads"]
+__all__ = ["MultiHeadAttention"]
 
 _SPLIT = ("q_proj", "k_proj", "v_proj")
 _NORMS = ("q_norm", "k_norm")

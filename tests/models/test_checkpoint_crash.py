@@ -18,8 +18,9 @@ from multihead.models.gpt import GPT, GPTConfig
 # A server process: imports once, loads the two models, times a few saves
 # (which also warms up everything a save uses), then for each request
 # "<0|1> <path>" forks a child that saves them alternately (starting with the
-# given one) to <path> until it is killed; it answers the child's pid, then
-# its wait status once the child is gone (so the test never races a zombie).
+# given one) to <path> until it is killed, appending one byte to the progress
+# file after each finished save; the server answers the child's pid, then its
+# wait status once the child is gone (so the test never races a zombie).
 SERVER = r"""
 import os, sys, time
 import torch
@@ -32,13 +33,15 @@ for i in range(4):
     save_checkpoint(models[i % 2], sys.argv[3])
 print("ready", (time.perf_counter() - start) / 4, flush=True)
 for line in sys.stdin:
-    first, path = line.split(maxsplit=1)
+    first, path, progress = line.split()
     pid = os.fork()
     if pid == 0:
         try:
             i = int(first)
+            done = os.open(progress, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             while True:
-                save_checkpoint(models[i % 2], path.strip())
+                save_checkpoint(models[i % 2], path)
+                os.write(done, b"x")
                 i += 1
         finally:
             os._exit(3)  # only reached if a save raised
@@ -71,6 +74,16 @@ def which(model: GPT, references: dict[str, GPT]) -> str:
     raise AssertionError(f"the loaded checkpoint is neither saved model: config {model.config}")
 
 
+def wait_for_saves(progress, count: int, pid: int) -> None:
+    """Poll until the saving child ``pid`` has finished ``count`` saves (a minute at most)."""
+    deadline = time.monotonic() + 60
+    while not (progress.exists() and progress.stat().st_size >= count):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"the saver finished fewer than {count} saves in a minute")
+        time.sleep(0.001)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the saving children are forked")
 def test_kill_9_while_saving_leaves_the_old_or_the_new_checkpoint(tmp_path):
     a, b = two_models()
@@ -91,16 +104,27 @@ def test_kill_9_while_saving_leaves_the_old_or_the_new_checkpoint(tmp_path):
     rng = random.Random(1234)
     seen = {str(t): set() for t in targets}
     left_behind = 0
+    progress = tmp_path / "progress"
     try:
         ready, seconds_per_save = server.stdout.readline().split()
         assert ready == "ready"
-        max_delay = min(0.5, 6 * float(seconds_per_save))  # kills spread over several saves, on any machine
+        save_time = float(seconds_per_save)
         for kill in range(30):
             target = targets[kill % 2]
-            server.stdin.write(f"{rng.randrange(2)} {target}\n")
+            # Per target: kill during the first save, or a little after the
+            # 1st or 2nd finished one, starting with either model; so the
+            # kills land all over a save, and both models were the last one
+            # finished before some kill, however slow the machine is.
+            finished = (kill // 2) % 3
+            progress.unlink(missing_ok=True)  # the last child's count
+            server.stdin.write(f"{(kill // 6) % 2} {target} {progress}\n")
             server.stdin.flush()
             pid = int(server.stdout.readline())
-            time.sleep(rng.uniform(0, max_delay))
+            if finished == 0:
+                time.sleep(rng.uniform(0, 1.5 * save_time))
+            else:
+                wait_for_saves(progress, finished, pid)
+                time.sleep(rng.uniform(0, 0.3 * save_time))  # before the next save's rename
             os.kill(pid, signal.SIGKILL)
             status = int(server.stdout.readline())
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"the saver ended: {status}"

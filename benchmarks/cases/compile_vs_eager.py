@@ -5,7 +5,7 @@ ways (``eager`` is the baseline):
 
 * ``mha forward``: ``multihead.MultiHeadAttention`` (embed 512, 8 query heads,
   2 key/value heads), causal self-attention with a left-padding
-  ``key_padding_mask`` on x (B=4, T=256), eval mode under ``no_grad``.
+  ``key_mask`` on x (B=4, T=256), eval mode under ``no_grad``.
 * ``gpt decode step``: one cached decoding step of a ``GPT`` (embed 256,
   4 layers, 8 heads, vocab 256; batch 4) against a cache holding 128 prompt
   positions. Before each step every cache length is set back to 128, so the
@@ -54,7 +54,7 @@ def _mha_steps(config: dict[str, Any]) -> dict[str, Any]:
     keep[1:, : T // 8] = False  # rows 1.. are left-padded
 
     def forward(x, keep):
-        return m(x, key_padding_mask=keep, is_causal=True)
+        return m(x, key_mask=keep, is_causal=True)
 
     compiled = torch.compile(forward, fullgraph=True)
     with torch.no_grad():

@@ -109,7 +109,7 @@ def test_matches_the_reference_with_the_temperature_on_the_queries(kind, causal)
     value = torch.randn(B, S, 9, dtype=F64, generator=g)
     keep = torch.ones(B, S, dtype=torch.bool)
     keep[1, 4:] = False
-    out, weights = m(x, key, value, key_padding_mask=keep, is_causal=causal, return_weights=True)
+    out, weights = m(x, key, value, key_mask=keep, is_causal=causal, return_weights=True)
 
     t = np.exp(_np(m.log_temperature))[None, :, None, None]  # (H,) -> (1, H, 1, 1)
     q = _heads(_linear(_np(x), m.q_proj), 4) * t

@@ -18,7 +18,7 @@ def test_transformer_cached_greedy_equals_uncached(kind):
     model = Transformer(TransformerConfig.from_preset("copy-task", attention=kind, **OPTIONS.get(kind, {}))).eval()
     src = torch.tensor([[3, 4, 5, 6, 2], [7, 8, 2, 0, 0]])
     pad = src != 0
-    kw = {"src_padding_mask": pad, "return_logits": True}
+    kw = {"src_key_mask": pad, "return_logits": True}
     cached, logits = model.greedy_decode(src, max_len=7, use_cache=True, **kw)
     uncached, ref_logits = model.greedy_decode(src, max_len=7, use_cache=False, **kw)
     assert_greedy_agrees(cached, uncached, logits, ref_logits, start=1)

@@ -200,7 +200,7 @@ def test_attention_weights_recipe(model):
     real = out.attention_mask.bool()
     attn = model.encoder.layers[2].attention
     with torch.no_grad():
-        y, w = attn(out.hidden_states[2], key_padding_mask=real, return_weights=True)
+        y, w = attn(out.hidden_states[2], key_mask=real, return_weights=True)
     T = out.input_ids.shape[1]
     assert w.shape == (2, 12, T, T) and len(out.tokens[0]) == T
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 12, T))

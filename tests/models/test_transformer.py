@@ -49,7 +49,7 @@ def trained():
     )
     start = time.perf_counter()
     for b in copy_task_batches(STEPS, BATCH, L, V, min_len=5, generator=torch.Generator().manual_seed(0)):
-        logits = model(b.src, b.tgt[:, :-1], src_padding_mask=b.src_padding_mask)  # (B, T, V)
+        logits = model(b.src, b.tgt[:, :-1], src_key_mask=b.src_key_mask)  # (B, T, V)
         loss = F.cross_entropy(logits.reshape(-1, V), b.tgt[:, 1:].reshape(-1), ignore_index=0)
         opt.zero_grad()
         loss.backward()
@@ -64,7 +64,7 @@ def trained():
 def test_copy_task_training_copies_held_out_sequences_exactly(trained):
     model, b, seconds = trained
     max_len = L + 5
-    out = model.greedy_decode(b.src, max_len, src_padding_mask=b.src_padding_mask)
+    out = model.greedy_decode(b.src, max_len, src_key_mask=b.src_key_mask)
     # every row stopped at eos, so decoding ended at the longest row (bos + L + eos), not max_len
     assert out.shape == (128, b.tgt.shape[1])
     accuracy = same_rows(out, b.tgt).float().mean().item()
@@ -73,7 +73,7 @@ def test_copy_task_training_copies_held_out_sequences_exactly(trained):
 
 def test_cached_and_uncached_greedy_decoding_agree(trained):
     model, b, _ = trained
-    kw = {"src_padding_mask": b.src_padding_mask, "return_logits": True}
+    kw = {"src_key_mask": b.src_key_mask, "return_logits": True}
     tokens, logits = model.greedy_decode(b.src, L + 5, use_cache=True, **kw)
     tokens_ref, logits_ref = model.greedy_decode(b.src, L + 5, use_cache=False, **kw)
     assert logits.shape == (128, tokens.shape[1] - 1, V)
@@ -86,11 +86,11 @@ def test_cached_and_uncached_greedy_decoding_agree(trained):
 
 def test_cross_attention_is_diagonal_in_some_head_after_training(trained):
     model, b, _ = trained
-    weights = model.cross_attention_weights(b.src, b.tgt[:, :-1], src_padding_mask=b.src_padding_mask)
+    weights = model.cross_attention_weights(b.src, b.tgt[:, :-1], src_key_mask=b.src_key_mask)
     B, S, T = b.src.shape[0], b.src.shape[1], b.tgt.shape[1] - 1
     assert len(weights) == 2 and all(w.shape == (B, 4, T, S) for w in weights)
     # decoder position t predicts src token t: does it look at source position t?
-    real = b.tgt_padding_mask[:, 1:]  # (B, T): positions whose next token is real
+    real = b.tgt_key_mask[:, 1:]  # (B, T): positions whose next token is real
     diagonal = torch.arange(T).clamp(max=S - 1)
     best = max(
         (((w.argmax(-1) == diagonal) & real[:, None]).sum((0, 2)).float() / real.sum()).max().item()
@@ -102,34 +102,34 @@ def test_cross_attention_is_diagonal_in_some_head_after_training(trained):
 # ------------------------------------------------------------------- masks
 def test_source_tokens_at_padded_positions_do_not_change_outputs():
     model, b = small(), padded_batch()
-    pad = ~b.src_padding_mask
+    pad = ~b.src_key_mask
     assert pad.any()
     other = b.src.masked_fill(pad, 7)
-    memory = model.encode(b.src, b.src_padding_mask)
-    memory2 = model.encode(other, b.src_padding_mask)
-    torch.testing.assert_close(memory[b.src_padding_mask], memory2[b.src_padding_mask])
-    logits = model(b.src, b.tgt, src_padding_mask=b.src_padding_mask)
-    torch.testing.assert_close(model(other, b.tgt, src_padding_mask=b.src_padding_mask), logits)
+    memory = model.encode(b.src, b.src_key_mask)
+    memory2 = model.encode(other, b.src_key_mask)
+    torch.testing.assert_close(memory[b.src_key_mask], memory2[b.src_key_mask])
+    logits = model(b.src, b.tgt, src_key_mask=b.src_key_mask)
+    torch.testing.assert_close(model(other, b.tgt, src_key_mask=b.src_key_mask), logits)
 
 
 def test_decoder_position_t_does_not_see_later_target_tokens():
     model, b = small(), padded_batch()
-    logits = model(b.src, b.tgt, src_padding_mask=b.src_padding_mask)
+    logits = model(b.src, b.tgt, src_key_mask=b.src_key_mask)
     for t in (0, 3, 7):
         changed = b.tgt.clone()
         changed[:, t + 1 :] = torch.randint(3, V, changed[:, t + 1 :].shape, generator=torch.Generator().manual_seed(t))
-        new = model(b.src, changed, src_padding_mask=b.src_padding_mask)
+        new = model(b.src, changed, src_key_mask=b.src_key_mask)
         torch.testing.assert_close(new[:, : t + 1], logits[:, : t + 1])
         assert not torch.allclose(new[:, t + 1 :], logits[:, t + 1 :])
 
 
 def test_cross_attention_gives_padded_source_positions_zero_weight():
     model, b = small(), padded_batch()
-    logits, weights = model(b.src, b.tgt, src_padding_mask=b.src_padding_mask, return_cross_weights=True)
+    logits, weights = model(b.src, b.tgt, src_key_mask=b.src_key_mask, return_cross_weights=True)
     assert logits.shape == (4, b.tgt.shape[1], V) and len(weights) == 2
     for w in weights:
         assert w.shape == (4, 4, b.tgt.shape[1], b.src.shape[1])
-        assert (w.masked_select(~b.src_padding_mask[:, None, None, :]) == 0).all()
+        assert (w.masked_select(~b.src_key_mask[:, None, None, :]) == 0).all()
         torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
 
 
@@ -137,22 +137,22 @@ def test_target_padding_mask_hides_padded_target_keys():
     model, b = small(), padded_batch()
     # left-pad the target by one position: with the mask, real positions ignore it
     tgt = F.pad(b.tgt, (1, 0), value=0)
-    mask = F.pad(b.tgt_padding_mask, (1, 0), value=False)
-    a = model(b.src, tgt, src_padding_mask=b.src_padding_mask, tgt_padding_mask=mask)
+    mask = F.pad(b.tgt_key_mask, (1, 0), value=False)
+    a = model(b.src, tgt, src_key_mask=b.src_key_mask, tgt_key_mask=mask)
     tgt[:, 0] = 5
-    c = model(b.src, tgt, src_padding_mask=b.src_padding_mask, tgt_padding_mask=mask)
+    c = model(b.src, tgt, src_key_mask=b.src_key_mask, tgt_key_mask=mask)
     torch.testing.assert_close(a[:, 1:], c[:, 1:])
 
 
 # ------------------------------------------------------------- decoding
 def test_incremental_decode_with_caches_matches_full_decode():
     model, b = small(), padded_batch()
-    memory = model.encode(b.src, b.src_padding_mask)
-    full = model.decode(b.tgt, memory, src_padding_mask=b.src_padding_mask)
+    memory = model.encode(b.src, b.src_key_mask)
+    full = model.decode(b.tgt, memory, src_key_mask=b.src_key_mask)
     caches = model.make_kv_caches(4, b.tgt.shape[1])
-    parts = [model.decode(b.tgt[:, :5], memory, src_padding_mask=b.src_padding_mask, kv_caches=caches)]
+    parts = [model.decode(b.tgt[:, :5], memory, src_key_mask=b.src_key_mask, kv_caches=caches)]
     for t in range(5, b.tgt.shape[1]):
-        parts.append(model.decode(b.tgt[:, t : t + 1], memory, src_padding_mask=b.src_padding_mask, kv_caches=caches))
+        parts.append(model.decode(b.tgt[:, t : t + 1], memory, src_key_mask=b.src_key_mask, kv_caches=caches))
     assert caches.length == b.tgt.shape[1]
     # each layer's cross-attention cache holds the memory's keys, filled once and reused
     assert [c.length for c in caches.cross] == [memory.shape[1]] * len(model.decoder)
@@ -168,11 +168,11 @@ def test_observed_cross_attention_is_called_on_every_cached_step():
     events = []
     handle = model.decoder[0].cross_attn.register_attention_observer(lambda m, e: events.append(e.weights.shape))
     try:
-        tokens, logits = model.greedy_decode(b.src, 6, src_padding_mask=b.src_padding_mask, return_logits=True)
+        tokens, logits = model.greedy_decode(b.src, 6, src_key_mask=b.src_key_mask, return_logits=True)
     finally:
         handle.remove()
     assert events == [(4, 4, 1, b.src.shape[1])] * (tokens.shape[1] - 1)
-    tokens_ref, logits_ref = model.greedy_decode(b.src, 6, src_padding_mask=b.src_padding_mask, return_logits=True)
+    tokens_ref, logits_ref = model.greedy_decode(b.src, 6, src_key_mask=b.src_key_mask, return_logits=True)
     assert_greedy_agrees(tokens, tokens_ref, logits, logits_ref, start=1)
 
 
@@ -187,9 +187,9 @@ def test_greedy_decode_with_max_len_one_returns_bos():
 def test_attention_kinds_build_and_decode(kind, num_kv_heads, groups):
     model, b = small(attention=kind, num_kv_heads=num_kv_heads), padded_batch()
     assert all(layer.cross_attn.num_kv_heads == groups for layer in model.decoder)
-    logits = model(b.src, b.tgt, src_padding_mask=b.src_padding_mask)
+    logits = model(b.src, b.tgt, src_key_mask=b.src_key_mask)
     assert logits.shape == (4, b.tgt.shape[1], V) and torch.isfinite(logits).all()
-    kw = {"src_padding_mask": b.src_padding_mask, "return_logits": True}
+    kw = {"src_key_mask": b.src_key_mask, "return_logits": True}
     tokens, lg = model.greedy_decode(b.src, 8, **kw)
     tokens_ref, lg_ref = model.greedy_decode(b.src, 8, use_cache=False, **kw)
     assert_greedy_agrees(tokens, tokens_ref, lg, lg_ref, start=1)
@@ -199,7 +199,7 @@ def test_post_norm_and_shared_embeddings():
     model, b = small(norm_first=False, tie_embeddings=True, share_embeddings=True), padded_batch()
     assert isinstance(model.encoder_norm, torch.nn.Identity)
     assert model.out_proj.weight is model.tgt_embed.weight and model.src_embed is model.tgt_embed
-    logits = model(b.src, b.tgt, src_padding_mask=b.src_padding_mask)
+    logits = model(b.src, b.tgt, src_key_mask=b.src_key_mask)
     logits.sum().backward()
     assert model.tgt_embed.weight.grad is not None
 
@@ -249,22 +249,22 @@ def test_inputs_are_checked():
     with pytest.raises(ValueError, match=r"\[0, 11\), got min 0, max 11"):
         model.encode(torch.tensor([[0, 11]]))
     with pytest.raises(ValueError, match=r"\[4, 11\], got \[4, 10\]"):
-        model.encode(b.src, b.src_padding_mask[:, :-1])
+        model.encode(b.src, b.src_key_mask[:, :-1])
     with pytest.raises(TypeError, match="bool"):
-        model.encode(b.src, b.src_padding_mask.long())
+        model.encode(b.src, b.src_key_mask.long())
     with pytest.raises(ValueError, match="max_len=128"):
         model.greedy_decode(b.src, 200)
 
 
 def test_copy_task_batches_layout():
     b = padded_batch(batch=64)
-    n = b.src_padding_mask.sum(1) - 1  # tokens before eos
+    n = b.src_key_mask.sum(1) - 1  # tokens before eos
     assert b.src.shape == (64, L + 1) and b.tgt.shape == (64, L + 2)
     assert n.min() >= 3 and n.max() <= L
     assert (b.src[torch.arange(64), n] == 2).all() and (b.tgt[:, 0] == 1).all()
     assert torch.equal(b.tgt[:, 1:], b.src)
     body = b.src[torch.arange(L + 1)[None] < n[:, None]]
     assert body.min() >= 3 and body.max() <= V - 1
-    assert torch.equal(b.tgt_padding_mask, b.tgt != 0)
+    assert torch.equal(b.tgt_key_mask, b.tgt != 0)
     with pytest.raises(ValueError, match="min_len=11 must be <= seq_len=10"):
         next(copy_task_batches(1, 2, 10, V, min_len=11))

@@ -43,12 +43,12 @@ def _np_linear(x: np.ndarray, weight: torch.Tensor, bias: torch.Tensor | None) -
     return y if bias is None else y + bias.detach().numpy()
 
 
-def _np_mask(attn_mask, key_padding_mask, B, T, S):
+def _np_mask(attn_mask, key_mask, B, T, S):
     """AND on "may attend" of a (T, S) mask and a (B, S) padding mask, in NumPy."""
     a = None if attn_mask is None else attn_mask.numpy()
     if a is not None and a.ndim == 2:
         a = a[None, None]  # (T, S) -> (1, 1, T, S)
-    p = None if key_padding_mask is None else key_padding_mask.numpy()[:, None, None, :]  # (B, 1, 1, S)
+    p = None if key_mask is None else key_mask.numpy()[:, None, None, :]  # (B, 1, 1, S)
     if a is None or p is None:
         return a if p is None else p
     if a.dtype == np.bool_ and p.dtype == np.bool_:
@@ -60,7 +60,7 @@ def _np_mask(attn_mask, key_padding_mask, B, T, S):
     return a + p
 
 
-def reference_forward(m, query, key=None, value=None, *, attn_mask=None, key_padding_mask=None,
+def reference_forward(m, query, key=None, value=None, *, attn_mask=None, key_mask=None,
                       is_causal=False, causal_alignment="top_left", return_weights=False):
     """The module's forward, computed with NumPy projections and reference.attention."""
     H, G, D = m.num_heads, m.num_kv_heads, m.head_dim
@@ -73,7 +73,7 @@ def reference_forward(m, query, key=None, value=None, *, attn_mask=None, key_pad
     q = _np_linear(xq, *w["q"]).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # (B, H, T, D)
     k = _np_linear(xk, *w["k"]).reshape(B, S, G, D).transpose(0, 2, 1, 3)  # (B, G, S, D)
     v = _np_linear(xv, *w["v"]).reshape(B, S, G, D).transpose(0, 2, 1, 3)
-    mask = _np_mask(attn_mask, key_padding_mask, B, T, S)
+    mask = _np_mask(attn_mask, key_mask, B, T, S)
     res = ref_attention(q, k, v, mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
                         return_weights=True)
     out, weights = res
@@ -145,7 +145,7 @@ def test_module_matches_reference(size, kind, mask_kind, backend):
         value = torch.randn(B, S, m.vdim, generator=g, dtype=F64) if kind != "cross" else None
     S = T if S is None else S
     attn, kpm, causal, align = _masks(mask_kind, B, m.num_heads, T, S, g)
-    kwargs = {"attn_mask": attn, "key_padding_mask": kpm, "is_causal": causal, "causal_alignment": align}
+    kwargs = {"attn_mask": attn, "key_mask": kpm, "is_causal": causal, "causal_alignment": align}
     expected, weights = reference_forward(m, x, key, value, return_weights=True, **kwargs)
     _assert_ref(m(x, key, value, backend=backend, **kwargs), expected)
     if backend == "math":
@@ -282,8 +282,8 @@ def test_split_projections_equal_packed_path_with_equal_weights():
     pad = torch.zeros(2, 6, extra, dtype=F64)
     kpm = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
     for backend in ("math", "sdpa"):
-        a = fused(x, key, value, key_padding_mask=kpm, is_causal=True, backend=backend)
-        b = split(x, torch.cat([key, pad], -1), torch.cat([value, pad], -1), key_padding_mask=kpm,
+        a = fused(x, key, value, key_mask=kpm, is_causal=True, backend=backend)
+        b = split(x, torch.cat([key, pad], -1), torch.cat([value, pad], -1), key_mask=kpm,
                   is_causal=True, backend=backend)
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     # the fused self-attention path equals the sliced projections (key = value = query)
@@ -327,9 +327,9 @@ def test_dropout_zero_in_training_is_bitwise_eval_and_draws_no_random_numbers(ba
     m = _module(embed_dim=12, num_heads=4, num_kv_heads=1)
     x = torch.randn(2, 6, 12, dtype=F64)
     kpm = torch.rand(2, 6) > 0.2
-    ev = m.eval()(x, key_padding_mask=kpm, is_causal=True, backend=backend)
+    ev = m.eval()(x, key_mask=kpm, is_causal=True, backend=backend)
     state = torch.get_rng_state()
-    tr = m.train()(x, key_padding_mask=kpm, is_causal=True, backend=backend)
+    tr = m.train()(x, key_mask=kpm, is_causal=True, backend=backend)
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(ev, tr)
 

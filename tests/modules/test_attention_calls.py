@@ -10,6 +10,8 @@ import pytest
 import torch
 from support.modules import random_module as _module
 
+from multihead.modules.registry import attention_class, build_attention, list_attention_kinds
+
 F64 = torch.float64
 BACKENDS = ["math", "sdpa"]
 
@@ -82,23 +84,35 @@ def test_dtypes_that_differ_raise_value_error_naming_them():
 
 
 @pytest.mark.parametrize("shape", [(2, 4), (3, 5), (5,), (2, 1, 1, 5), (1, 5)])
-def test_key_padding_mask_of_wrong_shape(shape):
+def test_key_mask_of_wrong_shape(shape):
     m = _module(embed_dim=8, num_heads=2)
     x, key = torch.randn(2, 3, 8, dtype=F64), torch.randn(2, 5, 8, dtype=F64)
-    with pytest.raises(ValueError, match=r"key_padding_mask must be \(B, S\) = \(2, 5\), got " + _shape(shape)):
-        m(x, key, key_padding_mask=torch.ones(shape, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"key_mask must be \(B, S\) = \(2, 5\), got " + _shape(shape)):
+        m(x, key, key_mask=torch.ones(shape, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kind", list_attention_kinds())
+def test_torchs_key_padding_mask_is_refused_naming_key_mask_and_the_polarity(kind):
+    """A PyTorch user's key_padding_mask (True = ignore) would silently mean the opposite here."""
+    options = attention_class(kind).comparison_options(kind, 2)
+    m = build_attention(kind, embed_dim=8, num_heads=2, **options).double()
+    x = torch.randn(2, 3, 8, dtype=F64)
+    pad = torch.tensor([[False, False, True], [False, False, False]])
+    with pytest.raises(TypeError, match=r"take key_mask \(True = may attend.*not torch's key_padding_mask \(True = padding"):
+        m(x, key_padding_mask=pad)
+    m(x, key_mask=~pad)  # what the message says to pass
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
 def test_integer_masks_raise_type_error(dtype):
     m = _module(embed_dim=8, num_heads=2)
     x = torch.randn(2, 3, 8, dtype=F64)
-    with pytest.raises(TypeError, match=rf"key_padding_mask must be bool or floating, got dtype {dtype}"):
-        m(x, key_padding_mask=torch.ones(2, 3, dtype=dtype))
+    with pytest.raises(TypeError, match=rf"key_mask must be bool or floating, got dtype {dtype}"):
+        m(x, key_mask=torch.ones(2, 3, dtype=dtype))
     with pytest.raises(TypeError, match="attn_mask must be bool .* or floating"):
         m(x, attn_mask=torch.ones(3, 3, dtype=dtype))
-    with pytest.raises(TypeError, match="key_padding_mask must be a torch.Tensor"):
-        m(x, key_padding_mask=[[True] * 3] * 2)
+    with pytest.raises(TypeError, match="key_mask must be a torch.Tensor"):
+        m(x, key_mask=[[True] * 3] * 2)
 
 
 @pytest.mark.parametrize("shape", [(4, 5), (3, 4), (2, 5), (2, 3, 5), (2, 3, 3, 5), (1, 2, 3, 5, 1)])
@@ -144,10 +158,10 @@ def test_padding_and_attention_masks_combine_without_overflow(backend):
     kpm[1, 2:] = lo
     attn = torch.zeros(4, 4, dtype=F64)
     attn[:, 3] = lo
-    got = m(x, attn_mask=attn, key_padding_mask=kpm, backend=backend)
+    got = m(x, attn_mask=attn, key_mask=kpm, backend=backend)
     assert torch.isfinite(got).all()
     keep = torch.tensor([[True, True, True, False], [True, True, False, False]])
-    torch.testing.assert_close(got, m(x, key_padding_mask=keep, backend=backend), rtol=0, atol=1e-12)
+    torch.testing.assert_close(got, m(x, key_mask=keep, backend=backend), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -157,10 +171,10 @@ def test_b_equals_t_equals_h_padding_mask_is_per_batch(backend):
     m = _module(embed_dim=8, num_heads=H)
     x = torch.randn(B, T, 8, dtype=F64)
     kpm = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 1, 0], [0, 1, 1, 1]], dtype=torch.bool)
-    got, w = m(x, key_padding_mask=kpm, backend="math", return_weights=True)
+    got, w = m(x, key_mask=kpm, backend="math", return_weights=True)
     for b in range(B):
-        alone = m(x[b:b + 1], key_padding_mask=kpm[b:b + 1], backend=backend)
-        torch.testing.assert_close(m(x, key_padding_mask=kpm, backend=backend)[b:b + 1], alone, rtol=0, atol=1e-12)
+        alone = m(x[b:b + 1], key_mask=kpm[b:b + 1], backend=backend)
+        torch.testing.assert_close(m(x, key_mask=kpm, backend=backend)[b:b + 1], alone, rtol=0, atol=1e-12)
         assert (w[b][..., ~kpm[b]] == 0).all()
     assert not torch.allclose(got, m(x, attn_mask=kpm, backend=backend))  # the (T, S) reading differs
 
@@ -185,8 +199,8 @@ def test_non_contiguous_inputs_and_masks(backend, num_kv_heads):
     assert not any(t.is_contiguous() for t in (q, k, v, kpm, attn, attn4))
     c = [t.contiguous() for t in (q, k, v, kpm, attn, attn4)]
     for mask, mask_c in ((attn, c[4]), (attn4, c[5])):
-        got = m(q, k, v, attn_mask=mask, key_padding_mask=kpm, is_causal=True, backend=backend)
-        want = m(c[0], c[1], c[2], attn_mask=mask_c, key_padding_mask=c[3], is_causal=True, backend=backend)
+        got = m(q, k, v, attn_mask=mask, key_mask=kpm, is_causal=True, backend=backend)
+        want = m(c[0], c[1], c[2], attn_mask=mask_c, key_mask=c[3], is_causal=True, backend=backend)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     torch.testing.assert_close(m(q, backend=backend), m(c[0], backend=backend), rtol=0, atol=1e-12)
 
@@ -220,15 +234,15 @@ def test_fully_padded_batch_row_gives_out_proj_bias_and_zero_grads(backend, kpm_
     x = torch.randn(3, 5, 8, dtype=F64, requires_grad=True)
     keep = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     kpm = keep if kpm_dtype == torch.bool else torch.zeros(3, 5, dtype=F64).masked_fill(~keep, float("-inf"))
-    out = m(x, key_padding_mask=kpm, is_causal=True, backend=backend)
+    out = m(x, key_mask=kpm, is_causal=True, backend=backend)
     assert not out.isnan().any()
     torch.testing.assert_close(out[1], m.out_proj.bias.expand(5, 8), rtol=0, atol=0)
-    torch.testing.assert_close(out[0:1], m(x[0:1], key_padding_mask=kpm[0:1], is_causal=True), rtol=0, atol=1e-12)
+    torch.testing.assert_close(out[0:1], m(x[0:1], key_mask=kpm[0:1], is_causal=True), rtol=0, atol=1e-12)
     (out * torch.randn_like(out)).sum().backward()
     assert not x.grad.isnan().any()
     assert not x.grad[1].any() and x.grad[0].any() and x.grad[2].any()
     assert all(not p.grad.isnan().any() for p in m.parameters())
-    _, w = m(x, key_padding_mask=kpm, return_weights=True)
+    _, w = m(x, key_mask=kpm, return_weights=True)
     assert not w[1].any() and not w.isnan().any()
 
 
@@ -254,11 +268,11 @@ def test_non_finite_values_at_padded_keys_do_not_change_the_output(backend, bad)
     m = _module(embed_dim=8, num_heads=2, kdim=6, vdim=6)
     x, key = torch.randn(2, 3, 8, dtype=F64), torch.randn(2, 5, 6, dtype=F64)
     keep = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 1, 1]], dtype=torch.bool)
-    want = m(x, key, key_padding_mask=keep, backend=backend)
+    want = m(x, key, key_mask=keep, backend=backend)
     poisoned = key.clone()
     poisoned[0, 4, 1] = bad
     poisoned[1, 2, :] = bad
-    torch.testing.assert_close(m(x, poisoned, key_padding_mask=keep, backend=backend), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(m(x, poisoned, key_mask=keep, backend=backend), want, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -337,7 +351,7 @@ def test_same_inputs_twice_bitwise_equal_forward_and_backward(backend):
     for _ in range(2):
         x.grad = None
         m.zero_grad()
-        out = m(x, key_padding_mask=kpm, is_causal=True, backend=backend)
+        out = m(x, key_mask=kpm, is_causal=True, backend=backend)
         out.pow(2).sum().backward()
         runs.append((out.detach(), x.grad.clone(), [p.grad.clone() for p in m.parameters()]))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
@@ -350,8 +364,8 @@ def test_cuda_matches_cpu(backend):
     m = _module(embed_dim=12, num_heads=4, num_kv_heads=2)
     x = torch.randn(2, 6, 12, dtype=F64)
     kpm = torch.tensor([[1] * 6, [0] * 6], dtype=torch.bool)
-    want = m(x, key_padding_mask=kpm, is_causal=True, backend=backend)
-    got = m.cuda()(x.cuda(), key_padding_mask=kpm.cuda(), is_causal=True, backend=backend)
+    want = m(x, key_mask=kpm, is_causal=True, backend=backend)
+    got = m.cuda()(x.cuda(), key_mask=kpm.cuda(), is_causal=True, backend=backend)
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=1e-12)
     cache = m.make_kv_cache(2, 8)
     assert cache.k.device.type == "cuda"

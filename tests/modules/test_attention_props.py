@@ -40,7 +40,7 @@ def test_gradcheck_inputs_tiny_gqa(backend, contiguous, masks):
     if masks == "causal":
         kw = {"is_causal": True}
     elif masks != "none":
-        kw = {"key_padding_mask": torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1]], dtype=torch.bool),
+        kw = {"key_mask": torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1]], dtype=torch.bool),
                   "is_causal": True, "causal_alignment": "bottom_right"}
     full = masks == "padding+causal_br" and contiguous  # one slow exhaustive check per backend
     assert torch.autograd.gradcheck(lambda a, b, c: m(a, b, c, backend=backend, **kw), (q, k, v), fast_mode=not full)
@@ -55,7 +55,7 @@ def test_gradcheck_with_a_fully_masked_row_has_zero_gradient():
     kpm = torch.tensor([[1, 1, 0, 1], [0, 0, 0, 0]], dtype=torch.bool)
     for backend in BACKENDS:
         def fn(a, b, backend=backend):
-            return m(a, b, key_padding_mask=kpm, backend=backend)
+            return m(a, b, key_mask=kpm, backend=backend)
 
         assert torch.autograd.gradcheck(fn, (q, k), fast_mode=True)
 
@@ -75,7 +75,7 @@ def test_parameter_grads_math_and_sdpa_agree(num_kv_heads, cross):
     for backend in BACKENDS:
         m.zero_grad()
         xi = x.clone().requires_grad_()
-        out = m(xi, key, attn_mask=attn, key_padding_mask=kpm, is_causal=True,
+        out = m(xi, key, attn_mask=attn, key_mask=kpm, is_causal=True,
                 causal_alignment="bottom_right", backend=backend)
         (out * torch.linspace(-1, 1, out.numel(), dtype=F64).view_as(out)).sum().backward()
         outs[backend] = out.detach()
@@ -117,11 +117,11 @@ def test_head_permutation_invariance(H, D, T, seed, causal, padded):
     p = _permute_heads(m, perm)
     x = torch.randn(2, T, 5, generator=g, dtype=F64)
     kpm = (torch.rand(2, T, generator=g) > 0.3) if padded else None
-    out, w = m(x, key_padding_mask=kpm, is_causal=causal, return_weights=True)
-    out_p, w_p = p(x, key_padding_mask=kpm, is_causal=causal, return_weights=True)
+    out, w = m(x, key_mask=kpm, is_causal=causal, return_weights=True)
+    out_p, w_p = p(x, key_mask=kpm, is_causal=causal, return_weights=True)
     torch.testing.assert_close(out_p, out, rtol=0, atol=1e-12)
     torch.testing.assert_close(w_p, w[:, perm], rtol=0, atol=1e-14)
-    out_sdpa = p(x, key_padding_mask=kpm, is_causal=causal, backend="sdpa")
+    out_sdpa = p(x, key_mask=kpm, is_causal=causal, backend="sdpa")
     torch.testing.assert_close(out_sdpa, out, rtol=0, atol=1e-12)
 
 
@@ -157,6 +157,6 @@ def test_masked_value_invariance(S, seed, backend, junk):
     m = _module(seed=seed, embed_dim=6, num_heads=2, num_kv_heads=1)
     x, key = torch.randn(2, 3, 6, generator=g, dtype=F64), torch.randn(2, S, 6, generator=g, dtype=F64)
     keep = torch.rand(2, S, generator=g) > 0.5
-    want = m(x, key, key_padding_mask=keep, backend=backend)
+    want = m(x, key, key_mask=keep, backend=backend)
     changed = torch.where(keep[..., None], key, torch.full_like(key, junk))
-    torch.testing.assert_close(m(x, changed, key_padding_mask=keep, backend=backend), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(m(x, changed, key_mask=keep, backend=backend), want, rtol=0, atol=1e-12)

@@ -95,8 +95,8 @@ def test_matches_reference(case, backend):
     if c["padding"]:
         pad = torch.ones(2, S, dtype=torch.bool)
         pad[1, -2:] = False
-    out = m(x, kv, kv, key_padding_mask=pad, is_causal=c["causal"], backend=backend)
-    out_w, w = m(x, kv, kv, key_padding_mask=pad, is_causal=c["causal"], return_weights=True)
+    out = m(x, kv, kv, key_mask=pad, is_causal=c["causal"], backend=backend)
+    out_w, w = m(x, kv, kv, key_mask=pad, is_causal=c["causal"], return_weights=True)
     mask = None if pad is None else pad[:, None, None, :]
     want, want_w = reference(m, x, kv, mask=mask, is_causal=c["causal"])
     torch.testing.assert_close(out, want, atol=1e-10, rtol=0)
@@ -115,7 +115,7 @@ def test_gradients_match_reference(causal):
     params = [x, *m.parameters()]
 
     # exact gradients against the plain-torch formula
-    got = torch.autograd.grad((m(x, key_padding_mask=pad, is_causal=causal) * g).sum(), params)
+    got = torch.autograd.grad((m(x, key_mask=pad, is_causal=causal) * g).sum(), params)
     want = torch.autograd.grad((explicit(m, x, allowed=pad[:, None, :], is_causal=causal) * g).sum(), params)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
@@ -151,8 +151,8 @@ def test_masked_keys_do_not_leak_and_empty_rows_are_zero():
     poisoned = kv.clone()
     poisoned[0, 2:] = float("nan")
     for backend in ("math", "sdpa"):
-        a = m(x, kv, key_padding_mask=pad, backend=backend)
-        b = m(x, poisoned, key_padding_mask=pad, backend=backend)
+        a = m(x, kv, key_mask=pad, backend=backend)
+        b = m(x, poisoned, key_mask=pad, backend=backend)
         torch.testing.assert_close(a[0], b[0], atol=1e-12, rtol=0)
         assert torch.equal(b[1], m.out_proj.bias.expand(5, 8))  # nothing visible: zero heads
 
@@ -263,12 +263,12 @@ def test_from_mha_is_exact(options):
     pad = torch.tensor([[True] * 5, [True, False, True, True, False]])
     bias = torch.randn(6, 5, dtype=F64)
     if "kdim" not in options:
-        for kw in (dict(), dict(is_causal=True), dict(is_causal=True, key_padding_mask=pad[:, :5])):
+        for kw in (dict(), dict(is_causal=True), dict(is_causal=True, key_mask=pad[:, :5])):
             torch.testing.assert_close(c(x[:, :5], **kw), mha(x[:, :5], **kw), atol=1e-10, rtol=0)
         kv_in = (kv, None)
     else:
         kv_in = (kv, v)
-    for kw in (dict(), dict(key_padding_mask=pad, attn_mask=bias)):
+    for kw in (dict(), dict(key_mask=pad, attn_mask=bias)):
         torch.testing.assert_close(c(x, *kv_in, **kw), mha(x, *kv_in, **kw), atol=1e-10, rtol=0)
 
 

@@ -53,13 +53,13 @@ def _mha_case(name):
     if name == "masks_bool":
         m = MultiHeadAttention(C, H, num_kv_heads=2)
         causal = torch.ones(5, 5, dtype=torch.bool).tril()
-        return m, lambda m, x, nxt, keep, cache: m(x, attn_mask=causal, key_padding_mask=keep)
+        return m, lambda m, x, nxt, keep, cache: m(x, attn_mask=causal, key_mask=keep)
     if name == "masks_float":
         m = MultiHeadAttention(C, H)
         bias = torch.randn(1, H, 5, 5, generator=g)
         bias[0, 1, 3] = float("-inf")  # one row that sees nothing
         return m, lambda m, x, nxt, keep, cache: m(
-            x, attn_mask=bias, key_padding_mask=keep.float().log()  # 0 or -inf
+            x, attn_mask=bias, key_mask=keep.float().log()  # 0 or -inf
         )
     if name == "weights_and_cross":
         m = MultiHeadAttention(C, H, kdim=7, vdim=3)
@@ -105,7 +105,7 @@ def test_mha_gradients_through_compiled_forward():
     x.requires_grad_()
 
     def run(x, keep):
-        return m(x, key_padding_mask=keep, is_causal=True)
+        return m(x, key_mask=keep, is_causal=True)
 
     got = torch.compile(run, fullgraph=True, backend="aot_eager")(x, keep)
     want = run(x, keep)

@@ -79,11 +79,11 @@ def test_matches_numpy_reference(kind, positional):
     x = _x(2, 5)
     keep = torch.ones(2, 5, dtype=torch.bool)
     keep[1, 4] = False  # right padding
-    out, w = m(x, is_causal=True, key_padding_mask=keep, return_weights=True)
+    out, w = m(x, is_causal=True, key_mask=keep, return_weights=True)
     want, want_w = numpy_forward(m, x, mask=keep[:, None, None, :].numpy(), is_causal=True)
     assert_matches(out, torch.from_numpy(want))
     assert_matches(w, torch.from_numpy(want_w))
-    assert_matches(m(x, is_causal=True, key_padding_mask=keep), torch.from_numpy(want))  # the no-weights path
+    assert_matches(m(x, is_causal=True, key_mask=keep), torch.from_numpy(want))  # the no-weights path
     mem, pos = _x(2, 3, seed=2), torch.arange(5) + 3
     kw = {"positions": pos} if m.rope is not None else {}
     assert_matches(m(x, mem, **kw), _ref(m, x, mem, q_pos=pos.numpy() if kw else None))
@@ -114,13 +114,13 @@ def test_left_padded_positions_with_and_without_cache(kind):
     x = _x(2, 6)
     keep = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]], dtype=torch.bool)
     pos = (keep.long().cumsum(-1) - 1).clamp(min=0)  # [B, T]: real tokens count from 0
-    full = m(x, is_causal=True, key_padding_mask=keep, positions=pos)
+    full = m(x, is_causal=True, key_mask=keep, positions=pos)
     assert_matches(full, _ref(m, x, mask=keep[:, None, None, :].numpy(), is_causal=True, q_pos=pos.numpy()))
     assert_paths_agree(full[1:, 2:], m(x[1:, 2:], is_causal=True))  # the padded row's tokens, unpadded
     cache = m.make_kv_cache(2, 6)
-    parts = [m(x[:, :4], is_causal=True, key_padding_mask=keep[:, :4], positions=pos[:, :4], kv_cache=cache)]
+    parts = [m(x[:, :4], is_causal=True, key_mask=keep[:, :4], positions=pos[:, :4], kv_cache=cache)]
     for t in (4, 5):
-        parts.append(m(x[:, t : t + 1], is_causal=True, key_padding_mask=keep[:, : t + 1],
+        parts.append(m(x[:, t : t + 1], is_causal=True, key_mask=keep[:, : t + 1],
                        positions=pos[:, t : t + 1], kv_cache=cache))  # fmt: skip
     assert_paths_agree(torch.cat(parts, dim=1)[keep], full[keep])
     # the cached keys were rotated at their own positions: a step at a wrong position differs
@@ -138,7 +138,7 @@ def test_right_padding_does_not_change_the_real_rows(kind, causal):
     x = _x(2, 4)
     padded = torch.cat([x, torch.full((2, 2, C), float("nan"), dtype=F64)], dim=1)  # NaN in the padding
     keep = torch.tensor([[True] * 4 + [False] * 2] * 2)
-    got = m(padded, is_causal=causal, key_padding_mask=keep)[:, :4]
+    got = m(padded, is_causal=causal, key_mask=keep)[:, :4]
     assert_paths_agree(got, m(x, is_causal=causal))
 
 
@@ -382,7 +382,7 @@ def _compile_calls(attn):
     """Forward with a padding mask and no cache, then prefill and one decoding step."""
 
     def run(x, nxt, keep, cache):
-        padded = attn(x, is_causal=True, key_padding_mask=keep)
+        padded = attn(x, is_causal=True, key_mask=keep)
         prefill = attn(x, is_causal=True, kv_cache=cache)
         step = attn(nxt, is_causal=True, kv_cache=cache)
         return padded, prefill, step
@@ -419,5 +419,5 @@ def test_training_forward_traces_without_graph_breaks(kind, fresh_dynamo):
     attn = build(kind, dtype=torch.float32, randomize=False).train()
     x = _x(2, 5, dtype=torch.float32)
     keep = torch.ones(2, 5, dtype=torch.bool)
-    explained = torch._dynamo.explain(lambda x, keep: attn(x, is_causal=True, key_padding_mask=keep))(x, keep)
+    explained = torch._dynamo.explain(lambda x, keep: attn(x, is_causal=True, key_mask=keep))(x, keep)
     assert explained.graph_break_count == 0, explained.break_reasons

@@ -58,7 +58,7 @@ def test_matches_reference_outputs_and_weights(kind, causal, chunk):
     x = torch.randn(2, 7, 15, dtype=F64)
     keep = torch.ones(2, 7, dtype=torch.bool)
     keep[1, :2] = False  # left padding in row 1
-    out, w = m(x, is_causal=causal, key_padding_mask=keep, return_weights=True)
+    out, w = m(x, is_causal=causal, key_mask=keep, return_weights=True)
     ref_out, ref_w = reference(m, x, mask=keep[:, None, None, :], is_causal=causal)
     close(w, ref_w)
     close(out, ref_out)
@@ -168,10 +168,10 @@ def test_masked_nan_values_do_not_leak():
     x = torch.randn(1, 4, 10, dtype=F64)
     mem = torch.randn(1, 5, 10, dtype=F64)
     keep = torch.tensor([[True, True, True, False, False]])
-    a = m(x, mem, key_padding_mask=keep)
+    a = m(x, mem, key_mask=keep)
     mem2 = mem.clone()
     mem2[0, 3:] = float("nan")
-    b = m(x, mem2, key_padding_mask=keep)
+    b = m(x, mem2, key_mask=keep)
     close(a, b)
 
 

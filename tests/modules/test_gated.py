@@ -46,11 +46,11 @@ def _np(t):
     return None if t is None else t.detach().numpy()
 
 
-def _reference(m, x, key=None, gates=None, key_padding_mask=None, **kw):
+def _reference(m, x, key=None, gates=None, key_mask=None, **kw):
     """The module's forward by the NumPy reference (gates default to the eval gates)."""
     w = m.projection_weights()
     gates = hard_concrete_eval_gate(_np(m.log_alpha)) if gates is None else gates
-    mask = None if key_padding_mask is None else _np(key_padding_mask)[:, None, None, :]  # (B, 1, 1, S)
+    mask = None if key_mask is None else _np(key_mask)[:, None, None, :]  # (B, 1, 1, S)
     out, weights = gated_multihead_attention(
         _np(x), _np(x if key is None else key), _np(w["q"][0]), _np(w["k"][0]), _np(w["v"][0]),
         _np(m.out_proj.weight), gates, b_q=_np(w["q"][1]), b_k=_np(w["k"][1]), b_v=_np(w["v"][1]),
@@ -78,8 +78,8 @@ def test_eval_forward_matches_reference(causal, num_kv_heads):
     pad = torch.ones(3, 7, dtype=torch.bool)
     pad[1, 5:] = False
     pad[2, :2] = False
-    out, weights = m(x, is_causal=causal, key_padding_mask=pad, return_weights=True, backend="math")
-    want_out, want_w = _reference(m, x, key_padding_mask=pad, is_causal=causal)
+    out, weights = m(x, is_causal=causal, key_mask=pad, return_weights=True, backend="math")
+    want_out, want_w = _reference(m, x, key_mask=pad, is_causal=causal)
     _close(out, want_out)
     _close(weights, want_w)
     assert m.last_gates[0] == 0 and m.last_gates[-1] == 1 and float(m.aux_loss()) == 0
@@ -262,11 +262,11 @@ def test_fully_masked_rows_and_empty_inputs_give_zeros_without_nan(backend):
     x = torch.randn(3, 5, 25, dtype=F64, requires_grad=True)
     pad = torch.ones(3, 5, dtype=torch.bool)
     pad[1] = False
-    out = m(x, key_padding_mask=pad, backend=backend)
+    out = m(x, key_mask=pad, backend=backend)
     out.sum().backward()
     assert torch.equal(out[1], m.out_proj.bias.detach().expand(5, 25))
     assert not x.grad[1].any() and not any(p.grad.isnan().any() for p in m.parameters())
-    _close(out[0], _reference(m, x, gates=_np(m.last_gates), key_padding_mask=pad)[0][0])
+    _close(out[0], _reference(m, x, gates=_np(m.last_gates), key_mask=pad)[0][0])
     for shape in ((0, 4, 25), (2, 0, 25)):
         e = torch.randn(shape, dtype=F64, requires_grad=True)
         y = m(e, backend=backend)

@@ -27,7 +27,7 @@ def _decode(m, x, chunks, cache, backend="auto", keep=None):
     outs, start, base = [], 0, cache.length
     for n in chunks:
         kpm = None if keep is None else keep[:, : base + start + n]  # padding mask over the cache length
-        outs.append(m(x[:, start:start + n], is_causal=True, kv_cache=cache, key_padding_mask=kpm, backend=backend))
+        outs.append(m(x[:, start:start + n], is_causal=True, kv_cache=cache, key_mask=kpm, backend=backend))
         start += n
         assert cache.length == base + start
     return torch.cat(outs, dim=1)
@@ -60,7 +60,7 @@ def test_left_padded_decoding_equals_recomputation(heads, backend):
     keep = torch.ones(3, 9, dtype=torch.bool)
     keep[1, :2] = False  # two pad tokens on the left
     keep[2, :4] = False
-    full = m(x, is_causal=True, key_padding_mask=keep, backend=backend)
+    full = m(x, is_causal=True, key_mask=keep, backend=backend)
     assert not full.isnan().any()
     # pad queries see only pad keys: zeros before out_proj
     torch.testing.assert_close(full[2, :4], m.out_proj.bias.expand(4, 12), rtol=0, atol=0)
@@ -131,7 +131,7 @@ def test_refused_call_leaves_the_cache_length_unchanged():
     cache = m.make_kv_cache(2, 8)
     m(x[:, :3], is_causal=True, kv_cache=cache)
     bad_calls = [
-        {"key_padding_mask": torch.ones(2, 3, dtype=torch.bool)},  # should be (2, 4)
+        {"key_mask": torch.ones(2, 3, dtype=torch.bool)},  # should be (2, 4)
         {"attn_mask": torch.ones(1, 3, dtype=torch.bool)},  # should be (1, 4)
         {"return_weights": True, "backend": "sdpa"},
         {"causal_alignment": "middle"},
@@ -234,6 +234,6 @@ def test_cached_equals_uncached_for_random_split_points(heads, splits, B, seed, 
     if padded:
         lengths = torch.randint(0, L + 1, (B,), generator=g)
         keep = torch.arange(L)[None, :] >= (L - lengths)[:, None]  # left padding
-    full = m(x, is_causal=True, key_padding_mask=keep, backend=backend)
+    full = m(x, is_causal=True, key_mask=keep, backend=backend)
     cache = m.make_kv_cache(B, L + int(torch.randint(0, 3, (), generator=g)))
     torch.testing.assert_close(_decode(m, x, splits, cache, backend, keep), full, rtol=0, atol=TOL)

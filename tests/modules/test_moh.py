@@ -65,7 +65,7 @@ def test_matches_reference_with_padding(kw, causal):
     keep[2, :2] = False
     want = reference(m, x, mask=keep[:, None, None, :].numpy(), is_causal=causal)
     for path in ("sparse", "dense"):
-        close(m(x, key_padding_mask=keep, is_causal=causal, path=path), want)
+        close(m(x, key_mask=keep, is_causal=causal, path=path), want)
 
 
 @pytest.mark.parametrize("kw", SETTINGS[:3])
@@ -107,7 +107,7 @@ def test_fully_masked_rows_and_masked_nan_values():
     keep = torch.ones(2, 5, dtype=torch.bool)
     keep[0] = False  # batch row 0 may attend to nothing
     for path in ("sparse", "dense"):
-        out = m(x, key_padding_mask=keep, path=path)
+        out = m(x, key_mask=keep, path=path)
         assert torch.isfinite(out).all()
         close(out[0], m.out_proj.bias.detach().expand(5, 20))  # every head output 0
     # NaN at masked positions of key/value inputs (cross-attention) does not leak
@@ -117,7 +117,7 @@ def test_fully_masked_rows_and_masked_nan_values():
     poisoned = kv.clone()
     poisoned[:, 4:] = float("nan")
     for path in ("sparse", "dense"):
-        close(m(x, poisoned, key_padding_mask=keep, path=path), m(x, kv, key_padding_mask=keep, path="dense"))
+        close(m(x, poisoned, key_mask=keep, path=path), m(x, kv, key_mask=keep, path="dense"))
 
 
 def test_cross_attention_bottom_right():
@@ -250,8 +250,8 @@ def test_call_errors():
         m(x, attn_mask=torch.ones(2, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match="bool"):
         m(x, attn_mask=torch.ones(5, 5, dtype=torch.int64))
-    with pytest.raises(ValueError, match="key_padding_mask must be"):
-        m(x, key_padding_mask=torch.ones(5, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_mask must be"):
+        m(x, key_mask=torch.ones(5, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="path must be one of"):
         m(x, path="fast")
     with pytest.raises(ValueError, match="query must be"):

@@ -77,9 +77,9 @@ def test_matches_reference_outputs_and_weights(backend, overlap, causal):
     keep = torch.ones(2, 7, dtype=torch.bool)
     keep[1, :2] = False  # left padding in the second sequence
     want_y, want_A = reference(m, x, mask=np64(keep[:, None, None, :]), is_causal=causal)
-    y = m(x, key_padding_mask=keep, is_causal=causal, backend=backend)
+    y = m(x, key_mask=keep, is_causal=causal, backend=backend)
     assert_matches(y, want_y)
-    _, A = m(x, key_padding_mask=keep, is_causal=causal, return_weights=True)
+    _, A = m(x, key_mask=keep, is_causal=causal, return_weights=True)
     assert_matches(A, want_A)
 
 
@@ -91,9 +91,9 @@ def test_gradients_match_the_loop_form(backend, overlap):
     keep = torch.ones(2, 7, dtype=torch.bool)
     keep[0, -2:] = False
     params = list(m.parameters())
-    got = grads(m(x, key_padding_mask=keep, is_causal=True, backend=backend), x, *params)
+    got = grads(m(x, key_mask=keep, is_causal=True, backend=backend), x, *params)
     want = grads(loop_forward(m, x, is_causal=True, keep=keep), x, *params)
-    assert_matches(m(x, key_padding_mask=keep, is_causal=True), loop_forward(m, x, is_causal=True, keep=keep).detach())
+    assert_matches(m(x, key_mask=keep, is_causal=True), loop_forward(m, x, is_causal=True, keep=keep).detach())
     for g, w in zip(got, want):
         assert_matches(g, w)
 
@@ -149,7 +149,7 @@ def test_zero_overlap_equals_multi_head_attention_with_the_same_weights():
     m.load_state_dict(mha.state_dict())
     x, keep = x_(), torch.ones(2, 7, dtype=torch.bool)
     keep[0, :3] = False
-    for kw in ({}, {"is_causal": True, "key_padding_mask": keep}):
+    for kw in ({}, {"is_causal": True, "key_mask": keep}):
         for backend in ("math", "sdpa"):
             assert_paths_agree(m(x, backend=backend, **kw), mha(x, backend=backend, **kw))
         assert_paths_agree(m(x, return_weights=True, **kw)[1], mha(x, return_weights=True, **kw)[1])
@@ -193,12 +193,12 @@ def test_masked_values_do_not_leak_and_empty_rows_are_zero():
     m, x = make(2), x_(T=4)
     ctx = x_(T=4, seed=3)
     keep = torch.tensor([[True, True, False, False], [False, False, False, False]])
-    y = m(x, ctx, key_padding_mask=keep).detach()
+    y = m(x, ctx, key_mask=keep).detach()
     poisoned = ctx.clone()
     poisoned[0, 2:] = float("nan")
     poisoned[1] = float("inf")
     for backend in ("math", "sdpa"):
-        out = m(x, poisoned, key_padding_mask=keep, backend=backend)
+        out = m(x, poisoned, key_mask=keep, backend=backend)
         assert_matches(out, y)
         torch.testing.assert_close(out[1], m.out_proj.bias.expand(4, C))  # nothing visible: zero heads
 
@@ -268,10 +268,10 @@ def test_call_errors():
         m(torch.randn(2, 7, 14, dtype=F64))
     with pytest.raises(ValueError, match="lengths differ"):
         m(x_(), x_(T=4), x_(T=5))
-    with pytest.raises(ValueError, match="key_padding_mask"):
-        m(x_(), key_padding_mask=torch.ones(2, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_mask"):
+        m(x_(), key_mask=torch.ones(2, 6, dtype=torch.bool))
     with pytest.raises(TypeError, match="bool or floating"):
-        m(x_(), key_padding_mask=torch.ones(2, 7, dtype=torch.long))
+        m(x_(), key_mask=torch.ones(2, 7, dtype=torch.long))
 
 
 # ---------------------------------------------------------------- registry and models

@@ -52,11 +52,11 @@ def run_all(model: Transformer, src, tgt, src_mask):
     """Memory, teacher-forced logits, logits decoded one token at a time through the caches,
     and greedy tokens with their logits."""
     memory = model.encode(src, src_mask)
-    full = model.decode(tgt, memory, src_padding_mask=src_mask)
+    full = model.decode(tgt, memory, src_key_mask=src_mask)
     caches = model.make_kv_caches(tgt.shape[0], tgt.shape[1])
-    steps = [model.decode(tgt[:, t : t + 1], memory, src_padding_mask=src_mask, kv_caches=caches)
+    steps = [model.decode(tgt[:, t : t + 1], memory, src_key_mask=src_mask, kv_caches=caches)
              for t in range(tgt.shape[1])]  # fmt: skip
-    tokens, logits = model.greedy_decode(src, 6, src_padding_mask=src_mask, return_logits=True)
+    tokens, logits = model.greedy_decode(src, 6, src_key_mask=src_mask, return_logits=True)
     return memory, full, torch.cat(steps, dim=1), tokens, logits
 
 
@@ -130,15 +130,15 @@ def test_pruning_twice_and_rebuilding_from_the_config():
     assert (c.encoder_layer_kv_heads, c.decoder_layer_kv_heads, c.cross_layer_kv_heads) == ([1, 2], [2, 2], [1, 2])
     inputs = batch(seed=3)
     with torch.no_grad(), mask_heads(reference, {3: [0, 1, 2, 3], 0: [3, 4, 5]}):
-        want = reference(inputs[0], inputs[1], src_padding_mask=inputs[2])
+        want = reference(inputs[0], inputs[1], src_key_mask=inputs[2])
     with torch.no_grad():
-        got = model(inputs[0], inputs[1], src_padding_mask=inputs[2])
+        got = model(inputs[0], inputs[1], src_key_mask=inputs[2])
     assert_paths_agree(got, want)
     # There is no Transformer checkpoint format; its state dict loads into a model built from the pruned config.
     rebuilt = Transformer(model.config).double().eval()
     rebuilt.load_state_dict(model.state_dict())
     with torch.no_grad():  # same operations on the same weights and shapes: bitwise
-        torch.testing.assert_close(rebuilt(inputs[0], inputs[1], src_padding_mask=inputs[2]), got, rtol=0, atol=0)
+        torch.testing.assert_close(rebuilt(inputs[0], inputs[1], src_key_mask=inputs[2]), got, rtol=0, atol=0)
 
 
 def test_prune_closed_heads_of_a_gated_transformer():
@@ -149,11 +149,11 @@ def test_prune_closed_heads_of_a_gated_transformer():
         model.decoder[1].cross_attn.log_alpha[[1, 4]] = -5.0
     inputs = batch(seed=5)
     with torch.no_grad():
-        want = model(inputs[0], inputs[1], src_padding_mask=inputs[2])
+        want = model(inputs[0], inputs[1], src_key_mask=inputs[2])
     assert prune_closed_heads(model) == {5: [1, 4]}
     assert model.config.cross_layer_heads == [6, 4] and model.decoder[1].cross_attn.log_alpha.numel() == 4
     with torch.no_grad():
-        assert_paths_agree(model(inputs[0], inputs[1], src_padding_mask=inputs[2]), want)
+        assert_paths_agree(model(inputs[0], inputs[1], src_key_mask=inputs[2]), want)
 
 
 # ---------------------------------------------------------------- refusals

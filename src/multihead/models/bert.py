@@ -4,7 +4,7 @@
     x --(BertLayer) x num_layers--> last hidden state [B, T, C]
 
     BertLayer (post-LayerNorm, as in BERT):
-        a = attention_norm(x + dropout(attention(x, key_padding_mask)))
+        a = attention_norm(x + dropout(attention(x, key_mask)))
         y = output_norm(a + dropout(output(act(intermediate(a)))))
 
 The attention is built by name through ``build_attention(config.attention)``,
@@ -20,7 +20,7 @@ Module paths (stable, for tools that hook into layers)::
     encoder.layers[i].attention        MultiHeadAttention (or the configured kind)
 
 The exact attention weights of layer i for a batch are
-``encoder.layers[i].attention(hidden_states[i], key_padding_mask=mask,
+``encoder.layers[i].attention(hidden_states[i], key_mask=mask,
 return_weights=True)[1]`` with ``hidden_states`` from
 ``forward(..., output_hidden_states=True)``.
 
@@ -275,9 +275,9 @@ class BertLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.act = _ACTIVATIONS[config.hidden_act]
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, T, C], key_padding_mask [B, T] bool (True = real token) -> [B, T, C]."""
-        a = self.attention(x, key_padding_mask=key_padding_mask)  # (B, T, C)
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, C], key_mask [B, T] bool (True = real token) -> [B, T, C]."""
+        a = self.attention(x, key_mask=key_mask)  # (B, T, C)
         a = self.attention_norm(x + self.dropout(a))
         y = self.output(self.act(self.intermediate(a)))  # (B, T, C) -> (B, T, I) -> (B, T, C)
         return self.output_norm(a + self.dropout(y))
@@ -410,7 +410,7 @@ class BertEncoder(nn.Module):
             input_ids: [B, T] integer token ids.
             attention_mask: [B, T], 1 (or True) = real token, 0 = padding;
                 None: every token is real. Passed to each attention as
-                ``key_padding_mask`` (bool, True = real key).
+                ``key_mask`` (bool, True = real key).
             token_type_ids: [B, T] segment ids (default zeros).
             output_hidden_states: also return every hidden state.
 
@@ -429,7 +429,7 @@ class BertEncoder(nn.Module):
         x = self.embeddings(input_ids, token_type_ids)  # (B, T) -> (B, T, C)
         hidden = [x]
         for layer in self.layers:
-            x = layer(x, key_padding_mask=mask)
+            x = layer(x, key_mask=mask)
             hidden.append(x)
         if output_hidden_states:
             return x, tuple(hidden)

@@ -313,10 +313,10 @@ class Block(nn.Module):
         self.mlp = MLP(C, config.dropout, config.mlp_dim, **factory)
 
     def forward(
-        self, x: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None, kv_cache: Any = None
+        self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, kv_cache: Any = None
     ) -> torch.Tensor:
-        """x [B, T, C] -> [B, T, C]; key_padding_mask [B, S] (True = real key)."""
-        a = self.attn(self.ln_1(x), is_causal=True, key_padding_mask=key_padding_mask, kv_cache=kv_cache)
+        """x [B, T, C] -> [B, T, C]; key_mask [B, S] (True = real key)."""
+        a = self.attn(self.ln_1(x), is_causal=True, key_mask=key_mask, kv_cache=kv_cache)
         x = x + self.resid_dropout(a)
         return x + self.mlp(self.ln_2(x))
 
@@ -444,7 +444,7 @@ class GPT(nn.Module):
         x = self.dropout(self.token_embedding(idx) + self.position_embedding(position_ids))  # (B, T, C)
         with rollback_all_on_error(kv_caches):
             for i, block in enumerate(self.blocks):
-                x = block(x, key_padding_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
+                x = block(x, key_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
         return self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, vocab)
 
     # GPT.generate(idx [B, T0], max_new_tokens, *, temperature, top_k, top_p, eos, pad,

@@ -5,9 +5,9 @@
 
 One attention kind (``build_attention(config.attention, ...)``) plays three roles:
 
-    encoder self-attention   query = key = value = x,   key padding: src_padding_mask
-    decoder self-attention   query = key = value = y,   causal (+ tgt_padding_mask)
-    decoder cross-attention  query = y, key = value = memory, key padding: src_padding_mask
+    encoder self-attention   query = key = value = x,   key padding: src_key_mask
+    decoder self-attention   query = key = value = y,   causal (+ tgt_key_mask)
+    decoder cross-attention  query = y, key = value = memory, key padding: src_key_mask
 
 Each sublayer is wrapped in a residual connection, pre-norm ``x + drop(f(norm(x)))``
 (the Annotated Transformer's SublayerConnection, ``norm_first=True``, with a final
@@ -270,8 +270,8 @@ class EncoderLayer(nn.Module):
         self.sublayers = nn.ModuleList(_Residual(embed_dim, dropout=dropout, norm_first=norm_first, eps=eps)
                                        for _ in range(2))
 
-    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.sublayers[0](x, lambda h: self.self_attn(h, key_padding_mask=padding_mask))
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.sublayers[0](x, lambda h: self.self_attn(h, key_mask=key_mask))
         return self.sublayers[1](x, self.ffn)
 
 
@@ -287,13 +287,13 @@ class DecoderLayer(nn.Module):
         self.sublayers = nn.ModuleList(_Residual(embed_dim, dropout=dropout, norm_first=norm_first, eps=eps)
                                        for _ in range(3))
 
-    def forward(self, x, memory, *, src_padding_mask=None, tgt_padding_mask=None, self_cache=None,
+    def forward(self, x, memory, *, src_key_mask=None, tgt_key_mask=None, self_cache=None,
                 cross_cache=None, return_weights=False):
         """One decoder layer.
 
         Args:
             x: [B, T, C] decoder states. memory: [B, S, C] encoder output.
-            src_padding_mask: [B, S] bool, True = real. tgt_padding_mask: [B, S_self] bool.
+            src_key_mask: [B, S] bool, True = real. tgt_key_mask: [B, S_self] bool.
             self_cache: the layer's ``KVCache`` (decoding) or None.
             cross_cache: the layer's cross-attention cache of ``memory`` (decoding), or None.
             return_weights: also return the cross-attention weights.
@@ -302,11 +302,11 @@ class DecoderLayer(nn.Module):
             (out [B, T, C], cross-attention weights [B, H, T, S] or None).
         """
         x = self.sublayers[0](x, lambda h: self.self_attn(
-            h, key_padding_mask=tgt_padding_mask, is_causal=True, kv_cache=self_cache))
+            h, key_mask=tgt_key_mask, is_causal=True, kv_cache=self_cache))
         kept = []
 
         def cross(h):
-            out = self.cross_attn(h, memory, memory, key_padding_mask=src_padding_mask, kv_cache=cross_cache,
+            out = self.cross_attn(h, memory, memory, key_mask=src_key_mask, kv_cache=cross_cache,
                                   return_weights=return_weights)
             if return_weights:
                 out, w = out
@@ -430,17 +430,17 @@ class Transformer(nn.Module):
         return self.dropout(x + self.positions[offset : offset + L].to(x.dtype))
 
     # ------------------------------------------------------------------- API
-    def encode(self, src: torch.Tensor, src_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(self, src: torch.Tensor, src_key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Encode source tokens.
 
         Args:
-            src: [B, S] token ids. src_padding_mask: [B, S] bool, True = real token.
+            src: [B, S] token ids. src_key_mask: [B, S] bool, True = real token.
 
         Returns:
             memory [B, S, C]. Rows at padded positions are computed but never read.
         """
         self._tokens("src", src, self.config.src_vocab_size)
-        mask = self._mask("src_padding_mask", src_padding_mask, tuple(src.shape))
+        mask = self._mask("src_key_mask", src_key_mask, tuple(src.shape))
         x = self._embed(self.src_embed, src)
         for layer in self.encoder:
             x = layer(x, mask)
@@ -450,16 +450,16 @@ class Transformer(nn.Module):
         """A ``DecoderCache`` for ``decode``: room for ``max_len`` target positions per row."""
         return DecoderCache([layer.self_attn.make_kv_cache(batch_size, max_len) for layer in self.decoder])
 
-    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, src_padding_mask: torch.Tensor | None = None,
-               tgt_padding_mask: torch.Tensor | None = None, kv_caches: DecoderCache | None = None,
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, src_key_mask: torch.Tensor | None = None,
+               tgt_key_mask: torch.Tensor | None = None, kv_caches: DecoderCache | None = None,
                return_cross_weights: bool = False):
         """Decode target tokens against the encoder memory.
 
         Args:
             tgt: [B, T] target ids (starting with bos when decoding from scratch).
             memory: [B, S, C] from ``encode``.
-            src_padding_mask: [B, S] bool, True = real source token.
-            tgt_padding_mask: bool, True = real target token: [B, T], or with
+            src_key_mask: [B, S] bool, True = real source token.
+            tgt_key_mask: bool, True = real target token: [B, T], or with
                 ``kv_caches`` [B, kv_caches.length + T] (every position cached so far).
             kv_caches: from ``make_kv_caches``: ``tgt`` continues the cached positions
                 (position offset ``kv_caches.length``); cross keys/values of ``memory``
@@ -478,9 +478,9 @@ class Transformer(nn.Module):
             raise TypeError(f"memory must be a torch.Tensor [B, S, C], got {type(memory).__name__}")
         if memory.dim() != 3 or memory.shape[0] != B or memory.shape[2] != self.config.embed_dim:
             raise ValueError(f"memory must be [B={B}, S, C={self.config.embed_dim}], got {list(memory.shape)}")
-        src_mask = self._mask("src_padding_mask", src_padding_mask, (B, memory.shape[1]))
+        src_mask = self._mask("src_key_mask", src_key_mask, (B, memory.shape[1]))
         offset = 0 if kv_caches is None else kv_caches.length
-        tgt_mask = self._mask("tgt_padding_mask", tgt_padding_mask, (B, offset + T))
+        tgt_mask = self._mask("tgt_key_mask", tgt_key_mask, (B, offset + T))
         cross: list = [None] * len(self.decoder)
         if kv_caches is not None:
             if len(kv_caches) != len(self.decoder):
@@ -494,32 +494,32 @@ class Transformer(nn.Module):
         x = self._embed(self.tgt_embed, tgt, offset)
         weights = []
         for i, layer in enumerate(self.decoder):
-            x, w = layer(x, memory, src_padding_mask=src_mask, tgt_padding_mask=tgt_mask,
+            x, w = layer(x, memory, src_key_mask=src_mask, tgt_key_mask=tgt_mask,
                          self_cache=None if kv_caches is None else kv_caches[i], cross_cache=cross[i],
                          return_weights=return_cross_weights)
             weights.append(w)
         logits = self.out_proj(self.decoder_norm(x))  # (B, T, C) -> (B, T, V)
         return (logits, tuple(weights)) if return_cross_weights else logits
 
-    def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_padding_mask: torch.Tensor | None = None,
-                tgt_padding_mask: torch.Tensor | None = None, return_cross_weights: bool = False):
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_key_mask: torch.Tensor | None = None,
+                tgt_key_mask: torch.Tensor | None = None, return_cross_weights: bool = False):
         """Teacher-forced logits: ``decode(tgt, encode(src))``.
 
         Args:
             src: [B, S]; tgt: [B, T] (the decoder input, e.g. the target without its last token).
-            src_padding_mask: [B, S]; tgt_padding_mask: [B, T]; bool, True = real token.
+            src_key_mask: [B, S]; tgt_key_mask: [B, T]; bool, True = real token.
             return_cross_weights: also return the cross-attention weights, as ``decode``.
 
         Returns:
             logits [B, T, V], or (logits, tuple of [B, H, T, S] per decoder layer).
         """
-        memory = self.encode(src, src_padding_mask)
-        return self.decode(tgt, memory, src_padding_mask=src_padding_mask, tgt_padding_mask=tgt_padding_mask,
+        memory = self.encode(src, src_key_mask)
+        return self.decode(tgt, memory, src_key_mask=src_key_mask, tgt_key_mask=tgt_key_mask,
                            return_cross_weights=return_cross_weights)
 
     def cross_attention_weights(self, src: torch.Tensor, tgt: torch.Tensor, *,
-                                src_padding_mask: torch.Tensor | None = None,
-                                tgt_padding_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+                                src_key_mask: torch.Tensor | None = None,
+                                tgt_key_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Exact decoder cross-attention weights (pre-dropout), without gradients.
 
         Returns:
@@ -527,12 +527,12 @@ class Transformer(nn.Module):
             over source positions of target position t (zero at padded source positions).
         """
         with torch.no_grad():
-            _, weights = self(src, tgt, src_padding_mask=src_padding_mask, tgt_padding_mask=tgt_padding_mask,
+            _, weights = self(src, tgt, src_key_mask=src_key_mask, tgt_key_mask=tgt_key_mask,
                               return_cross_weights=True)
         return list(weights)
 
     @torch.no_grad()
-    def greedy_decode(self, src: torch.Tensor, max_len: int, *, src_padding_mask: torch.Tensor | None = None,
+    def greedy_decode(self, src: torch.Tensor, max_len: int, *, src_key_mask: torch.Tensor | None = None,
                       use_cache: bool = True, return_logits: bool = False):
         """Greedy decoding from ``bos_id``; a row stops at ``eos_id`` and is then padded with ``pad_id``.
 
@@ -542,7 +542,7 @@ class Transformer(nn.Module):
 
         Args:
             src: [B, S]. max_len: most tokens per row, bos included.
-            src_padding_mask: [B, S] bool, True = real token.
+            src_key_mask: [B, S] bool, True = real token.
 
         Returns:
             tokens [B, L] with L <= max_len (tokens[:, 0] = bos; L < max_len once every
@@ -552,7 +552,7 @@ class Transformer(nn.Module):
         if max_len - 1 > self.config.max_len:
             raise ValueError(f"max_len - 1 = {max_len - 1} decoder positions exceed config.max_len={self.config.max_len}")
         c = self.config
-        memory = self.encode(src, src_padding_mask)
+        memory = self.encode(src, src_key_mask)
         B = src.shape[0]
         tokens = torch.full((B, 1), c.bos_id, dtype=torch.long, device=src.device)
         done = torch.zeros(B, dtype=torch.bool, device=src.device)
@@ -560,7 +560,7 @@ class Transformer(nn.Module):
         steps = []
         for _ in range(max_len - 1):
             inp = tokens[:, -1:] if caches is not None else tokens
-            logits = self.decode(inp, memory, src_padding_mask=src_padding_mask, kv_caches=caches)[:, -1]
+            logits = self.decode(inp, memory, src_key_mask=src_key_mask, kv_caches=caches)[:, -1]
             nxt = logits.argmax(-1).masked_fill(done, c.pad_id)  # (B, V) -> (B,)
             steps.append(logits)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
@@ -579,8 +579,8 @@ class CopyBatch(NamedTuple):
 
     src: torch.Tensor
     tgt: torch.Tensor
-    src_padding_mask: torch.Tensor
-    tgt_padding_mask: torch.Tensor
+    src_key_mask: torch.Tensor
+    tgt_key_mask: torch.Tensor
 
 
 def copy_task_batches(num_batches: int, batch_size: int, seq_len: int, vocab_size: int, *,

@@ -6,7 +6,7 @@
       q, k = position_qk(q, k, ...)       qk_norm -> rope (self.qk_norm, self.rope)
       with rollback_on_error(kv_cache):   a failing call leaves the cache as it was
           k, v, extra = write_cache(...)  [kind layout] append, read everything cached
-          mask = attn_mask AND key_padding_mask
+          mask = attn_mask AND key_mask
           out, weights = core(...)        [kind] default: functional.attention
       observers <- AttentionEvent(weights, q, k, mask, ...)
       out = head hooks(out)               only while one is registered
@@ -48,7 +48,7 @@ from torch.utils.hooks import RemovableHandle
 from .._checks import dropout_probability, positive_int
 from ..functional import attention, merge_masks
 from ..functional.masks import check_alignment
-from .calls import check_cache_use, check_call, default_alignment, key_padding, rollback_on_error
+from .calls import check_cache_use, check_call, default_alignment, key_padding, refuse_torch_padding, rollback_on_error
 from .head_selection import check_head_selection, check_heads
 from .kv_cache import KVCache
 from .norms import QKNorm
@@ -361,7 +361,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         value: torch.Tensor | None = None,
         *,
         attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         causal_alignment: str | None = None,
         return_weights: bool = False,
@@ -378,10 +378,12 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             value: [B, S, vdim], or None to use ``key``.
             attn_mask: bool (True = may attend) or float (added), shaped
                 (T, S) or 4-D broadcastable to (B, H, T, S).
-            key_padding_mask: [B, S], bool with True = real key (Hugging
-                Face's polarity, the opposite of ``torch.nn.MultiheadAttention``;
-                ``functional.padding_mask_from_ignore`` converts) or float
-                (added). Combined with ``attn_mask`` by AND on "may attend".
+            key_mask: [B, S], bool with True = may attend (a real key: the
+                polarity of SDPA's ``attn_mask`` and Hugging Face's
+                ``attention_mask``) or float (added). Combined with
+                ``attn_mask`` by AND on "may attend". torch's
+                ``key_padding_mask`` (True = ignore) is refused with a
+                TypeError: pass ``key_mask=~key_padding_mask``.
             is_causal: hide future keys.
             causal_alignment: "top_left" or "bottom_right"; defaults to
                 "bottom_right" with a self-attention cache, else "top_left".
@@ -408,6 +410,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
                 written; a call that fails leaves the cache as it was).
         """
         check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
+        refuse_torch_padding(options)
         if options or self.backends is not None:
             self._check_forward_options(backend, options)
         if causal_alignment is not None:
@@ -429,7 +432,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         with rollback_on_error(kv_cache):
             if kv_cache is not None:
                 k, v, extra = self.write_cache(kv_cache, k, v, extra)
-            mask = merge_masks(attn_mask, key_padding(key_padding_mask, query.shape[0], k.shape[2]))
+            mask = merge_masks(attn_mask, key_padding(key_mask, query.shape[0], k.shape[2]))
             out, weights = self.core(
                 q, k, v, extra, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
                 return_weights=return_weights or observed, backend=backend, **options,

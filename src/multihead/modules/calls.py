@@ -107,8 +107,22 @@ def check_cache_use(kv_cache: Any, key: torch.Tensor | None) -> bool:
     return True
 
 
+def refuse_torch_padding(options: dict) -> None:
+    """torch's ``key_padding_mask`` has the opposite polarity of ``key_mask``: refuse it by name.
+
+    Raises:
+        TypeError: ``key_padding_mask`` among the keyword arguments.
+    """
+    if "key_padding_mask" in options:
+        raise TypeError(
+            "multihead attention layers take key_mask (True = may attend, a real key), not torch's "
+            "key_padding_mask (True = padding, ignore): pass key_mask=~key_padding_mask, "
+            "or use multihead.TorchMultiheadAttention, which keeps torch's argument and meaning"
+        )
+
+
 def key_padding(mask: object, B: int, S: int) -> torch.Tensor | None:
-    """A [B, S] key_padding_mask (bool True = real key, or float added) as (B, 1, 1, S).
+    """A [B, S] key_mask (bool True = may attend, or float added) as (B, 1, 1, S).
 
     Raises:
         TypeError: not a tensor, or neither bool nor floating.
@@ -117,11 +131,11 @@ def key_padding(mask: object, B: int, S: int) -> torch.Tensor | None:
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
+        raise TypeError(f"key_mask must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
-        raise TypeError(f"key_padding_mask must be bool or floating, got dtype {mask.dtype}")
+        raise TypeError(f"key_mask must be bool or floating, got dtype {mask.dtype}")
     if tuple(mask.shape) != (B, S):
-        raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {tuple(mask.shape)}")
+        raise ValueError(f"key_mask must be (B, S) = ({B}, {S}), got {tuple(mask.shape)}")
     return mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
 
 

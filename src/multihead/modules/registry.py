@@ -5,7 +5,7 @@ the same model compares attention kinds. Every kind is a subclass of
 ``base.AttentionLayer`` and so has the same interface:
 
     forward(query, key=None, value=None, *, attn_mask=None,
-            key_padding_mask=None, is_causal=False, return_weights=False,
+            key_mask=None, is_causal=False, return_weights=False,
             kv_cache=None, positions=None) -> out [B, T, C] (or (out, weights))
     make_kv_cache(batch_size, max_len) -> cache for ``kv_cache=``
     aux_loss() -> the training loss term of the last forward, 0-d

@@ -178,7 +178,7 @@ def _collect(model: nn.Module, layers: list[MultiHeadAttention], calibration: It
 
     def keep(i: int):
         def hook(module, args, kwargs):
-            inputs[i].append((args[0], kwargs.get("key_padding_mask")))  # x (B, T, C), mask (B, T) or None
+            inputs[i].append((args[0], kwargs.get("key_mask")))  # x (B, T, C), mask (B, T) or None
 
         return hook
 

@@ -49,7 +49,11 @@ def close(a, b, tol=1e-10):
 SETTINGS = [
     dict(embed_dim=35, num_heads=7, shared_heads=2, routed_heads=2),  # D = 5, E = 5
     dict(embed_dim=20, num_heads=4, shared_heads=0, routed_heads=2),
-    dict(embed_dim=30, num_heads=6, shared_heads=3, routed_heads=1, num_kv_heads=2),  # shared block cuts a group
+    # r = 2 query heads per key/value head: the shared block (head 0) and the
+    # routed block (heads 1-3) each cut group 0 (catches: a wrong key/value
+    # head index in moh_paths.kv_for's cut-group branch)
+    dict(embed_dim=20, num_heads=4, shared_heads=1, routed_heads=2, num_kv_heads=2),
+    dict(embed_dim=30, num_heads=6, shared_heads=3, routed_heads=1, num_kv_heads=2),  # whole groups: GQA kept
     dict(embed_dim=20, num_heads=4, shared_heads=1, routed_heads=1, head_dim=3),  # constant shared gate, H·D != C
     dict(embed_dim=20, num_heads=4, router="query_norm"),
 ]

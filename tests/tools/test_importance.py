@@ -85,8 +85,8 @@ def _fork_forward(enc: BertEncoder, ids, mask, xi=None):
         q, k, v = (t.reshape(B, T, H, d).transpose(1, 2) for t in qkv.split(C, dim=-1))  # (B, H, T, d)
         probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + add, dim=-1)
         ctx = probs @ v  # (B, H, T, d)
-        if xi is not None:
-            ctx = ctx * xi[i][None, :, None, None]
+        if xi is not None:  # a gate per head [H], or per example and head [B, H]
+            ctx = ctx * (xi[i][None, :, None, None] if xi[i].dim() == 1 else xi[i][:, :, None, None])
         ctx.retain_grad()
         ctxs.append(ctx)
         merged = ctx.transpose(1, 2).reshape(B, T, C) @ a.out_proj.weight.T + a.out_proj.bias  # (B, T, C)
@@ -165,6 +165,31 @@ def test_example_scores_are_the_papers_gate_gradient():
     torch.testing.assert_close(got, want, **TIGHT)
     per_token = head_importance(enc, batches, _bert_loss, absolute="token", normalize=None)
     assert not torch.allclose(per_token * 14 / 3, got)  # the two definitions differ here
+
+
+def test_example_scores_take_each_examples_gradient_in_batches_of_several():
+    """catches: |sum over the batch| instead of sum over the batch of |per example| (equal for batches of one)."""
+    enc = _bert().eval()
+    L, H = enc.config.num_layers, enc.config.num_heads
+    want = torch.zeros(L, H, dtype=F64)
+    examples = 0
+    for ids, mask, labels in BERT_BATCHES:
+        B = ids.shape[0]
+        xi = [torch.ones(B, H, dtype=F64, requires_grad=True) for _ in range(L)]  # a gate per example and head
+        hidden, _ = _fork_forward(enc, ids, mask, xi=xi)
+        grads = torch.autograd.grad(F.cross_entropy(_classify(hidden), labels), xi)  # the batch's loss
+        want += torch.stack(grads).abs().sum(dim=1)  # (L, B, H) -> (L, H): sum_b |dL/dxi[b, h]|
+        examples += B
+    want /= examples
+    got = head_importance(enc, BERT_BATCHES, _bert_loss, absolute="example", normalize=None)
+    torch.testing.assert_close(got, want, **TIGHT)
+    signed = torch.zeros(L, H, dtype=F64)  # the wrong order: |sum_b| per batch
+    for ids, mask, labels in BERT_BATCHES:
+        xi = [torch.ones(ids.shape[0], H, dtype=F64, requires_grad=True) for _ in range(L)]
+        hidden, _ = _fork_forward(enc, ids, mask, xi=xi)
+        grads = torch.autograd.grad(F.cross_entropy(_classify(hidden), labels), xi)
+        signed += torch.stack(grads).sum(dim=1).abs()
+    assert not torch.allclose(signed / examples, got)  # the batches mix signs: the orders differ
 
 
 # ---------------------------------------------------------------- GPT

@@ -289,16 +289,28 @@ def test_nan_at_a_visible_key_stays_in_the_affected_rows(backend):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_large_activations_stay_finite(backend, dtype):
     """q = k = 300-sized scores overflow float16 unless accumulated in float32
-    (pytorch#119131); the result stays close to the float64 module."""
+    (pytorch#119131); the result stays close to the float64 module.
+
+    The values differ by position (v = x[..., 0] - x[..., 1] = 4t, exact in
+    both dtypes) and each query's scores peak at its own position, so the
+    tolerance rejects the obvious wrong answers (negative controls below)."""
     m = _module(embed_dim=64, num_heads=1, qkv_bias=False)
+    value_rows = torch.zeros(64, 64, dtype=F64)
+    value_rows[:, 0], value_rows[:, 1] = 1.0, -1.0
     with torch.no_grad():
-        m.qkv_proj.weight.copy_(torch.eye(64).repeat(3, 1))  # q = k = v = x
+        m.qkv_proj.weight.copy_(torch.cat([torch.eye(64, dtype=F64)] * 2 + [value_rows]))  # q = k = x
     x = torch.full((1, 4, 64), 300.0, dtype=F64)
-    x[0, :, 0] += torch.arange(4, dtype=F64)
+    x[0, :, 0] += 4 * torch.arange(4, dtype=F64)
     want = m(x, is_causal=True)
+    tolerance = dict(rtol=2e-2, atol=want.abs().max().item() * 2e-2)
+    first_key_only = torch.zeros(4, 4, dtype=torch.bool)
+    first_key_only[:, 0] = True
+    for wrong in (m(x), m(x, attn_mask=first_key_only), torch.zeros_like(want)):  # not causal; key 0; zeros
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(wrong, want, **tolerance)
     got = m.to(dtype)(x.to(dtype), is_causal=True, backend=backend)
     assert torch.isfinite(got).all()
-    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=want.abs().max().item() * 2e-2)
+    torch.testing.assert_close(got.double(), want, **tolerance)
 
 
 def _plain_low_precision(m, x, causal):

@@ -106,7 +106,16 @@ def test_sweep_rows_and_scores():
     closed = [sum(len(h) for h in sweep.closed(i).values()) for i in range(3)]
     assert closed[0] == 0 and closed[1] >= 1 and closed[2] > closed[1]
     assert sweep.loss[2] > sweep.loss[1]  # closing heads that matter costs fidelity
-    torch.testing.assert_close(sweep.scores, sweep.open_probability.mean(dim=0), rtol=0, atol=0)  # the same reduction: bitwise
+    # P(open) and the eval gates both come from each head's log_alpha (Louizos et al.,
+    # eq. 12 and the test-time estimator); recover log_alpha from P(open) and
+    # check that it gives the eval gates (catches: a P(open) without the T ln(-low/high) shift)
+    p = sweep.open_probability
+    inside = (p > 2e-6) & (p < 1 - 2e-6)  # not clipped to [eps, 1 - eps]
+    log_alpha = torch.logit(p) + 0.33 * torch.log(torch.tensor(0.1 / 1.1, dtype=F64))
+    eval_gates = (torch.sigmoid(log_alpha) * 1.2 - 0.1).clamp(0, 1)
+    torch.testing.assert_close(eval_gates[inside], sweep.gates[inside], rtol=0, atol=1e-5)
+    assert bool((sweep.gates[p <= 2e-6] == 0).all()) and bool((sweep.gates[p >= 1 - 2e-6] == 1).all())
+    assert inside.sum() >= 4  # the check saw heads whose gates are neither clipped
     scores = head_importance(model, pairs, loss, method="gates", gate_training=training)
     # same operations, same seed, same inputs: bitwise
     torch.testing.assert_close(scores, sweep.scores, rtol=0, atol=0)

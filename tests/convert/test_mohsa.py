@@ -1,4 +1,5 @@
-"""MOHSA ViT attention (ZTX-100/MOHSA models/vit.py) -> multihead, against the official forward."""
+"""MOHSA ViT attention (ZTX-100/MOHSA models/vit.py) -> multihead, against a re-implementation of the
+official forward written in this file from the official code's steps (the official module itself is not run)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def official_state(dim, heads, dim_head, depths, seed=0):
 
 
 @pytest.mark.parametrize("dim,heads,dim_head,depths", [(12, 3, 4, 0), (12, 3, 4, 1), (10, 4, 3, 5), (9, 2, 5, 11)])
-def test_converted_layer_equals_the_official_forward(dim, heads, dim_head, depths):
+def test_converted_layer_equals_the_reimplemented_official_forward(dim, heads, dim_head, depths):
     sd = official_state(dim, heads, dim_head, depths)
     layer = from_official_by_kind("mohsa_vit", sd, dim=dim, heads=heads, dim_head=dim_head, depths=depths, total_depths=12)
     assert isinstance(layer.attention, OverlappingHeadAttention) and layer.attention.overlap == depths

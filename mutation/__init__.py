@@ -1,0 +1,1 @@
+"""Mutation testing of the numerical core: ``python -m mutation.run`` (``make mutate``)."""

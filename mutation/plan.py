@@ -1,0 +1,42 @@
+"""Which tests run against the mutants of each file (the tests that cover it, fast ones first).
+
+Every path is relative to the repository root. A file of the numerical core
+that is not listed here is not mutated.
+"""
+
+from __future__ import annotations
+
+FUNCTIONAL = ["tests/functional/test_attention.py", "tests/functional/test_masks.py",
+              "tests/functional/test_reliability.py", "tests/functional/test_softmax.py",
+              "tests/functional/test_defined_outputs.py", "tests/functional/test_properties.py",
+              "tests/functional/test_precision.py"]  # fmt: skip
+CONTRACT = ["tests/modules/test_contract.py", "tests/modules/test_contract_heads.py"]
+
+PLAN: dict[str, list[str]] = {
+    "src/multihead/functional/attention.py": FUNCTIONAL,
+    "src/multihead/functional/backends.py": FUNCTIONAL,
+    "src/multihead/functional/masks.py": FUNCTIONAL,
+    "src/multihead/functional/math_backend.py": FUNCTIONAL,
+    "src/multihead/functional/nonfinite.py": FUNCTIONAL,
+    "src/multihead/functional/request.py": FUNCTIONAL,
+    "src/multihead/functional/rope.py": ["tests/functional/test_rope.py", *FUNCTIONAL],
+    "src/multihead/functional/sdpa_backend.py": FUNCTIONAL,
+    "src/multihead/functional/softmax.py": FUNCTIONAL,
+    "src/multihead/modules/kinds/mha.py": ["tests/modules/test_attention.py", "tests/modules/test_attention_calls.py",
+                                           "tests/modules/test_kv_cache.py", *CONTRACT],
+    "src/multihead/modules/kinds/collaborative.py": ["tests/modules/test_collaborative.py", *CONTRACT],
+    "src/multihead/modules/kinds/collaborative_compress.py": ["tests/modules/test_collaborative.py"],
+    "src/multihead/modules/kinds/dcmha.py": ["tests/modules/test_dcmha.py", *CONTRACT],
+    "src/multihead/modules/kinds/dcmha_core.py": ["tests/modules/test_dcmha.py", *CONTRACT],
+    "src/multihead/modules/kinds/gated.py": ["tests/modules/test_gated.py", *CONTRACT],
+    "src/multihead/modules/kinds/moh.py": ["tests/modules/test_moh.py", *CONTRACT],
+    "src/multihead/modules/kinds/moh_paths.py": ["tests/modules/test_moh.py", *CONTRACT],
+    "src/multihead/modules/kinds/overlapping.py": ["tests/modules/test_overlapping.py", *CONTRACT],
+    "src/multihead/tools/importance.py": ["tests/tools/test_importance.py"],
+    "src/multihead/tools/convert_heads.py": ["tests/tools/test_convert_heads.py",
+                                             "tests/tools/test_convert_heads_aligned.py"],
+    "src/multihead/tools/prune.py": ["tests/tools/test_prune.py", "tests/tools/test_prune_transformer.py"],
+    "src/multihead/train/checkpoint.py": ["tests/train/test_state_integrity.py", "tests/train/test_checkpoint_resume.py"],
+    "src/multihead/train/loop.py": ["tests/train/test_loop.py", "tests/train/test_checkpoint_resume.py",
+                                    "tests/train/test_state_integrity.py"],
+}

@@ -24,6 +24,7 @@ from .objectives import (
 from .prune import prune_closed_heads, prune_heads
 from .recovery import recover
 from .roles import (
+    ROLE_MARGIN,
     ROLE_THRESHOLDS,
     SCORE_MEANINGS,
     HeadRoles,
@@ -43,6 +44,7 @@ __all__ = [
     "classify_heads",
     "HeadRoles",
     "ROLE_THRESHOLDS",
+    "ROLE_MARGIN",
     "SCORE_MEANINGS",
     "role_legend",
     "format_legend",

@@ -34,6 +34,13 @@ more than once, the k-th role for (layer, head) belongs to its k-th call.
 Colours in the heatmaps are sqrt(weight) on a fixed 0..1 scale, so weak
 links stay visible and heads remain comparable.
 
+``batch`` picks one batch item through ``AttentionRecord.item``: its own
+tokens (one token list per item for a batch of different texts) and,
+with ``record.attention_mask``, without its padding. Tokens are shown by
+``token_text.readable_tokens`` (byte-level ``Ġ`` as a visible space
+``␣``); the page keeps each raw token as its tooltip and in heads.json.
+Each writer refuses a path whose folder does not exist before any work.
+
 ``slots`` (a ``head_slots.HeadSlots``) draws a pruned model with every
 layer's heads before pruning: the removed ones as grey cells labelled
 "pruned", the kept ones with their index before pruning when known; the
@@ -66,6 +73,7 @@ from .._checks import non_negative_int, positive_int
 from ..io import write_bytes_atomic
 from .capture import AttentionRecord
 from .head_slots import HeadSlots
+from .token_text import readable_tokens
 
 __all__ = ["write_html", "write_png", "write_json"]
 
@@ -113,9 +121,12 @@ def write_html(
             roles, legend or notices of the wrong types.
         ValueError: empty record, tokens not matching T/S, batch out of range,
             roles naming a layer or head that is not in the record, slots
-            whose kept heads do not match the record's head counts.
+            whose kept heads do not match the record's head counts, one
+            token list for batch items whose padding differs.
+        FileNotFoundError: the folder of ``path`` does not exist.
     """
-    tokens = _validate(record, batch)
+    _folder_of(path)
+    record, tokens = _validate(record, batch)
     role_rows = _match_roles(roles, record)
     _check_slots(slots, record)
     if title is None:
@@ -128,8 +139,10 @@ def write_html(
         "batch": batch,
         "query_tokens": tokens[0],
         "key_tokens": tokens[1],
+        "query_labels": readable_tokens(tokens[0]),
+        "key_labels": readable_tokens(tokens[1]),
         "layers": [
-            {"layer": e.layer, "name": e.name, "kind": e.kind, "weights": _finite_rounded(e.weights[batch])}
+            {"layer": e.layer, "name": e.name, "kind": e.kind, "weights": _finite_rounded(e.weights[0])}
             for e in record.layers
         ],
         "roles": [dict(r, row=row) for row, r in role_rows] if roles is not None else None,
@@ -193,7 +206,8 @@ def write_png(
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise ImportError(f"write_png needs matplotlib, which is not installed: {_VIZ_HINT}") from exc
-    q_tokens, k_tokens = _validate(record, batch)
+    _folder_of(path)
+    record, (q_tokens, k_tokens) = _validate(record, batch)
     _check_slots(slots, record)
     if max_tokens is not None:
         max_tokens = positive_int("max_tokens", max_tokens)
@@ -217,7 +231,9 @@ def write_png(
         for col, head in enumerate(heads)
     }  # fmt: skip
     title_h = 0.1 + 0.14 * max(t.count("\n") + 1 for t in titles.values())
-    q_labels, k_labels = [_plain(_short(t)) for t in q_tokens], [_plain(_short(t)) for t in k_tokens]
+    q_labels, k_labels = [_plain(_short(t)) for t in readable_tokens(q_tokens)], [
+        _plain(_short(t)) for t in readable_tokens(k_tokens)
+    ]
     left = 0.3 + (0.055 * max(map(len, q_labels)) if with_tokens else 0)
     bottom = 0.2 + (0.055 * max(map(len, k_labels)) if with_tokens else 0)
     top, right, gap = 0.6, 1.2, 0.15
@@ -231,7 +247,7 @@ def write_png(
               for c in range(cols)}  # fmt: skip
     first = [next(c for c, h in enumerate(heads) if h is not None) for heads in grid]
     for row, entry in enumerate(record.layers):
-        weights = entry.weights[batch, :, :T, :S].detach().double().nan_to_num(0.0, 0.0, 0.0)
+        weights = entry.weights[0, :, :T, :S].detach().double().nan_to_num(0.0, 0.0, 0.0)
         y = height - top - row * (title_h + cell + gap) - title_h - cell
         for col, head in enumerate(grid[row]):
             x = left + col * (cell + gap)
@@ -280,11 +296,12 @@ def write_json(
     and what ``slots`` adds, see the module docstring).
 
     Raises:
-        TypeError, ValueError: as ``write_html``.
+        TypeError, ValueError, FileNotFoundError: as ``write_html``.
     """
-    _validate(record, batch)
+    _folder_of(path)
+    record, _ = _validate(record, batch)  # batch item ``batch`` alone
     _check_slots(slots, record)
-    payload = record.to_dict(batch)
+    payload = record.to_dict(0)
     payload["roles"] = [r for _, r in _match_roles(roles, record)] if roles is not None else None
     if slots is not None:
         payload["num_heads"] = slots.num_heads
@@ -303,21 +320,26 @@ def write_json(
 # -- checks -------------------------------------------------------------------
 
 
-def _validate(record: AttentionRecord, batch: int) -> tuple[list[str], list[str]]:
-    """Query and key token strings of ``record`` after checking its shapes."""
+def _folder_of(path: str | os.PathLike) -> None:
+    """Refuse ``path`` when its folder does not exist (or is not a folder), before any work."""
+    folder = Path(path).absolute().parent
+    if not folder.exists():
+        raise FileNotFoundError(f"cannot write {os.fspath(path)}: the folder {folder} does not exist")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"cannot write {os.fspath(path)}: {folder} is not a folder")
+
+
+def _validate(record: AttentionRecord, batch: int) -> tuple[AttentionRecord, tuple[list[str], list[str]]]:
+    """Batch item ``batch`` of ``record`` alone (``AttentionRecord.item``: weights [1, H, T, S],
+    its tokens, no padding) and its query and key token strings, after checking the shapes."""
     if not isinstance(record, AttentionRecord):
         raise TypeError(f"record must be an AttentionRecord, got {type(record).__name__}")
     if not record.layers:
         raise ValueError("the record is empty (no layers): run the model inside `with capture(model)` first")
-    batch = non_negative_int("batch", batch)
+    record = record.item(non_negative_int("batch", batch))
     first = None
     for entry in record.layers:
-        shape = tuple(entry.weights.shape)
-        if len(shape) != 4:
-            raise ValueError(f"layer {entry.layer} ({entry.name}): weights must be [B, H, T, S], got {list(shape)}")
-        B, H, T, S = shape
-        if batch >= B:
-            raise ValueError(f"batch={batch} out of range for layer {entry.layer} with B={B}")
+        _, H, T, S = entry.weights.shape
         if min(H, T, S) == 0:
             raise ValueError(f"layer {entry.layer} ({entry.name}) has an empty dimension: H={H}, T={T}, S={S}")
         if first is None:
@@ -337,7 +359,7 @@ def _validate(record: AttentionRecord, batch: int) -> tuple[list[str], list[str]
     if len(keys) != S:
         source = "key_tokens" if record.key_tokens is not None else "key_tokens (defaulting to query_tokens)"
         raise ValueError(f"{source} has {len(keys)} tokens but the weights have S={S} keys")
-    return queries, keys
+    return record, (queries, keys)
 
 
 def _check_slots(slots, record: AttentionRecord) -> None:
@@ -485,7 +507,6 @@ def _asset(name: str) -> str:
 
 
 def _short(token: str, limit: int = 14) -> str:
-    token = token.replace("\n", "\u21b5").replace("\t", "\u21e5") or "\u2205"
     return token if len(token) <= limit else token[: limit - 1] + "\u2026"
 
 

@@ -136,7 +136,11 @@ def test_gpt_checkpoint_importance_is_the_lm_loss_increase(tmp_path):
     text = "To be, or not"
     rc, stdout, err = quietly("inspect", text, "--checkpoint", str(ckpt), "--importance", "--out", str(tmp_path / "o"))
     assert rc == 0, err
-    assert "importance  ablation" in stdout
+    assert "most important (ablation): L" in stdout and "importance  ablation" not in stdout  # the summary
+    rc, stdout, err = quietly("inspect", text, "--checkpoint", str(ckpt), "--importance", "--verbose",
+                              "--out", str(tmp_path / "o"))  # fmt: skip
+    assert rc == 0, err
+    assert "importance  ablation" in stdout  # --verbose: the table's importance column and its legend
     roles = json.loads((tmp_path / "o" / "heads.json").read_text())["roles"]
     model = load_checkpoint(ckpt).eval()
     ids = torch.tensor([list(text.encode())])  # (1, T)

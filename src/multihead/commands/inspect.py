@@ -5,9 +5,10 @@ run directory of ``multihead train``, with its own tokenizer) or any local
 Hugging Face model folder (``hf``: config.json, weights and tokenizer.json,
 run on multihead attention through ``multihead.hf``), runs the
 text through it while capturing every head's exact weights, scores each head
-for the documented roles (``tools.roles``), prints a table of heads with
-their roles, a legend of the scores and the strongest token links, and
-writes three files:
+for the documented roles (``tools.roles``), prints a short summary (the
+strongest heads of each role and the top token links, ``inspect_summary``;
+with ``verbose`` a table of every head with its roles, the legend of its
+columns and each head's strongest links), and writes three files:
 
     heads.html   head view, model view and role table (one self-contained page)
     heads.png    layers x heads grid of heatmaps
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.util import find_spec
@@ -50,10 +50,21 @@ import torch
 from ..tools.capture import AttentionRecord, capture
 from ..tools.head_slots import HeadSlots
 from ..tools.objectives import encoder_importance, gpt_importance
-from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format_roles, role_legend, strongest_links
+from ..tools.roles import (
+    HeadRoles,
+    Link,
+    classify_heads,
+    format_legend,
+    format_roles,
+    is_special,
+    role_legend,
+    strongest_links,
+)  # fmt: skip
+from ..tools.token_text import readable_tokens
 from .checking import checking
 from .head_scores import IMPORTANCE_MEANING, format_head_table
 from .imports import add_import_argument, import_modules
+from .inspect_summary import format_links, format_summary, plural
 from .paths import input_file, output_folder
 from .run_dir import run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
@@ -70,9 +81,9 @@ _MINILM = "all-MiniLM-L6-v2"
 DESCRIPTION = (
     "Run TEXT through a pretrained model (all-MiniLM-L6-v2 by default, offline) or a GPT "
     "checkpoint, capture every head's exact attention weights, score each head for documented "
-    "roles (previous/next token, self, [CLS], [SEP], punctuation, broad, rare token), print a "
-    "table of heads with their roles, a legend of the scores and the strongest token links, and "
-    "write heads.html (head view, model view, role table; opens from disk), heads.png and "
+    "roles (previous/next token, self, [CLS], [SEP], punctuation, broad, rare token), print the "
+    "strongest heads of each role and the top token links (--verbose: every head's scores, the legend "
+    "of the columns and each head's strongest links), and write heads.html (head view, model view, role table; opens from disk), heads.png and "
     "heads.json into --out. --hf DIR does the same for any local Hugging Face model folder "
     "(config.json, safetensors weights, tokenizer.json), run on multihead attention. --importance "
     "adds each head's ablation score: the loss increase when that head alone is masked (a GPT's LM "
@@ -110,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="analyse the first tokens of a text longer than the model's maximum (with a notice) instead of refusing it",
     )
     parser.add_argument("--out", default="out", metavar="DIR", help="folder for heads.html/png/json (default out)")
+    parser.add_argument(
+        "--verbose", action="store_true",
+        help="print every head's scores, the legend of the columns and each head's strongest links",
+    )  # fmt: skip
     add_import_argument(parser)
 
 
@@ -122,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             args.text, model=args.model, checkpoint=args.checkpoint, tokenizer=args.tokenizer, layer=args.layer,
             truncate=args.truncate, hf=args.hf, importance=args.importance,
         )  # fmt: skip
-    report(analyse(captured, importance=args.importance), folder, importance=args.importance)
+    report(analyse(captured, importance=args.importance), folder, importance=args.importance, verbose=args.verbose)
     return 0
 
 
@@ -391,42 +406,26 @@ def inspect_text(text: str, *, importance: bool = False, **options) -> Inspectio
     return analyse(capture_text(text, importance=importance, **options), importance=importance)
 
 
-def _label(tokens: list[str], counts: Counter, i: int) -> str:
-    """A token as the links table shows it: whitespace visible, ``word#i`` when it repeats."""
-    token = tokens[i]
-    shown = token.replace("\n", "\u21b5").replace("\t", "\u21e5")
-    if not shown.strip():
-        shown = shown.replace(" ", "\u2423") or "\u2205"
-    return f"{shown}#{i}" if counts[token] > 1 else shown
-
-
-def shown_links(found: Inspection, k: int = 3) -> list[list[Link]]:
+def shown_links(found: Inspection, k: int = 3, *, words: bool = False) -> list[list[Link]]:
     """The ``k`` strongest links of each head (in ``found.roles`` order) as the command shows them.
 
     Unlike ``HeadRoles.links`` these include special tokens ([CLS], [SEP]:
     much of a head's weight goes there) and leave out queries that may see
     one key only (a causal model's first token always gives it weight 1).
+    ``words``: only links between two different positions, neither of them a
+    special token (the summary's top links).
     """
     tokens, choice = found.record.query_tokens, found.visible.sum(dim=-1) >= 2  # (T,)
+    keep = choice[:, None] & torch.ones_like(found.visible)  # (T, S)
+    if words:
+        plain = torch.tensor([not is_special(t) for t in tokens])  # (T,)
+        keep = keep & plain[:, None] & plain[None, :] & ~torch.eye(len(tokens), dtype=torch.bool)
     out = []
     for entry in found.record.layers:  # classify_heads' order: calls, then heads
         for h in range(entry.num_heads):
-            w = entry.weights[0, h].detach().double() * choice[:, None]  # (T, S), rows without a choice zeroed
+            w = entry.weights[0, h].detach().double() * keep  # (T, S), links not shown zeroed
             out.append(strongest_links(w, tokens, tokens, k, skip_special=False))
     return out
-
-
-def _links_table(found: Inspection) -> str:
-    tokens = found.record.query_tokens
-    counts = Counter(tokens)
-    lines = ["", "strongest token links per head (query -> key: weight; word#i = the word at position i)"]
-    for r, links in zip(found.roles, shown_links(found)):
-        text = ", ".join(
-            f"{_label(tokens, counts, link.query_index)} -> {_label(tokens, counts, link.key_index)}: {link.weight:.2f}"
-            for link in links
-        )
-        lines.append(f"  L{r.layer:<2} H{r.head:<2} {text}")
-    return "\n".join(lines)
 
 
 def _title(source: str, found: Inspection) -> str:
@@ -440,10 +439,16 @@ def _title(source: str, found: Inspection) -> str:
 
 
 def report(
-    found: Inspection, folder: Path, *, importance: bool = False, echo: Callable[[str], None] = print
+    found: Inspection,
+    folder: Path,
+    *,
+    importance: bool = False,
+    verbose: bool = False,
+    echo: Callable[[str], None] = print,
 ) -> dict[str, Path]:
-    """Print roles, legend and links of ``found``; write heads.html, heads.png and heads.json into ``folder``
-    (checked by ``run`` before the model was loaded).
+    """Print the summary of ``found`` (with ``verbose``: every head's scores, the legend and each head's
+    links); write heads.html, heads.png and heads.json into ``folder`` (checked by ``run`` before the
+    model was loaded).
 
     Returns:
         {"html": ..., "png": ..., "json": ...} paths written.
@@ -451,29 +456,38 @@ def report(
     from ..tools.visualize import write_html, write_json, write_png
 
     record, roles, slots = found.record, found.roles, found.slots
+    layers = [e.layer for e in record.layers]
     if slots is not None:
-        echo(f"{record.source}: {slots.summary([e.layer for e in record.layers])} on")
+        echo(f"{record.source}: {slots.summary(layers)} on")
     else:
-        echo(f"{record.source}: {record.num_layers} layers x {record.layers[0].num_heads} heads on")
-    echo(f"  {' '.join(record.query_tokens)}")
+        which = f" (layer {layers[0]})" if len(layers) == 1 and layers[0] != 0 else ""
+        heads = plural(record.layers[0].num_heads, "head")
+        echo(f"{record.source}: {plural(record.num_layers, 'layer')}{which} x {heads} on")
+    echo(f"  {' '.join(readable_tokens(record.query_tokens))}")
     for note in found.notices:
         echo(f"notice: {note}")
     echo("")
-    if slots is None and not importance:
-        echo(format_roles(roles))
+    if not verbose:
+        echo(format_summary(roles, shown_links(found, k=8, words=True), record.query_tokens, importance=importance))
+        echo("")
+        echo("--verbose prints every head's scores, the legend of the columns and each head's strongest links")
     else:
-        echo(format_head_table(roles, importance=importance, slots=slots, layers=[e.layer for e in record.layers]))
-    echo("")
-    echo(format_legend())
-    if importance:
-        echo(f"  importance  {IMPORTANCE_MEANING}")
-    if slots is not None:
-        was = "; was: the head's index before pruning (multihead prune's report.json)" if slots.original else ""
-        echo(f"  pruned rows: heads removed from the model{was}")
-    echo(_links_table(found))
+        if slots is None and not importance:
+            echo(format_roles(roles))
+        else:
+            echo(format_head_table(roles, importance=importance, slots=slots, layers=layers))
+        echo("")
+        echo(format_legend(masses=True))
+        if importance:
+            echo(f"  importance  {IMPORTANCE_MEANING}")
+        if slots is not None:
+            was = "; was: the head's index before pruning (multihead prune's report.json)" if slots.original else ""
+            echo(f"  pruned rows: heads removed from the model{was}")
+        echo("")
+        echo(format_links(roles, shown_links(found), record.query_tokens))
     folder.mkdir(parents=True, exist_ok=True)
     title = _title(record.source, found)
-    legend = {name: {"meaning": meaning, "threshold": limit} for name, meaning, limit in role_legend()}
+    legend = {name: {"meaning": meaning, "threshold": limit} for name, meaning, limit in role_legend(masses=True)}
     if importance:
         legend["importance"] = {"meaning": IMPORTANCE_MEANING, "threshold": None}
     paths = {

@@ -580,6 +580,8 @@ def format_legend(thresholds: Mapping[str, float] | None = None, digits: int = 2
     width = max(len(name) for name, _, _ in rows)
     lines = textwrap.wrap(f"columns: {RULE}; {MARKS}", 110)
     for name, meaning, limit in rows:
+        if name == _MASSES[0]:
+            lines.append("scores not in the table (in heads.json and the page's head view):")
         if limit is None:
             rule = "no role"
         else:

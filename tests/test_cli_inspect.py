@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from multihead.cli import main
-from multihead.commands.inspect import DEFAULT_TEXT, inspect_text, shown_links
-from multihead.commands.inspect_summary import format_links
+from multihead.commands.inspect import DEFAULT_TEXT, inspect_text
+from multihead.commands.inspect_report import format_links, shown_links
 from multihead.models.checkpoint import save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
 
@@ -75,7 +75,7 @@ def test_verbose_prints_every_head_the_legend_of_its_columns_and_every_heads_lin
 
 
 def test_summary_lists_each_roles_strongest_heads_and_the_top_links(minilm_run, tmp_path):
-    from multihead.commands.inspect import report
+    from multihead.commands.inspect_report import report
     from multihead.tools.roles import ROLE_THRESHOLDS, is_special
 
     _, found = minilm_run

@@ -102,7 +102,7 @@ def test_hf_folder_weights_roles_and_importance(hf_folder, tmp_path):
     rc, stdout, err = quietly("inspect", TEXT, "--hf", str(folder), "--importance", "--out", str(out))
     assert rc == 0, err
     assert stdout.startswith(f"{kind} model {folder}: 2 layers x 4 heads")
-    assert "importance" in stdout.splitlines()[3] and "Loading weights" not in err
+    assert "most important (ablation): L" in stdout and "Loading weights" not in err
     saved = json.loads((out / "heads.json").read_text())
     ids = torch.tensor([word_tokenizer(kind == "bert").encode(TEXT).ids])  # (1, T)
     ref = eager(folder)

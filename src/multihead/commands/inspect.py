@@ -6,7 +6,7 @@ Hugging Face model folder (``hf``: config.json, weights and tokenizer.json,
 run on multihead attention through ``multihead.hf``), runs the
 text through it while capturing every head's exact weights, scores each head
 for the documented roles (``tools.roles``), prints a short summary (the
-strongest heads of each role and the top token links, ``inspect_summary``;
+strongest heads of each role and the top token links, ``inspect_report``;
 with ``verbose`` a table of every head with its roles, the legend of its
 columns and each head's strongest links), and writes three files:
 
@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -50,28 +50,17 @@ import torch
 from ..tools.capture import AttentionRecord, capture
 from ..tools.head_slots import HeadSlots
 from ..tools.objectives import encoder_importance, gpt_importance
-from ..tools.roles import (
-    HeadRoles,
-    Link,
-    classify_heads,
-    format_legend,
-    format_roles,
-    is_special,
-    role_legend,
-    strongest_links,
-)  # fmt: skip
-from ..tools.token_text import readable_tokens
+from ..tools.roles import classify_heads
 from .checking import checking
-from .head_scores import IMPORTANCE_MEANING, format_head_table
 from .imports import add_import_argument, import_modules
-from .inspect_summary import format_links, format_summary, plural
+from .inspect_report import Inspection, report
 from .paths import input_file, output_folder
 from .run_dir import run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
 __all__ = [
-    "DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Captured", "Inspection", "capture_text", "analyse", "inspect_text",
-    "shown_links", "add_arguments", "run",
+    "DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Captured", "capture_text", "analyse", "inspect_text",
+    "add_arguments", "run",
 ]  # fmt: skip
 
 DEFAULT_TEXT = "The law will never be perfect, but its application should be just."
@@ -147,31 +136,6 @@ def _check_out(out: str) -> Path:
         raise ImportError("multihead inspect draws heads.png with matplotlib, which is not installed: "
                           "pip install 'multihead[viz]'")
     return output_folder("--out", out, OUTPUT_FILES)
-
-
-@dataclass
-class Inspection:
-    """Everything ``inspect_text`` found.
-
-    Attributes:
-        record: the captured weights, with tokens and source.
-        token_ids: the ids the model read.
-        roles: one ``HeadRoles`` per recorded head.
-        visible: [T, S] bool, the keys each query was allowed to see.
-        analysed: the part of the text that was analysed.
-        total_tokens: tokens of the whole text (more than ``token_ids`` when cut).
-        notices: what the reader must know (text cut, words not understood).
-        slots: a pruned model's heads before pruning (None: nothing pruned).
-    """
-
-    record: AttentionRecord
-    token_ids: list[int]
-    roles: list[HeadRoles]
-    visible: torch.Tensor
-    analysed: str
-    total_tokens: int
-    notices: list[str] = field(default_factory=list)
-    slots: HeadSlots | None = None
 
 
 def _run_minilm(text: str, truncate: bool):
@@ -404,100 +368,3 @@ def inspect_text(text: str, *, importance: bool = False, **options) -> Inspectio
         ValueError: as ``capture_text``.
     """
     return analyse(capture_text(text, importance=importance, **options), importance=importance)
-
-
-def shown_links(found: Inspection, k: int = 3, *, words: bool = False) -> list[list[Link]]:
-    """The ``k`` strongest links of each head (in ``found.roles`` order) as the command shows them.
-
-    Unlike ``HeadRoles.links`` these include special tokens ([CLS], [SEP]:
-    much of a head's weight goes there) and leave out queries that may see
-    one key only (a causal model's first token always gives it weight 1).
-    ``words``: only links between two different positions, neither of them a
-    special token (the summary's top links).
-    """
-    tokens, choice = found.record.query_tokens, found.visible.sum(dim=-1) >= 2  # (T,)
-    keep = choice[:, None] & torch.ones_like(found.visible)  # (T, S)
-    if words:
-        plain = torch.tensor([not is_special(t) for t in tokens])  # (T,)
-        keep = keep & plain[:, None] & plain[None, :] & ~torch.eye(len(tokens), dtype=torch.bool)
-    out = []
-    for entry in found.record.layers:  # classify_heads' order: calls, then heads
-        for h in range(entry.num_heads):
-            w = entry.weights[0, h].detach().double() * keep  # (T, S), links not shown zeroed
-            out.append(strongest_links(w, tokens, tokens, k, skip_special=False))
-    return out
-
-
-def _title(source: str, found: Inspection) -> str:
-    """The page title: the model and the text it analysed (shortened in the middle when long)."""
-    text = " ".join(found.analysed.split())
-    if len(text) > 160:
-        text = f"{text[:90]} \u2026 {text[-60:]}"
-    if found.total_tokens > len(found.token_ids):
-        text += f" (first {len(found.token_ids)} of {found.total_tokens} tokens)"
-    return f"{source}: {text}"
-
-
-def report(
-    found: Inspection,
-    folder: Path,
-    *,
-    importance: bool = False,
-    verbose: bool = False,
-    echo: Callable[[str], None] = print,
-) -> dict[str, Path]:
-    """Print the summary of ``found`` (with ``verbose``: every head's scores, the legend and each head's
-    links); write heads.html, heads.png and heads.json into ``folder`` (checked by ``run`` before the
-    model was loaded).
-
-    Returns:
-        {"html": ..., "png": ..., "json": ...} paths written.
-    """
-    from ..tools.visualize import write_html, write_json, write_png
-
-    record, roles, slots = found.record, found.roles, found.slots
-    layers = [e.layer for e in record.layers]
-    if slots is not None:
-        echo(f"{record.source}: {slots.summary(layers)} on")
-    else:
-        which = f" (layer {layers[0]})" if len(layers) == 1 and layers[0] != 0 else ""
-        heads = plural(record.layers[0].num_heads, "head")
-        echo(f"{record.source}: {plural(record.num_layers, 'layer')}{which} x {heads} on")
-    echo(f"  {' '.join(readable_tokens(record.query_tokens))}")
-    for note in found.notices:
-        echo(f"notice: {note}")
-    echo("")
-    if not verbose:
-        echo(format_summary(roles, shown_links(found, k=8, words=True), record.query_tokens, importance=importance))
-        echo("")
-        echo("--verbose prints every head's scores, the legend of the columns and each head's strongest links")
-    else:
-        if slots is None and not importance:
-            echo(format_roles(roles))
-        else:
-            echo(format_head_table(roles, importance=importance, slots=slots, layers=layers))
-        echo("")
-        echo(format_legend(masses=True))
-        if importance:
-            echo(f"  importance  {IMPORTANCE_MEANING}")
-        if slots is not None:
-            was = "; was: the head's index before pruning (multihead prune's report.json)" if slots.original else ""
-            echo(f"  pruned rows: heads removed from the model{was}")
-        echo("")
-        echo(format_links(roles, shown_links(found), record.query_tokens))
-    folder.mkdir(parents=True, exist_ok=True)
-    title = _title(record.source, found)
-    legend = {name: {"meaning": meaning, "threshold": limit} for name, meaning, limit in role_legend(masses=True)}
-    if importance:
-        legend["importance"] = {"meaning": IMPORTANCE_MEANING, "threshold": None}
-    paths = {
-        "html": write_html(
-            record, folder / "heads.html", roles=roles, title=title, legend=legend, notices=found.notices, slots=slots
-        ),
-        "png": write_png(record, folder / "heads.png", roles=roles, slots=slots),
-        "json": write_json(record, folder / "heads.json", roles=roles, slots=slots),
-    }
-    echo("")
-    for kind, path in paths.items():
-        echo(f"wrote {kind:<4} {path.resolve()}")
-    return paths

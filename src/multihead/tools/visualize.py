@@ -53,13 +53,10 @@ it in the model view's cells and the PNG's titles.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import html
 import io
 import json
-import math
-import numbers
 import os
 import re
 import textwrap
@@ -69,11 +66,17 @@ from pathlib import Path
 
 import torch
 
-from .._checks import non_negative_int, positive_int
+from .._checks import positive_int
 from ..io import write_bytes_atomic
 from .capture import AttentionRecord
 from .head_slots import HeadSlots
 from .token_text import readable_tokens
+from .view_checks import check_slots as _check_slots
+from .view_checks import folder_of as _folder_of
+from .view_checks import legend_entries as _legend
+from .view_checks import match_roles as _match_roles
+from .view_checks import strings as _strings
+from .view_checks import validate as _validate
 
 __all__ = ["write_html", "write_png", "write_json"]
 
@@ -224,8 +227,9 @@ def write_png(
     with_tokens = max(T, S) <= 40 and max(rows, cols) * cell <= 24
     if not with_tokens:
         cell = 1.4 if cols <= 12 else max(0.8, 17 / cols)
+    layer_names = _layer_names(record)
     titles = {
-        (row, col): "\n".join([_cell_name(row, col, head, slots), *_cell_lines(labels_of.get((row, head), []),
+        (row, col): "\n".join([_cell_name(layer_names[row], col, head, slots), *_cell_lines(labels_of.get((row, head), []),
                                                                                 importance.get((row, head)), cell)])
         for row, heads in enumerate(grid)
         for col, head in enumerate(heads)
@@ -274,7 +278,11 @@ def write_png(
     fig.colorbar(image, cax=cax).set_label("attention weight (sqrt scale)", fontsize=8)
     cax.tick_params(labelsize=7)
     name = _plain(record.source or "attention")
-    heads = slots.summary([e.layer for e in record.layers]) if slots else f"{rows} layers x {cols} heads"
+    if slots:
+        heads = slots.summary([e.layer for e in record.layers])
+    else:
+        drawn = f"layer {record.layers[0].layer}" if rows == 1 else _plural(rows, "call" if _repeated(record) else "layer")
+        heads = f"{drawn} x {_plural(cols, 'head')}"
     fig.suptitle(f"{name}: {heads} (rows = queries, columns = keys)", fontsize=10, y=1 - 0.2 / height)
 
     buffer = io.BytesIO()
@@ -317,171 +325,37 @@ def write_json(
     return write_bytes_atomic(path, json.dumps(payload, allow_nan=False).encode("utf-8"))
 
 
-# -- checks -------------------------------------------------------------------
+# -- PNG titles -----------------------------------------------------------------
 
 
-def _folder_of(path: str | os.PathLike) -> None:
-    """Refuse ``path`` when its folder does not exist (or is not a folder), before any work."""
-    folder = Path(path).absolute().parent
-    if not folder.exists():
-        raise FileNotFoundError(f"cannot write {os.fspath(path)}: the folder {folder} does not exist")
-    if not folder.is_dir():
-        raise NotADirectoryError(f"cannot write {os.fspath(path)}: {folder} is not a folder")
+def _repeated(record: AttentionRecord) -> bool:
+    """True when a layer was called more than once (a generation loop): rows are then calls."""
+    layers = [e.layer for e in record.layers]
+    return len(set(layers)) != len(layers)
 
 
-def _validate(record: AttentionRecord, batch: int) -> tuple[AttentionRecord, tuple[list[str], list[str]]]:
-    """Batch item ``batch`` of ``record`` alone (``AttentionRecord.item``: weights [1, H, T, S],
-    its tokens, no padding) and its query and key token strings, after checking the shapes."""
-    if not isinstance(record, AttentionRecord):
-        raise TypeError(f"record must be an AttentionRecord, got {type(record).__name__}")
-    if not record.layers:
-        raise ValueError("the record is empty (no layers): run the model inside `with capture(model)` first")
-    record = record.item(non_negative_int("batch", batch))
-    first = None
-    for entry in record.layers:
-        _, H, T, S = entry.weights.shape
-        if min(H, T, S) == 0:
-            raise ValueError(f"layer {entry.layer} ({entry.name}) has an empty dimension: H={H}, T={T}, S={S}")
-        if first is None:
-            first = (entry, T, S)
-        elif (T, S) != first[1:]:
-            raise ValueError(
-                f"layer {entry.layer} ({entry.name}) has T={T}, S={S} but layer {first[0].layer} has "
-                f"T={first[1]}, S={first[2]}; the views need one token sequence (capture one forward pass)"
-            )
-    _, T, S = first
-    queries = record.query_tokens
-    keys = record.key_tokens if record.key_tokens is not None else queries
-    queries = [str(i) for i in range(T)] if queries is None else _strings("query_tokens", queries)
-    keys = [str(j) for j in range(S)] if keys is None else _strings("key_tokens", keys)
-    if len(queries) != T:
-        raise ValueError(f"query_tokens has {len(queries)} tokens but the weights have T={T} queries")
-    if len(keys) != S:
-        source = "key_tokens" if record.key_tokens is not None else "key_tokens (defaulting to query_tokens)"
-        raise ValueError(f"{source} has {len(keys)} tokens but the weights have S={S} keys")
-    return record, (queries, keys)
+def _layer_names(record: AttentionRecord) -> list[str]:
+    """Each drawn row's name: "L4" (the model's layer number), or "C2 (L0)" for the calls of a repeated layer."""
+    if _repeated(record):
+        return [f"C{row} (L{e.layer})" for row, e in enumerate(record.layers)]
+    return [f"L{e.layer}" for e in record.layers]
 
 
-def _check_slots(slots, record: AttentionRecord) -> None:
-    """``slots`` is None or a HeadSlots whose kept heads are the record's heads, layer by layer."""
-    if slots is None:
-        return
-    if not isinstance(slots, HeadSlots):
-        raise TypeError(f"slots must be a HeadSlots, got {type(slots).__name__}")
-    for entry in record.layers:
-        kept = sum(h is not None for h in slots.slots(entry.layer))
-        if kept != entry.num_heads:
-            raise ValueError(
-                f"slots keep {kept} heads in layer {entry.layer}, "
-                f"but the record's layer {entry.layer} has {entry.num_heads}"
-            )
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _cell_name(row: int, col: int, head: int | None, slots: HeadSlots | None) -> str:
+def _cell_name(layer: str, col: int, head: int | None, slots: HeadSlots | None) -> str:
     """A PNG cell's first title line: "L0 H1", "L0 H1 (was H2)", "L0 pruned (was H2)" or "L0 pruned"."""
     if head is None:
-        return f"L{row} pruned (was H{col})" if slots.original else f"L{row} pruned"
-    return f"L{row} H{head}" + (f" (was H{col})" if slots and slots.original and col != head else "")
+        return f"{layer} pruned (was H{col})" if slots.original else f"{layer} pruned"
+    return f"{layer} H{head}" + (f" (was H{col})" if slots and slots.original and col != head else "")
 
 
 def _cell_lines(labels: list[str], importance: float | None, cell: float) -> list[str]:
     """A PNG cell's role labels (wrapped to the cell) and importance score."""
     lines = textwrap.wrap(", ".join(labels), int(cell * 12))
     return lines if importance is None else [*lines, f"importance {importance:.4f}"]
-
-
-def _strings(name: str, tokens) -> list[str]:
-    if isinstance(tokens, str) or not isinstance(tokens, (list, tuple)):
-        raise TypeError(f"{name} must be a list of str, got {type(tokens).__name__}")
-    for i, token in enumerate(tokens):
-        if not isinstance(token, str):
-            raise TypeError(f"{name}[{i}] must be a str, got {token!r} ({type(token).__name__})")
-    return list(tokens)
-
-
-def _match_roles(roles, record: AttentionRecord) -> list[tuple[int, dict]]:
-    """(row in record.layers, clean role dict) for each role, in the given order."""
-    if roles is None:
-        return []
-    if isinstance(roles, (str, bytes, Mapping)) or not hasattr(roles, "__iter__"):
-        raise TypeError(f"roles must be a list of dicts (layer, head, labels, scores), got {type(roles).__name__}")
-    calls: dict[int, list[int]] = {}
-    for row, entry in enumerate(record.layers):
-        calls.setdefault(entry.layer, []).append(row)
-    seen: dict[tuple[int, int], int] = {}
-    out = []
-    for i, item in enumerate(roles):
-        role = _role_dict(i, item)
-        layer, head = role["layer"], role["head"]
-        if layer not in calls:
-            raise ValueError(f"roles[{i}] has layer={layer}, but the record's layers are {sorted(calls)}")
-        k = seen.get((layer, head), 0)
-        if k >= len(calls[layer]):
-            raise ValueError(
-                f"roles[{i}] repeats layer={layer}, head={head}: the record has {len(calls[layer])} call(s) of that layer"
-            )
-        seen[(layer, head)] = k + 1
-        row = calls[layer][k]
-        heads = record.layers[row].num_heads
-        if head >= heads:
-            raise ValueError(f"roles[{i}] has head={head}, but layer {layer} has {heads} heads")
-        out.append((row, role))
-    return out
-
-
-def _role_dict(i: int, item) -> dict:
-    """A JSON-ready {"layer", "head", "labels", "scores"} from a mapping or an object."""
-    if dataclasses.is_dataclass(item) and not isinstance(item, type):
-        item = {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
-    get = item.get if isinstance(item, Mapping) else (lambda key, default=None: getattr(item, key, default))
-    layer, head = get("layer"), get("head")
-    if layer is None or head is None:
-        raise TypeError(f"roles[{i}] needs 'layer' and 'head', got {item!r:.100}")
-    labels = get("labels") or []
-    if isinstance(labels, str):
-        labels = [labels]
-    if not all(isinstance(label, str) for label in labels):
-        raise TypeError(f"roles[{i}]['labels'] must be a list of str, got {labels!r:.100}")
-    scores = get("scores") or {}
-    if not isinstance(scores, Mapping):
-        raise TypeError(f"roles[{i}]['scores'] must be a dict of name -> number, got {type(scores).__name__}")
-    scores = {str(k): _number(f"roles[{i}]['scores'][{k!r}]", v) for k, v in scores.items()}
-    for extra, key in (("entropy", "entropy"), ("mean_distance", "distance")):  # HeadRoles fields
-        if get(extra) is not None and key not in scores:
-            scores[key] = _number(f"roles[{i}][{extra!r}]", get(extra))
-    return {
-        "layer": non_negative_int(f"roles[{i}]['layer']", layer),
-        "head": non_negative_int(f"roles[{i}]['head']", head),
-        "labels": list(labels),
-        "scores": scores,
-    }
-
-
-def _legend(legend) -> dict[str, dict] | None:
-    """{column: {"meaning": str, "threshold": float or None}} from a mapping of str or of dicts."""
-    if legend is None:
-        return None
-    if not isinstance(legend, Mapping):
-        raise TypeError(f"legend must be a dict of column -> meaning, got {type(legend).__name__}")
-    out = {}
-    for name, entry in legend.items():
-        if not isinstance(name, str):
-            raise TypeError(f"legend keys must be column names (str), got {name!r}")
-        if isinstance(entry, str):
-            entry = {"meaning": entry}
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("meaning"), str):
-            raise TypeError(f"legend[{name!r}] must be a str or a dict with a str 'meaning', got {entry!r:.100}")
-        out[name] = {"meaning": entry["meaning"], "threshold": _number(f"legend[{name!r}]['threshold']", entry.get("threshold"))}
-    return out
-
-
-def _number(name: str, value) -> float | None:
-    """A finite float, or None for None/NaN/inf (JSON has neither)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    return float(value) if math.isfinite(value) else None
 
 
 # -- output helpers -------------------------------------------------------------

@@ -140,7 +140,8 @@ def test_gpt_checkpoint_importance_is_the_lm_loss_increase(tmp_path):
     rc, stdout, err = quietly("inspect", text, "--checkpoint", str(ckpt), "--importance", "--verbose",
                               "--out", str(tmp_path / "o"))  # fmt: skip
     assert rc == 0, err
-    assert "importance  ablation" in stdout  # --verbose: the table's importance column and its legend
+    legend = stdout[stdout.index("columns: "):stdout.index("scores not in the table")]  # the table's columns
+    assert "  importance     no role  ablation: the loss increase" in legend  # --verbose: the column and its legend
     roles = json.loads((tmp_path / "o" / "heads.json").read_text())["roles"]
     model = load_checkpoint(ckpt).eval()
     ids = torch.tensor([list(text.encode())])  # (1, T)

@@ -258,12 +258,10 @@ def report(
         else:
             echo(format_head_table(roles, importance=importance, slots=slots, layers=layers))
         echo("")
-        echo(format_legend(masses=True))
-        if importance:
-            echo(f"  importance  {IMPORTANCE_MEANING}")
         if slots is not None:
             was = "; was: the head's index before pruning (multihead prune's report.json)" if slots.original else ""
-            echo(f"  pruned rows: heads removed from the model{was}")
+            echo(f"pruned rows: heads removed from the model{was}")
+        echo(format_legend(masses=True, extra=[("importance", IMPORTANCE_MEANING)] if importance else ()))
         echo("")
         echo(format_links(roles, shown_links(found), record.query_tokens))
     folder.mkdir(parents=True, exist_ok=True)

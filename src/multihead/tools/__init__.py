@@ -34,6 +34,7 @@ from .roles import (
     role_legend,
     strongest_links,
 )
+from .token_text import readable_tokens
 from .visualize import write_html, write_json, write_png
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "format_roles",
     "strongest_links",
     "write_html",
+    "readable_tokens",
     "write_png",
     "write_json",
     "attention_layers",

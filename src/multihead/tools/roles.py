@@ -571,16 +571,27 @@ RULE = (
 MARKS = f"'-' in a score column: not measurable on this input; '{NO_ROLE}' in the roles column: no role reached"
 
 
-def format_legend(thresholds: Mapping[str, float] | None = None, digits: int = 2, *, masses: bool = False) -> str:
+def format_legend(
+    thresholds: Mapping[str, float] | None = None,
+    digits: int = 2,
+    *,
+    masses: bool = False,
+    extra: Sequence[tuple[str, str]] = (),
+) -> str:
     """``role_legend`` as plain text: the rule, then one line per column, threshold first.
 
-    ``masses`` adds the ``*_mass`` scores after the table's columns.
+    ``extra`` (name, meaning) pairs are more columns of the table (such as
+    ``importance``), which give no role, after its score columns; ``masses``
+    adds the ``*_mass`` scores after them, under a line saying they are not
+    in the table.
     """
-    rows = role_legend(thresholds, masses=masses)
+    rows = [*role_legend(thresholds), *((name, meaning, None) for name, meaning in extra)]
+    if masses:
+        rows += [(name, SCORE_MEANINGS[name], None) for name in _MASSES]
     width = max(len(name) for name, _, _ in rows)
     lines = textwrap.wrap(f"columns: {RULE}; {MARKS}", 110)
     for name, meaning, limit in rows:
-        if name == _MASSES[0]:
+        if masses and name == _MASSES[0]:
             lines.append("scores not in the table (in heads.json and the page's head view):")
         if limit is None:
             rule = "no role"

@@ -10,12 +10,15 @@
 The HTML page has three parts, all drawn by the page's own script from the
 JSON embedded in it (no network, no fonts, no CDN; it works from file://)::
 
-    head view (one layer, one head)         model view (layers x heads)
-      queries        keys                      H0    H1    H2
-      <s>   ───────  <s>                   L0 [▦]   [▦]   [▦]
-      the   ──╲────  the                   L1 [▦]   [▦]   [▦]   click: open
-      cat   ───╲───  cat                                        in head view
-            (line opacity and width = weight; hover a token to follow it)
+    head view (one layer; its heads toggled,  model view (layers x heads)
+    one colour each; the page's width)          H0    H1    H2
+      queries        keys                    L0 [▦]   [▦]   [▦]
+      <s>   ───────  <s>                     L1 [▦]   [▦]   [▦]   click: open
+      the   ──╲────  the                                          in head view
+      cat   ───╲───  cat                     (cells shrink to fit the width,
+            (line opacity and width = weight;  down to 48 px; past that the
+            hover a token to follow it, click   grid scrolls and says so)
+            to pin it, Escape to let go)
 
     role table (layer, head, labels, scores), when roles are given;
     click a column header to sort by it; hover it for what it measures

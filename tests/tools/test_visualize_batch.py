@@ -119,3 +119,26 @@ def test_writing_into_a_missing_folder_names_it(tmp_path, write):
     with pytest.raises(NotADirectoryError, match="is not a folder"):
         getattr(views, f"write_{write}")(record, tmp_path / "file" / f"heads.{write}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_native_capture_records_a_key_masks_padding(tmp_path):
+    from multihead import MultiHeadAttention
+    from multihead.tools import capture
+
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(8, 2).eval()
+    keep = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])  # item 0 padded
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad(), capture(layer) as record:
+        layer(x, key_mask=keep)
+    assert torch.equal(record.attention_mask, keep)
+    record.query_tokens = [["a", "b", "c", "<pad>", "<pad>"], ["v", "w", "x", "y", "z"]]
+    data = embedded(write_html(record, tmp_path / "h.html", batch=0))
+    assert data["query_tokens"] == ["a", "b", "c"]
+    with torch.no_grad():  # the reference: item 0 alone, unpadded, through the same layer
+        alone = layer(x[:1, :3], return_weights=True)[1]  # (1, H, 3, 3)
+    got = torch.tensor(data["layers"][0]["weights"], dtype=torch.float64)
+    torch.testing.assert_close(got, alone[0].double(), atol=2e-4, rtol=0)
+    with torch.no_grad(), capture(layer) as whole:
+        layer(x)  # no padding: nothing recorded
+    assert whole.attention_mask is None

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..functional import attention
-from ..tools.capture import AttentionRecord, LayerAttention
+from ..tools.capture import AttentionRecord, LayerAttention, padding_of
 
 __all__ = ["NAME", "register", "attention_forward", "load_hf"]
 
@@ -87,15 +87,6 @@ def _weights_requested(kwargs: dict) -> bool:
 
 def _kind(H: int, G: int) -> str:
     return "mha" if G == H else ("mqa" if G == 1 else "gqa")
-
-
-def _padding(mask: torch.Tensor | None, B: int) -> torch.Tensor | None:
-    """[B, S] bool, False on the keys no query may see (padding), from a bool
-    [B or 1, H or 1, T, S] mask; None without a bool mask or without padding."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4:
-        return None
-    keys = mask.any(dim=-2).any(dim=1)  # (B or 1, S): seen by some query of some head
-    return None if bool(keys.all()) else keys.expand(B, -1).cpu().clone()
 
 
 def attention_forward(
@@ -189,7 +180,7 @@ def attention_forward(
             out = out * gate[None, :, None, None]  # (H,) -> (1, H, 1, 1)
         if scope.record is not None:
             if not scope.record.layers and scope.record.attention_mask is None:
-                scope.record.attention_mask = _padding(attention_mask, query.shape[0])
+                scope.record.attention_mask = padding_of(attention_mask, query.shape[0])
             position = scope.order.setdefault(id(module), len(scope.order))
             scope.record.layers.append(
                 LayerAttention(

@@ -12,8 +12,10 @@ one token list per item and the tokenizer's ``attention_mask``::
     record.query_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in batch["input_ids"]]
     record.attention_mask = batch["attention_mask"]     # [B, S], 1 = token, 0 = padding
 
-``multihead.hf.capture`` fills ``attention_mask`` itself from the mask the
-model used; the views and ``tools.roles`` read one item through ``item``.
+``capture`` and ``multihead.hf.capture`` fill ``attention_mask`` themselves
+from the first call's bool mask (``padding_of``: the keys no query may see,
+such as a ``key_mask``'s padding); the views and ``tools.roles`` read one
+item through ``item``.
 
 ``capture`` registers an observer (``modules.observe``) on every attention
 module inside ``model`` for the duration of the ``with`` block, so nothing is
@@ -45,7 +47,7 @@ from ..functional.masks import causal_mask
 from ..modules.base import AttentionLayer
 from ..modules.observe import AttentionEvent
 
-__all__ = ["LayerAttention", "AttentionRecord", "capture", "attention_modules"]
+__all__ = ["LayerAttention", "AttentionRecord", "capture", "attention_modules", "padding_of"]
 
 
 @dataclass
@@ -260,6 +262,15 @@ def _from_json_floats(data) -> torch.Tensor:
     return torch.tensor(fill(data), dtype=torch.float32)
 
 
+def padding_of(mask: torch.Tensor | None, B: int) -> torch.Tensor | None:
+    """[B, S] bool, False on the keys no query of an item may see (padding), from a bool
+    [B or 1, H or 1, T, S] mask; None without such a mask or without padding."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4:
+        return None
+    keys = mask.any(dim=-2).any(dim=1)  # (B or 1, S): seen by some query of some head
+    return None if bool(keys.all()) else keys.expand(B, -1).cpu().clone()
+
+
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of every observable attention module, in model order."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, AttentionLayer)]
@@ -305,6 +316,8 @@ def capture(model: nn.Module, *, scores: bool = False) -> Iterator[AttentionReco
     names = {id(m): name or type(m).__name__ for name, m in modules}
 
     def observe(module: nn.Module, event: AttentionEvent) -> None:
+        if not record.layers and record.attention_mask is None:
+            record.attention_mask = padding_of(event.attn_mask, event.weights.shape[0])
         record.layers.append(
             LayerAttention(
                 layer=index[id(module)],

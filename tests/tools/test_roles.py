@@ -356,3 +356,15 @@ def test_a_repeated_word_has_no_rare_score():
     assert role_table(roles)[1][role_table(roles)[0].index("rare")] == "-"  # "-": not measurable
     # with corpus frequencies the one word has a frequency, so the score is measured
     assert "rare" in classify_heads(make_record(UNIFORM, tokens=tokens), token_frequencies={"la": 3})[0].scores
+
+
+def test_heads_json_keeps_each_roles_chance(tmp_path):
+    import json
+
+    from multihead.tools import write_json
+
+    record = make_record(CLS, UNIFORM)
+    roles = classify_heads(record)
+    data = json.loads(write_json(record, tmp_path / "heads.json", roles=roles).read_text())
+    assert [r["chance"] for r in data["roles"]] == [r.chance for r in roles]
+    assert data["roles"][0]["chance"]["cls"] == pytest.approx(1 / T) and data["roles"][0]["chance"]["previous"] == 0.0

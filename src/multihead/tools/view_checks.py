@@ -117,7 +117,7 @@ def match_roles(roles, record: AttentionRecord) -> list[tuple[int, dict]]:
 
 
 def role_dict(i: int, item) -> dict:
-    """A JSON-ready {"layer", "head", "labels", "scores"} from a mapping or an object."""
+    """A JSON-ready {"layer", "head", "labels", "scores"} (and "chance" when given) from a mapping or an object."""
     if dataclasses.is_dataclass(item) and not isinstance(item, type):
         item = {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
     get = item.get if isinstance(item, Mapping) else (lambda key, default=None: getattr(item, key, default))
@@ -136,12 +136,18 @@ def role_dict(i: int, item) -> dict:
     for extra, key in (("entropy", "entropy"), ("mean_distance", "distance")):  # HeadRoles fields
         if get(extra) is not None and key not in scores:
             scores[key] = number(f"roles[{i}][{extra!r}]", get(extra))
-    return {
+    out = {
         "layer": non_negative_int(f"roles[{i}]['layer']", layer),
         "head": non_negative_int(f"roles[{i}]['head']", head),
         "labels": list(labels),
         "scores": scores,
     }
+    chance = get("chance") or {}  # HeadRoles: what an even head scores, the baseline a role must beat
+    if not isinstance(chance, Mapping):
+        raise TypeError(f"roles[{i}]['chance'] must be a dict of name -> number, got {type(chance).__name__}")
+    if chance:
+        out["chance"] = {str(k): number(f"roles[{i}]['chance'][{k!r}]", v) for k, v in chance.items()}
+    return out
 
 
 def legend_entries(legend) -> dict[str, dict] | None:

@@ -31,7 +31,8 @@ top of the page (a text that was cut, words the tokenizer did not know).
 ``roles`` is a plain structure so this module does not depend on the roles
 tool: a list of mappings (or objects with these attributes, such as
 ``roles.HeadRoles``) ``{"layer": 0, "head": 3, "labels": [...], "scores":
-{...}}``. ``layer`` is ``LayerAttention.layer``; when a module was called
+{...}}`` (and ``"chance"``, a HeadRoles' baselines, kept in heads.json).
+``layer`` is ``LayerAttention.layer``; when a module was called
 more than once, the k-th role for (layer, head) belongs to its k-th call.
 
 Colours in the heatmaps are sqrt(weight) on a fixed 0..1 scale, so weak

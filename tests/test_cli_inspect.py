@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from multihead.cli import main
-from multihead.commands.inspect import DEFAULT_TEXT, _links_table, inspect_text, shown_links
+from multihead.commands.inspect import DEFAULT_TEXT, inspect_text
+from multihead.commands.inspect_report import format_links, shown_links
 from multihead.models.checkpoint import save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
 
@@ -26,9 +27,9 @@ def test_default_sentence_on_minilm(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "all-MiniLM-L6-v2: 6 layers x 12 heads" in printed
     assert "[CLS] the law will never be perfect , but its application should be just . [SEP]" in printed
-    assert "layer  head  roles" in printed and "strongest token links" in printed
-    assert "columns: a head gets a role when its score is >= the threshold" in printed
-    assert "  previous  >= 0.90  share of queries whose largest weight is on the token just before them" in printed
+    assert "roles: " in printed and "top links between words" in printed and "--verbose prints" in printed
+    assert "layer  head  roles" not in printed and "strongest token links per head" not in printed  # the summary
+    assert len(printed.splitlines()) < 30
     assert "notice:" not in printed  # an English sentence of 16 tokens: nothing to say
     for name in ("heads.html", "heads.png", "heads.json"):
         assert (tmp_path / name).stat().st_size > 1000
@@ -50,6 +51,60 @@ def test_one_layer_only(tmp_path, capsys):
     assert main(["inspect", "Its application should be just.", "--layer", "2", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "heads.json").read_text())
     assert [entry["layer"] for entry in data["layers"]] == [2]
+    assert capsys.readouterr().out.startswith("all-MiniLM-L6-v2: 1 layer (layer 2) x 12 heads on\n")
+
+
+def test_verbose_prints_every_head_the_legend_of_its_columns_and_every_heads_links(tmp_path, capsys):
+    from multihead.tools.roles import NO_ROLE, SCORE_MEANINGS
+
+    assert main(["inspect", "--verbose", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    table = printed.split("\n\n")[1].splitlines()
+    assert table[0].split() == ["layer", "head", "roles", "previous", "next", "self", "cls", "sep", "punct", "broad",
+                                "rare", "entropy", "distance"]  # fmt: skip
+    assert len(table) == 1 + 72 and all(row.split()[2] != "-" for row in table[1:])  # no role is "none", not "-"
+    assert any(row.split()[2] == NO_ROLE for row in table[1:])
+    legend = printed.split("\n\n")[2]
+    assert "'-' in a score column: not measurable" in " ".join(legend.split())
+    assert f"'{NO_ROLE}' in the roles column: no role" in " ".join(legend.split())
+    for column in table[0].split()[3:]:  # every column of the table has its line, in table order
+        assert f"  {column} " in legend and SCORE_MEANINGS[column] in legend
+    assert [line.split()[0] for line in legend.splitlines() if line.startswith("  ")] == [
+        *table[0].split()[3:], "previous_mass", "next_mass", "self_mass"]  # fmt: skip
+    assert "strongest token links per head" in printed and printed.count("\n  L") >= 72
+
+
+def test_summary_lists_each_roles_strongest_heads_and_the_top_links(minilm_run, tmp_path):
+    from multihead.commands.inspect_report import report
+    from multihead.tools.roles import ROLE_THRESHOLDS, is_special
+
+    _, found = minilm_run
+    lines: list[str] = []
+    report(found, tmp_path, echo=lines.append)
+    printed = "\n".join(lines)
+    lines = printed.splitlines()
+    for role in ROLE_THRESHOLDS:
+        line = next(line for line in lines if line.startswith(f"  {role} "))
+        having = sorted((r for r in found.roles if role in r.labels), key=lambda r: -r.scores[role])
+        if having:
+            count = f"{len(having)} head" + ("s" if len(having) > 1 else "")
+            listed = ", ".join(f"L{r.layer} H{r.head} {r.scores[role]:.2f}" for r in having[:4])
+            assert f"{count}   {listed}" in line, line
+        else:
+            best = max(found.roles, key=lambda r: r.scores[role])
+            assert f"no head   closest: L{best.layer} H{best.head} {best.scores[role]:.2f}" in line, line
+    none = sum(not r.labels for r in found.roles)
+    assert f"{none} heads   (no role reached)" in printed
+    # the first top link is the largest weight of any head between two different non-special positions
+    tokens = found.record.query_tokens
+    best = max(
+        (float(entry.weights[0, h, i, j]), i, j)
+        for entry in found.record.layers for h in range(entry.num_heads)
+        for i in range(len(tokens)) for j in range(len(tokens))
+        if i != j and not is_special(tokens[i]) and not is_special(tokens[j])
+    )  # fmt: skip
+    first = lines[lines.index(next(x for x in lines if x.startswith("top links"))) + 1]
+    assert first.split()[3] == f"{best[0]:.2f}" and first.split()[:3] == [tokens[best[1]], "->", tokens[best[2]]]
 
 
 def test_gpt_checkpoint(tmp_path, capsys):
@@ -180,7 +235,30 @@ def test_links_show_special_tokens_and_number_repeated_words(minilm_run):
     for (entry, h), got in zip(heads[::7], links[::7]):  # every 7th head: 11 of 72
         want = brute_force_links(entry.weights[0, h].double(), visible)
         assert [(link.query_index, link.key_index, link.weight) for link in got] == want
-    table = _links_table(found)
+    table = format_links(found.roles, links, tokens)
     assert tokens.count("be") == 2 and tokens.count("the") == 1
     assert re.search(r"\bbe\b(?!#)", table) is None  # "be" occurs twice: always with its position
     assert re.search(r"\bbe#(5|12)\b", table) and "the#" not in table
+
+
+@pytest.mark.parametrize("text", ["la " * 20, "buffalo " * 8])
+def test_a_repeated_word_is_not_a_rare_word(text, tmp_path, capsys):
+    assert main(["inspect", text, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    rare = next(line for line in printed.splitlines() if line.startswith("  rare "))
+    assert rare.split()[3:] == ["-", "not", "measurable", "on", "this", "input"], rare
+    roles = json.loads((tmp_path / "heads.json").read_text())["roles"]
+    assert len(roles) == 72 and not any("rare" in r["labels"] or "rare" in r["scores"] for r in roles)
+
+
+def test_a_rare_role_beats_the_share_of_its_word_by_the_margin():
+    from multihead.tools.roles import ROLE_MARGIN, ROLE_THRESHOLDS
+
+    found = inspect_text("la la la la la la la la la la la la ole la la la la la")
+    tokens = found.record.query_tokens
+    share = sum(t == "ole" for t in tokens) / len(tokens)  # an even head's weight on the rare word (all keys visible)
+    for r in found.roles:
+        rare = r.scores["rare"]
+        wanted = rare >= ROLE_THRESHOLDS["rare"] and rare - share >= ROLE_MARGIN
+        assert ("rare" in r.labels) == wanted, (r.layer, r.head, rare)
+        assert r.chance["rare"] == pytest.approx(share)

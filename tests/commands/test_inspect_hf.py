@@ -102,7 +102,7 @@ def test_hf_folder_weights_roles_and_importance(hf_folder, tmp_path):
     rc, stdout, err = quietly("inspect", TEXT, "--hf", str(folder), "--importance", "--out", str(out))
     assert rc == 0, err
     assert stdout.startswith(f"{kind} model {folder}: 2 layers x 4 heads")
-    assert "importance" in stdout.splitlines()[3] and "Loading weights" not in err
+    assert "most important (ablation): L" in stdout and "Loading weights" not in err
     saved = json.loads((out / "heads.json").read_text())
     ids = torch.tensor([word_tokenizer(kind == "bert").encode(TEXT).ids])  # (1, T)
     ref = eager(folder)
@@ -136,7 +136,12 @@ def test_gpt_checkpoint_importance_is_the_lm_loss_increase(tmp_path):
     text = "To be, or not"
     rc, stdout, err = quietly("inspect", text, "--checkpoint", str(ckpt), "--importance", "--out", str(tmp_path / "o"))
     assert rc == 0, err
-    assert "importance  ablation" in stdout
+    assert "most important (ablation): L" in stdout and "importance  ablation" not in stdout  # the summary
+    rc, stdout, err = quietly("inspect", text, "--checkpoint", str(ckpt), "--importance", "--verbose",
+                              "--out", str(tmp_path / "o"))  # fmt: skip
+    assert rc == 0, err
+    legend = stdout[stdout.index("columns: "):stdout.index("scores not in the table")]  # the table's columns
+    assert "  importance     no role  ablation: the loss increase" in legend  # --verbose: the column and its legend
     roles = json.loads((tmp_path / "o" / "heads.json").read_text())["roles"]
     model = load_checkpoint(ckpt).eval()
     ids = torch.tensor([list(text.encode())])  # (1, T)

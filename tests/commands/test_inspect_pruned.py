@@ -36,7 +36,7 @@ def pruned(tmp_path_factory) -> Path:
 
 
 def inspected(checkpoint: Path, out: Path, *flags: str) -> tuple[str, dict, str]:
-    rc, stdout, err = quietly("inspect", PROMPT, "--checkpoint", str(checkpoint), *flags, "--out", str(out))
+    rc, stdout, err = quietly("inspect", PROMPT, "--checkpoint", str(checkpoint), *flags, "--verbose", "--out", str(out))
     assert rc == 0, err
     return stdout, json.loads((out / "heads.json").read_text()), (out / "heads.html").read_text()
 

@@ -11,6 +11,7 @@ from multihead import MultiHeadAttention
 from multihead.functional.masks import causal_mask
 from multihead.tools.capture import AttentionRecord, LayerAttention, capture
 from multihead.tools.roles import (
+    ROLE_MARGIN,
     ROLE_THRESHOLDS,
     HeadRoles,
     classify_heads,
@@ -154,7 +155,9 @@ def test_thresholds_override_defaults():
     record = make_record(CLS, UNIFORM)
     cls, uniform = classify_heads(record, thresholds={"broad": 1.1, "self": 0.1})
     assert uniform.labels == []
-    assert cls.labels == ["self", "cls"]  # self = 1/6 (row 0) now passes; labels follow ROLE_THRESHOLDS order
+    assert cls.labels == ["cls"]  # self = 1/6 (row 0) reaches 0.1 but does not beat chance (0) by the margin
+    cls, uniform = classify_heads(record, thresholds={"broad": 1.1, "self": 0.1}, margin=0.0)
+    assert cls.labels == ["self", "cls"]  # without a margin it passes; labels follow ROLE_THRESHOLDS order
     cls, _ = classify_heads(record, thresholds={"cls": math.inf})
     assert cls.labels == []
     assert ROLE_THRESHOLDS["cls"] == 0.5  # the defaults are not modified
@@ -322,3 +325,46 @@ def test_random_multihead_attention_runs_without_nan(causal):
             assert {"previous", "self", "cls", "sep", "punct", "rare", "broad"} <= set(r.scores)
             assert ("next" in r.scores) is not causal
     assert format_roles(roles).count("\n") == 4
+
+
+def test_a_role_needs_its_score_to_beat_chance_by_the_margin():
+    """A text that is mostly one word: an even head already puts most of its weight on it."""
+    tokens = ["[CLS]", "la", "la", "la", "la", "ole", "la", "[SEP]"]  # "ole" is the rare word
+    n = len(tokens)
+    on_la = torch.zeros(n, n, dtype=torch.float64)
+    on_la[:, [1, 2, 3, 4, 6]] = 0.2  # all weight on "la": punct/rare 0, but a lot on one word
+    on_ole = one_hot_columns([5] * n, n)
+    even = torch.full((n, n), 1.0 / n, dtype=torch.float64)
+    roles = classify_heads(make_record(on_la, on_ole, even, tokens=tokens), thresholds={"rare": 0.1, "broad": 2.0})
+    assert roles[2].chance["rare"] == pytest.approx(1 / n) and roles[2].scores["rare"] == pytest.approx(1 / n)
+    assert roles[1].labels == ["rare"] and roles[2].labels == []  # 1 - 1/8 beats chance; 1/8 does not
+    assert roles[0].chance["previous"] == 0.0 and roles[0].chance["cls"] == pytest.approx(1 / n)
+    # "la" rare by a corpus frequency: it fills five of eight keys, so chance is 5/8
+    roles = classify_heads(make_record(on_la, even, tokens=tokens), token_frequencies={"la": 1, "ole": 100})
+    assert roles[0].scores["rare"] == pytest.approx(1.0) and roles[0].chance["rare"] == pytest.approx(5 / n)
+    assert roles[1].scores["rare"] == pytest.approx(5 / n) and "rare" not in roles[1].labels  # 0.625 >= 0.5, at chance
+    assert "rare" in roles[0].labels  # beats chance by 0.375 >= ROLE_MARGIN
+    assert ROLE_MARGIN == 0.25
+    roles = classify_heads(make_record(on_la, tokens=tokens), token_frequencies={"la": 1, "ole": 100}, margin=0.5)
+    assert "rare" not in roles[0].labels
+
+
+def test_a_repeated_word_has_no_rare_score():
+    tokens = ["[CLS]", "la", "la", "la", ".", "[SEP]"]
+    roles = classify_heads(make_record(one_hot_columns([1] * 6), tokens=tokens))
+    assert "rare" not in roles[0].scores and "rare" not in roles[0].labels
+    assert role_table(roles)[1][role_table(roles)[0].index("rare")] == "-"  # "-": not measurable
+    # with corpus frequencies the one word has a frequency, so the score is measured
+    assert "rare" in classify_heads(make_record(UNIFORM, tokens=tokens), token_frequencies={"la": 3})[0].scores
+
+
+def test_heads_json_keeps_each_roles_chance(tmp_path):
+    import json
+
+    from multihead.tools import write_json
+
+    record = make_record(CLS, UNIFORM)
+    roles = classify_heads(record)
+    data = json.loads(write_json(record, tmp_path / "heads.json", roles=roles).read_text())
+    assert [r["chance"] for r in data["roles"]] == [r.chance for r in roles]
+    assert data["roles"][0]["chance"]["cls"] == pytest.approx(1 / T) and data["roles"][0]["chance"]["previous"] == 0.0

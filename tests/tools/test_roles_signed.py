@@ -16,6 +16,7 @@ from multihead.tools.capture import AttentionRecord, LayerAttention, capture
 from multihead.tools.roles import classify_heads, strongest_links
 
 TOKENS = ["[CLS]", "dog", ",", "[SEP]"]
+FREQ = {"dog": 1}  # one word: rare is measured only with a corpus frequency for it
 
 # Causal rows that sum to 1 (as DCMHA's composed rows may) with negative entries.
 SIGNED = [
@@ -56,7 +57,7 @@ def expected_scores(rows_of_w: list[list[float]], visible: list[list[bool]]) -> 
 
 
 def test_signed_rows_are_scored_by_magnitude_and_stay_in_range():
-    (roles,) = classify_heads(record_of(SIGNED))
+    (roles,) = classify_heads(record_of(SIGNED), token_frequencies=FREQ)
     visible = [[x != 0 for x in row] for row in SIGNED]  # no mask: non-zero entries of the only head
     want = expected_scores(SIGNED, visible)
     got = dict(roles.scores, entropy=roles.entropy, distance=roles.mean_distance)
@@ -73,8 +74,8 @@ def test_signed_rows_are_scored_by_magnitude_and_stay_in_range():
 
 def test_a_sign_flip_changes_no_score():
     flipped = [[-x if (i + j) % 2 else x for j, x in enumerate(row)] for i, row in enumerate(SIGNED)]
-    (a,) = classify_heads(record_of(SIGNED))
-    (b,) = classify_heads(record_of(flipped))
+    (a,) = classify_heads(record_of(SIGNED), token_frequencies=FREQ)
+    (b,) = classify_heads(record_of(flipped), token_frequencies=FREQ)
     assert b.scores.keys() == a.scores.keys()
     for name in a.scores:
         assert b.scores[name] == pytest.approx(a.scores[name], rel=1e-12, abs=1e-12), name

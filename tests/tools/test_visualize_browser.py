@@ -181,7 +181,8 @@ def test_page_without_roles_and_uneven_heads(browser, tmp_path):
         assert view.page.locator("#roles").is_hidden()
         view.page.click('.mv-cell[data-layer="1"][data-head="3"]')
         assert view.selection()[:2] == (1, 3)
-        assert view.page.locator("#hv-head option").count() == 4
+        assert view.page.locator("#hv-head option").count() == 4 + 2  # each head, "All heads", "Chosen heads"
+        assert view.page.locator("#hv-heads .hv-head-toggle").count() == 4  # one colour toggle per head
         view.assert_clean()
     finally:
         view.page.close()
@@ -289,7 +290,7 @@ def _contrast(a, b):
 SHADED = """async () => {
   const rgb = (s) => s.match(/[\\d.]+/g).map(Number);
   const found = [];
-  const heads = document.querySelectorAll('#hv-head option').length;
+  const heads = document.querySelectorAll('#hv-heads .hv-head-toggle').length;
   for (let h = 0; h < heads; h++) {
     const box = document.getElementById('hv-head');
     box.value = String(h);
@@ -361,7 +362,8 @@ OVERFLOW = """() => {
 
 
 def test_nothing_overflows_a_900px_window_outside_a_scroll_container(browser, tmp_path):
-    """MiniLM's shape (6 layers x 12 heads), long tokens, a long title and notice, at 900 px."""
+    """MiniLM's shape (6 layers x 12 heads), long tokens, a long title and notice, at 900 px:
+    all 12 heads of a layer fit the model view, none is cut off."""
     tokens = ["[CLS]", "Pneumonoultramicroscopicsilicovolcanoconiosis" * 2, *"abcdefghijklm", "[SEP]"]
     g = torch.Generator().manual_seed(0)
     from multihead.tools import AttentionRecord, LayerAttention
@@ -382,10 +384,13 @@ def test_nothing_overflows_a_900px_window_outside_a_scroll_container(browser, tm
         page.wait_for_selector("body[data-ready='true']", timeout=5000)
         found = page.evaluate(OVERFLOW)
         assert found["bad"] == [] and found["page"] <= found["width"] == 900, found
-        assert found["grid"][0] > found["grid"][1]  # 12 heads do not fit: the model view scrolls
-        page.eval_on_selector("#mv-grid", "g => { g.scrollLeft = g.scrollWidth; }")
-        last = page.locator('.mv-cell[data-layer="5"][data-head="11"]')
-        last.click()  # reachable by scrolling, and it opens its head
+        assert found["grid"][0] <= found["grid"][1], found  # the 12 heads fit: nothing to scroll to
+        grid = page.locator("#mv-grid").bounding_box()
+        for cell in page.locator('.mv-cell[data-layer="5"]').all():
+            box = cell.bounding_box()
+            assert grid["x"] <= box["x"] and box["x"] + box["width"] <= grid["x"] + grid["width"] + 0.5, box
+        assert page.locator("#mv-scroll").is_hidden()
+        page.locator('.mv-cell[data-layer="5"][data-head="11"]').click()  # the last head, in view, opens
         assert page.get_attribute("#head-view", "data-head") == "11"
     finally:
         page.close()

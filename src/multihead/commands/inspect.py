@@ -5,9 +5,10 @@ run directory of ``multihead train``, with its own tokenizer) or any local
 Hugging Face model folder (``hf``: config.json, weights and tokenizer.json,
 run on multihead attention through ``multihead.hf``), runs the
 text through it while capturing every head's exact weights, scores each head
-for the documented roles (``tools.roles``), prints a table of heads with
-their roles, a legend of the scores and the strongest token links, and
-writes three files:
+for the documented roles (``tools.roles``), prints a short summary (the
+strongest heads of each role and the top token links, ``inspect_report``;
+with ``verbose`` a table of every head with its roles, the legend of its
+columns and each head's strongest links), and writes three files:
 
     heads.html   head view, model view and role table (one self-contained page)
     heads.png    layers x heads grid of heatmaps
@@ -39,9 +40,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -50,17 +50,17 @@ import torch
 from ..tools.capture import AttentionRecord, capture
 from ..tools.head_slots import HeadSlots
 from ..tools.objectives import encoder_importance, gpt_importance
-from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format_roles, role_legend, strongest_links
+from ..tools.roles import classify_heads
 from .checking import checking
-from .head_scores import IMPORTANCE_MEANING, format_head_table
 from .imports import add_import_argument, import_modules
+from .inspect_report import Inspection, report
 from .paths import input_file, output_folder
 from .run_dir import run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
 __all__ = [
-    "DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Captured", "Inspection", "capture_text", "analyse", "inspect_text",
-    "shown_links", "add_arguments", "run",
+    "DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Captured", "capture_text", "analyse", "inspect_text",
+    "add_arguments", "run",
 ]  # fmt: skip
 
 DEFAULT_TEXT = "The law will never be perfect, but its application should be just."
@@ -70,9 +70,9 @@ _MINILM = "all-MiniLM-L6-v2"
 DESCRIPTION = (
     "Run TEXT through a pretrained model (all-MiniLM-L6-v2 by default, offline) or a GPT "
     "checkpoint, capture every head's exact attention weights, score each head for documented "
-    "roles (previous/next token, self, [CLS], [SEP], punctuation, broad, rare token), print a "
-    "table of heads with their roles, a legend of the scores and the strongest token links, and "
-    "write heads.html (head view, model view, role table; opens from disk), heads.png and "
+    "roles (previous/next token, self, [CLS], [SEP], punctuation, broad, rare token), print the "
+    "strongest heads of each role and the top token links (--verbose: every head's scores, the legend "
+    "of the columns and each head's strongest links), and write heads.html (head view, model view, role table; opens from disk), heads.png and "
     "heads.json into --out. --hf DIR does the same for any local Hugging Face model folder "
     "(config.json, safetensors weights, tokenizer.json), run on multihead attention. --importance "
     "adds each head's ablation score: the loss increase when that head alone is masked (a GPT's LM "
@@ -110,6 +110,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="analyse the first tokens of a text longer than the model's maximum (with a notice) instead of refusing it",
     )
     parser.add_argument("--out", default="out", metavar="DIR", help="folder for heads.html/png/json (default out)")
+    parser.add_argument(
+        "--verbose", action="store_true",
+        help="print every head's scores, the legend of the columns and each head's strongest links",
+    )  # fmt: skip
     add_import_argument(parser)
 
 
@@ -122,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             args.text, model=args.model, checkpoint=args.checkpoint, tokenizer=args.tokenizer, layer=args.layer,
             truncate=args.truncate, hf=args.hf, importance=args.importance,
         )  # fmt: skip
-    report(analyse(captured, importance=args.importance), folder, importance=args.importance)
+    report(analyse(captured, importance=args.importance), folder, importance=args.importance, verbose=args.verbose)
     return 0
 
 
@@ -132,31 +136,6 @@ def _check_out(out: str) -> Path:
         raise ImportError("multihead inspect draws heads.png with matplotlib, which is not installed: "
                           "pip install 'multihead[viz]'")
     return output_folder("--out", out, OUTPUT_FILES)
-
-
-@dataclass
-class Inspection:
-    """Everything ``inspect_text`` found.
-
-    Attributes:
-        record: the captured weights, with tokens and source.
-        token_ids: the ids the model read.
-        roles: one ``HeadRoles`` per recorded head.
-        visible: [T, S] bool, the keys each query was allowed to see.
-        analysed: the part of the text that was analysed.
-        total_tokens: tokens of the whole text (more than ``token_ids`` when cut).
-        notices: what the reader must know (text cut, words not understood).
-        slots: a pruned model's heads before pruning (None: nothing pruned).
-    """
-
-    record: AttentionRecord
-    token_ids: list[int]
-    roles: list[HeadRoles]
-    visible: torch.Tensor
-    analysed: str
-    total_tokens: int
-    notices: list[str] = field(default_factory=list)
-    slots: HeadSlots | None = None
 
 
 def _run_minilm(text: str, truncate: bool):
@@ -389,101 +368,3 @@ def inspect_text(text: str, *, importance: bool = False, **options) -> Inspectio
         ValueError: as ``capture_text``.
     """
     return analyse(capture_text(text, importance=importance, **options), importance=importance)
-
-
-def _label(tokens: list[str], counts: Counter, i: int) -> str:
-    """A token as the links table shows it: whitespace visible, ``word#i`` when it repeats."""
-    token = tokens[i]
-    shown = token.replace("\n", "\u21b5").replace("\t", "\u21e5")
-    if not shown.strip():
-        shown = shown.replace(" ", "\u2423") or "\u2205"
-    return f"{shown}#{i}" if counts[token] > 1 else shown
-
-
-def shown_links(found: Inspection, k: int = 3) -> list[list[Link]]:
-    """The ``k`` strongest links of each head (in ``found.roles`` order) as the command shows them.
-
-    Unlike ``HeadRoles.links`` these include special tokens ([CLS], [SEP]:
-    much of a head's weight goes there) and leave out queries that may see
-    one key only (a causal model's first token always gives it weight 1).
-    """
-    tokens, choice = found.record.query_tokens, found.visible.sum(dim=-1) >= 2  # (T,)
-    out = []
-    for entry in found.record.layers:  # classify_heads' order: calls, then heads
-        for h in range(entry.num_heads):
-            w = entry.weights[0, h].detach().double() * choice[:, None]  # (T, S), rows without a choice zeroed
-            out.append(strongest_links(w, tokens, tokens, k, skip_special=False))
-    return out
-
-
-def _links_table(found: Inspection) -> str:
-    tokens = found.record.query_tokens
-    counts = Counter(tokens)
-    lines = ["", "strongest token links per head (query -> key: weight; word#i = the word at position i)"]
-    for r, links in zip(found.roles, shown_links(found)):
-        text = ", ".join(
-            f"{_label(tokens, counts, link.query_index)} -> {_label(tokens, counts, link.key_index)}: {link.weight:.2f}"
-            for link in links
-        )
-        lines.append(f"  L{r.layer:<2} H{r.head:<2} {text}")
-    return "\n".join(lines)
-
-
-def _title(source: str, found: Inspection) -> str:
-    """The page title: the model and the text it analysed (shortened in the middle when long)."""
-    text = " ".join(found.analysed.split())
-    if len(text) > 160:
-        text = f"{text[:90]} \u2026 {text[-60:]}"
-    if found.total_tokens > len(found.token_ids):
-        text += f" (first {len(found.token_ids)} of {found.total_tokens} tokens)"
-    return f"{source}: {text}"
-
-
-def report(
-    found: Inspection, folder: Path, *, importance: bool = False, echo: Callable[[str], None] = print
-) -> dict[str, Path]:
-    """Print roles, legend and links of ``found``; write heads.html, heads.png and heads.json into ``folder``
-    (checked by ``run`` before the model was loaded).
-
-    Returns:
-        {"html": ..., "png": ..., "json": ...} paths written.
-    """
-    from ..tools.visualize import write_html, write_json, write_png
-
-    record, roles, slots = found.record, found.roles, found.slots
-    if slots is not None:
-        echo(f"{record.source}: {slots.summary([e.layer for e in record.layers])} on")
-    else:
-        echo(f"{record.source}: {record.num_layers} layers x {record.layers[0].num_heads} heads on")
-    echo(f"  {' '.join(record.query_tokens)}")
-    for note in found.notices:
-        echo(f"notice: {note}")
-    echo("")
-    if slots is None and not importance:
-        echo(format_roles(roles))
-    else:
-        echo(format_head_table(roles, importance=importance, slots=slots, layers=[e.layer for e in record.layers]))
-    echo("")
-    echo(format_legend())
-    if importance:
-        echo(f"  importance  {IMPORTANCE_MEANING}")
-    if slots is not None:
-        was = "; was: the head's index before pruning (multihead prune's report.json)" if slots.original else ""
-        echo(f"  pruned rows: heads removed from the model{was}")
-    echo(_links_table(found))
-    folder.mkdir(parents=True, exist_ok=True)
-    title = _title(record.source, found)
-    legend = {name: {"meaning": meaning, "threshold": limit} for name, meaning, limit in role_legend()}
-    if importance:
-        legend["importance"] = {"meaning": IMPORTANCE_MEANING, "threshold": None}
-    paths = {
-        "html": write_html(
-            record, folder / "heads.html", roles=roles, title=title, legend=legend, notices=found.notices, slots=slots
-        ),
-        "png": write_png(record, folder / "heads.png", roles=roles, slots=slots),
-        "json": write_json(record, folder / "heads.json", roles=roles, slots=slots),
-    }
-    echo("")
-    for kind, path in paths.items():
-        echo(f"wrote {kind:<4} {path.resolve()}")
-    return paths

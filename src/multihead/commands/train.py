@@ -249,7 +249,7 @@ def resume_values(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def summary(result, config) -> list[str]:
-    """The lines printed after training: run dir, final validation loss, speed, what to try next."""
+    """The lines printed after training: run dir, final validation loss, speed (when a step was timed), what to try next."""
     run_dir = str(result.run_dir)
     loss = float(result.val_loss)
     lines = [f"run: {run_dir}"]
@@ -259,7 +259,8 @@ def summary(result, config) -> list[str]:
         )
     else:
         lines.append(f"final val loss: {loss:.4f} nats/token (step {result.steps})")
-    lines.append(f"speed: {result.tokens_per_s:,.0f} tokens/s (training steps, all processes)")
+    if result.tokens_per_s > 0:  # 0: no step was timed in this call (a resumed run that was already done)
+        lines.append(f"speed: {result.tokens_per_s:,.0f} tokens/s (training steps, all processes)")
     lines.append(f"try: multihead generate --checkpoint {shlex.quote(run_dir)} {shlex.quote(TRY_PROMPT)}")
     return lines
 

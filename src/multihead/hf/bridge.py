@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..functional import attention
-from ..tools.capture import AttentionRecord, LayerAttention
+from ..tools.capture import AttentionRecord, LayerAttention, padding_of
 
 __all__ = ["NAME", "register", "attention_forward", "load_hf"]
 
@@ -179,6 +179,8 @@ def attention_forward(
             gate = scope.gates[layer].to(out.dtype)
             out = out * gate[None, :, None, None]  # (H,) -> (1, H, 1, 1)
         if scope.record is not None:
+            if not scope.record.layers and scope.record.attention_mask is None:
+                scope.record.attention_mask = padding_of(attention_mask, query.shape[0])
             position = scope.order.setdefault(id(module), len(scope.order))
             scope.record.layers.append(
                 LayerAttention(

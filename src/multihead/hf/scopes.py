@@ -43,7 +43,11 @@ def capture(model: nn.Module) -> Iterator[AttentionRecord]:
     Entries come in call order; ``layer`` numbers the attention modules in
     the order they were first called (the model's layer order for
     ordinary models), ``name`` is the module's path. The record is the one
-    ``multihead.tools`` reads, so the head explorer runs on it.
+    ``multihead.tools`` reads, so the head explorer runs on it. Its
+    ``attention_mask`` [B, S] is the padding of a padded batch (the keys the
+    first call's mask hides from every query; None without padding), so the
+    views show each item without it once ``query_tokens`` holds one token
+    list per item.
 
     Args:
         model: a transformers model running ``attn_implementation="multihead"``.

@@ -24,6 +24,7 @@ from .objectives import (
 from .prune import prune_closed_heads, prune_heads
 from .recovery import recover
 from .roles import (
+    ROLE_MARGIN,
     ROLE_THRESHOLDS,
     SCORE_MEANINGS,
     HeadRoles,
@@ -33,6 +34,7 @@ from .roles import (
     role_legend,
     strongest_links,
 )
+from .token_text import readable_tokens
 from .visualize import write_html, write_json, write_png
 
 __all__ = [
@@ -43,12 +45,14 @@ __all__ = [
     "classify_heads",
     "HeadRoles",
     "ROLE_THRESHOLDS",
+    "ROLE_MARGIN",
     "SCORE_MEANINGS",
     "role_legend",
     "format_legend",
     "format_roles",
     "strongest_links",
     "write_html",
+    "readable_tokens",
     "write_png",
     "write_json",
     "attention_layers",

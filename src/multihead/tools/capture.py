@@ -4,6 +4,18 @@
         model(input_ids)
     record.layers[0].weights        # [B, H, T, S]
     record.head(layer=2, head=5)    # [T, S] for batch item 0
+    one = record.item(1)            # batch item 1 alone: its tokens, padding left out
+
+A padded batch of different texts (a Hugging Face tokenizer's output) needs
+one token list per item and the tokenizer's ``attention_mask``::
+
+    record.query_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in batch["input_ids"]]
+    record.attention_mask = batch["attention_mask"]     # [B, S], 1 = token, 0 = padding
+
+``capture`` and ``multihead.hf.capture`` fill ``attention_mask`` themselves
+from the first call's bool mask (``padding_of``: the keys no query may see,
+such as a ``key_mask``'s padding); the views and ``tools.roles`` read one
+item through ``item``.
 
 ``capture`` registers an observer (``modules.observe``) on every attention
 module inside ``model`` for the duration of the ``with`` block, so nothing is
@@ -30,11 +42,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .._checks import non_negative_int
 from ..functional.masks import causal_mask
 from ..modules.base import AttentionLayer
 from ..modules.observe import AttentionEvent
 
-__all__ = ["LayerAttention", "AttentionRecord", "capture", "attention_modules"]
+__all__ = ["LayerAttention", "AttentionRecord", "capture", "attention_modules", "padding_of"]
 
 
 @dataclass
@@ -66,15 +79,20 @@ class AttentionRecord:
 
     Attributes:
         layers: one entry per attention call, in call order.
-        query_tokens: token strings along T (batch item 0), if known.
-        key_tokens: token strings along S; defaults to ``query_tokens``.
+        query_tokens: token strings along T, if known: one list shared by
+            every batch item, or one list per item (a batch of different texts).
+        key_tokens: token strings along S, likewise; defaults to ``query_tokens``.
         source: a free-form description of the model.
+        attention_mask: [B, S] (bool or 0/1), True/1 = a real token, False/0 =
+            padding; ``item`` leaves padded keys out, and padded queries too
+            where T == S (self-attention). None: no padding.
     """
 
     layers: list[LayerAttention] = field(default_factory=list)
-    query_tokens: list[str] | None = None
-    key_tokens: list[str] | None = None
+    query_tokens: list[str] | list[list[str]] | None = None
+    key_tokens: list[str] | list[list[str]] | None = None
     source: str = ""
+    attention_mask: torch.Tensor | None = None
 
     @property
     def num_layers(self) -> int:
@@ -95,22 +113,92 @@ class AttentionRecord:
             raise IndexError(f"batch {batch} out of range [0, {w.shape[0]})")
         return w[batch, head]
 
+    def item(self, batch: int = 0) -> AttentionRecord:
+        """Batch item ``batch`` alone: weights [1, H, T', S'] without its padding, its own tokens.
+
+        Raises:
+            ValueError: weights that are not [B, H, T, S], ``batch`` out of
+                range, an ``attention_mask`` that is not [B, S], per-item token
+                lists of the wrong count or length, or one token list for items
+                whose padding differs.
+            TypeError: ``batch`` not an int.
+        """
+        batch = non_negative_int("batch", batch)
+        for entry in self.layers:
+            if entry.weights.dim() != 4:
+                raise ValueError(
+                    f"layer {entry.layer} ({entry.name}): weights must be [B, H, T, S], got {tuple(entry.weights.shape)}"
+                )
+            if batch >= entry.weights.shape[0]:
+                raise ValueError(f"batch={batch} out of range for layer {entry.layer} with B={entry.weights.shape[0]}")
+        keep = self._kept(batch)  # (S,) bool or None
+        layers = []
+        for entry in self.layers:
+            T, S = entry.weights.shape[-2:]
+            k = keep if keep is not None else torch.ones(S, dtype=torch.bool)
+            q = k if T == S else torch.ones(T, dtype=torch.bool)
+            weights = entry.weights[batch : batch + 1][:, :, q][:, :, :, k]  # (1, H, T', S')
+            scores = None if entry.scores is None else entry.scores[batch : batch + 1][:, :, q][:, :, :, k]
+            layers.append(LayerAttention(entry.layer, entry.name, entry.kind, weights, scores))
+        square = all(e.weights.shape[-2] == e.weights.shape[-1] for e in self.layers)
+        queries = self._tokens("query_tokens", self.query_tokens, batch, keep if square else None)
+        keys = None if self.key_tokens is None else self._tokens("key_tokens", self.key_tokens, batch, keep)
+        return AttentionRecord(layers, queries, keys, self.source)
+
+    def _kept(self, batch: int) -> torch.Tensor | None:
+        """(S,) bool: the real tokens of item ``batch`` by ``attention_mask``; None without one."""
+        mask = self.attention_mask
+        if mask is None:
+            return None
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            raise ValueError(f"attention_mask must be a [B, S] tensor, got {getattr(mask, 'shape', type(mask).__name__)}")
+        B, S = (self.layers[0].weights.shape[0], self.layers[0].weights.shape[-1]) if self.layers else mask.shape
+        if tuple(mask.shape) != (B, S) or any(e.weights.shape[-1] != S for e in self.layers):
+            raise ValueError(
+                f"attention_mask is {list(mask.shape)} but the weights have B={B} and key lengths "
+                f"{sorted({e.weights.shape[-1] for e in self.layers})}: it must be [B, S]"
+            )
+        keep = mask[batch].detach().cpu() != 0
+        if not bool(keep.any()):
+            raise ValueError(f"attention_mask hides every token of batch item {batch}")
+        flat = self.query_tokens is not None and not _nested(self.query_tokens)
+        if flat and B > 1 and not bool((mask.detach().cpu() != 0).eq(keep).all()):
+            raise ValueError(
+                f"query_tokens is one token list for {B} batch items whose padding differs (attention_mask): "
+                "give one list per item, record.query_tokens = [tokens of item 0, tokens of item 1, ...]"
+            )
+        return keep
+
+    def _tokens(self, name: str, tokens: list, batch: int, keep: torch.Tensor | None) -> list | None:
+        """The token strings of item ``batch``, padding left out (``keep``) when they include it."""
+        if tokens is None:
+            return None
+        if _nested(tokens):
+            B = self.layers[0].weights.shape[0] if self.layers else len(tokens)
+            if len(tokens) != B:
+                raise ValueError(f"{name} has {len(tokens)} token lists but the weights have B={B} batch items")
+            tokens = tokens[batch]
+        if keep is not None and len(tokens) == len(keep) and not bool(keep.all()):
+            tokens = [t for t, k in zip(tokens, keep.tolist()) if k]
+        return list(tokens)
+
     def to_dict(self, batch: int = 0, digits: int = 6) -> dict:
-        """A JSON-ready dict of batch item ``batch`` (weights rounded)."""
-        keys = self.key_tokens if self.key_tokens is not None else self.query_tokens
+        """A JSON-ready dict of batch item ``batch`` (``item``: its tokens, no padding; weights rounded)."""
+        one = self.item(batch)
+        keys = one.key_tokens if one.key_tokens is not None else one.query_tokens
         return {
-            "source": self.source,
-            "query_tokens": self.query_tokens,
+            "source": one.source,
+            "query_tokens": one.query_tokens,
             "key_tokens": keys,
             "layers": [
                 {
                     "layer": entry.layer,
                     "name": entry.name,
                     "kind": entry.kind,
-                    "weights": _rounded(entry.weights[batch], digits),
-                    **({"scores": _rounded(entry.scores[batch], digits)} if entry.scores is not None else {}),
+                    "weights": _rounded(entry.weights[0], digits),
+                    **({"scores": _rounded(entry.scores[0], digits)} if entry.scores is not None else {}),
                 }
-                for entry in self.layers
+                for entry in one.layers
             ],
         }
 
@@ -146,6 +234,11 @@ class AttentionRecord:
         return write_text_atomic(path, payload)
 
 
+def _nested(tokens) -> bool:
+    """True for one token list per batch item (a non-empty list of lists)."""
+    return isinstance(tokens, (list, tuple)) and bool(tokens) and all(isinstance(t, (list, tuple)) for t in tokens)
+
+
 def _rounded(t: torch.Tensor, digits: int) -> list:
     """Nested lists with -inf written as None (JSON has no infinities)."""
     t = t.double()
@@ -167,6 +260,15 @@ def _from_json_floats(data) -> torch.Tensor:
         return [fill(v) for v in x] if isinstance(x, list) else (float("-inf") if x is None else x)
 
     return torch.tensor(fill(data), dtype=torch.float32)
+
+
+def padding_of(mask: torch.Tensor | None, B: int) -> torch.Tensor | None:
+    """[B, S] bool, False on the keys no query of an item may see (padding), from a bool
+    [B or 1, H or 1, T, S] mask; None without such a mask or without padding."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4:
+        return None
+    keys = mask.any(dim=-2).any(dim=1)  # (B or 1, S): seen by some query of some head
+    return None if bool(keys.all()) else keys.expand(B, -1).cpu().clone()
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -214,6 +316,8 @@ def capture(model: nn.Module, *, scores: bool = False) -> Iterator[AttentionReco
     names = {id(m): name or type(m).__name__ for name, m in modules}
 
     def observe(module: nn.Module, event: AttentionEvent) -> None:
+        if not record.layers and record.attention_mask is None:
+            record.attention_mask = padding_of(event.attn_mask, event.weights.shape[0])
         record.layers.append(
             LayerAttention(
                 layer=index[id(module)],

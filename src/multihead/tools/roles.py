@@ -7,7 +7,13 @@
 
 Each head of each recorded call gets scores (the ``_score_*`` functions cite
 the paper behind each) and the role labels whose score reaches
-``ROLE_THRESHOLDS`` or your overrides.
+``ROLE_THRESHOLDS`` (or your overrides) *and* beats chance by ``ROLE_MARGIN``.
+Chance is the score of a head that spreads its weight evenly over the keys
+each query sees: 0 for previous/next/self (an even row has no strict
+largest weight), the share of visible keys of that kind for cls/sep/punct/
+rare (``HeadRoles.chance``). So a text made mostly of one word, where an even
+head already puts most of its weight on it, gives no rare (or punct) role.
+broad needs only its threshold (an even head is the broadest one).
 
 Rows used: a row counts when its weights are not all zero and its query sees
 at least two keys (query 0 of a causal model made no choice). Rows are
@@ -34,6 +40,8 @@ Positional scores and distances need T == S (self-attention) and are left
 out otherwise. Token scores need ``record.query_tokens``/``key_tokens``
 (which describe batch item 0). A score that cannot be measured (no tokens,
 no [SEP] in the input, T != S) is absent from ``scores`` and never a label.
+Without ``token_frequencies`` the rare score needs two different words in
+the text: with one (a text that repeats a word) no word is rarer than another.
 
 The file is longer than the house's 500 lines because each role's score,
 its threshold, and the table and legend that print its definition stay in
@@ -46,6 +54,7 @@ import math
 import numbers
 import re
 import string
+import textwrap
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,9 +66,9 @@ from .._checks import non_negative_int, positive_int
 from .capture import AttentionRecord
 
 __all__ = [
-    "ROLE_THRESHOLDS", "CLS_TOKENS", "SEP_TOKENS", "HeadRoles", "Link", "classify_heads", "strongest_links",
+    "ROLE_THRESHOLDS", "ROLE_MARGIN", "CLS_TOKENS", "SEP_TOKENS", "HeadRoles", "Link", "classify_heads", "strongest_links",
     "rare_tokens", "is_special", "is_punctuation", "role_table", "format_roles", "SCORE_MEANINGS", "role_legend",
-    "format_legend",
+    "format_legend", "NO_ROLE", "RULE", "MARKS",
 ]  # fmt: skip
 
 #: Default thresholds; a head gets a role when its score is >= the number.
@@ -73,6 +82,11 @@ __all__ = [
 ROLE_THRESHOLDS: dict[str, float] = {
     "previous": 0.9, "next": 0.9, "self": 0.9, "cls": 0.5, "sep": 0.5, "punct": 0.5, "broad": 0.8, "rare": 0.5,
 }  # fmt: skip
+
+#: How far a score must beat chance (the score of an even head, see the module
+#: docstring) for a role, besides reaching its threshold; our choice: a quarter
+#: of the whole range, so "most of the weight" means more than an even head gives.
+ROLE_MARGIN = 0.25
 
 #: Tokens that open a sequence (BERT, RoBERTa/T5-style, Llama-style).
 CLS_TOKENS = frozenset({"[CLS]", "<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>"})
@@ -102,13 +116,15 @@ class HeadRoles:
         layer: ``LayerAttention.layer`` of the call.
         head: head index.
         scores: score name -> value; see ``classify_heads`` for the names.
-        labels: the roles whose score reached its threshold, in
-            ``ROLE_THRESHOLDS`` order.
+        labels: the roles whose score reached its threshold and beat chance
+            by the margin, in ``ROLE_THRESHOLDS`` order.
         mean_distance: average attention distance in positions (None when
             T != S or no row was usable).
         entropy: mean row entropy in nats (None when no row was usable).
         links: the strongest links (``strongest_links``).
         name: the attention module's path inside the model.
+        chance: role -> the score an even head would get on this input
+            (previous/next/self 0; cls/sep/punct/rare the share of such keys).
     """
 
     layer: int
@@ -119,6 +135,7 @@ class HeadRoles:
     entropy: float | None
     links: list[Link] = field(default_factory=list)
     name: str = ""
+    chance: dict[str, float] = field(default_factory=dict)
 
 
 def is_special(token: str) -> bool:
@@ -272,19 +289,21 @@ def _score_positional(
     return float(wins.double().mean()), float(w.mean())
 
 
-def _score_mass(P: torch.Tensor, vis: torch.Tensor, keys: torch.Tensor) -> float | None:
+def _score_mass(P: torch.Tensor, vis: torch.Tensor, keys: torch.Tensor) -> tuple[float, float] | None:
     """Attention mass on a kind of key ([CLS], [SEP], punctuation, rare).
 
     Clark et al. 2019, "What Does BERT Look At? An Analysis of BERT's
     Attention" (BlackboxNLP), "Attending to separator tokens": the weight each query puts on the keys
     of that kind, summed, averaged over the queries. We average over the rows
     that can see at least one such key, so causal rows before it do not
-    count; None if no row can.
+    count. Returns (mass, chance), chance being the mass of an even row: the
+    share of its visible keys that are of the kind; None if no row can see one.
     """
     ok = (vis & keys).any(dim=-1)
     if not bool(ok.any()):
         return None
-    return float(P[ok][:, keys].sum(dim=-1).mean())
+    share = (vis[ok] & keys).sum(dim=-1).double() / vis[ok].sum(dim=-1).double()
+    return float(P[ok][:, keys].sum(dim=-1).mean()), float(share.mean())
 
 
 def _score_entropy(P: torch.Tensor, vis: torch.Tensor) -> tuple[float, float]:
@@ -315,8 +334,8 @@ def _score_distance(P: torch.Tensor, rows: torch.Tensor) -> float:
 
 def _head_scores(
     A: torch.Tensor, visible: torch.Tensor, key_kinds: Mapping[str, torch.Tensor]
-) -> tuple[dict[str, float], float | None, float | None]:
-    """Scores, entropy and distance of one head ``A`` [T, S] (float64).
+) -> tuple[dict[str, float], dict[str, float], float | None, float | None]:
+    """Scores, chance levels, entropy and distance of one head ``A`` [T, S] (float64).
 
     Signed weights are scored by magnitude: every score sees the used rows of
     ``|A|`` divided by their sums, rows that are distributions over the keys
@@ -327,23 +346,25 @@ def _head_scores(
     total = A.sum(dim=-1)
     use = (total > 0) & (visible.sum(dim=-1) >= 2)
     if not bool(use.any()):
-        return {}, None, None
+        return {}, {}, None, None
     rows = use.nonzero().squeeze(1)
     P, vis = A[rows] / total[rows, None], visible[rows]
     scores: dict[str, float] = {}
+    chance: dict[str, float] = {}
     distance = None
     if T == S:
         for name, offset in (("previous", -1), ("self", 0), ("next", 1)):
             found = _score_positional(P, vis, rows, offset)
             if found is not None:
                 scores[name], scores[f"{name}_mass"] = found
+                chance[name] = 0.0  # an even row has no strict largest weight
         distance = _score_distance(P, rows)
     for name, keys in key_kinds.items():
-        mass = _score_mass(P, vis, keys)
-        if mass is not None:
-            scores[name] = mass
+        found = _score_mass(P, vis, keys)
+        if found is not None:
+            scores[name], chance[name] = found
     entropy, scores["broad"] = _score_entropy(P, vis)
-    return scores, entropy, distance
+    return scores, chance, entropy, distance
 
 
 def _thresholds(overrides: Mapping[str, float] | None) -> dict[str, float]:
@@ -367,6 +388,7 @@ def classify_heads(
     mask: torch.Tensor | None = None,
     links: int = 3,
     batch: int = 0,
+    margin: float = ROLE_MARGIN,
 ) -> list[HeadRoles]:
     """Scores and role labels for every head of every recorded call.
 
@@ -375,7 +397,8 @@ def classify_heads(
     key i-1 / i+1 / i, Voita et al. 2019) with ``*_mass`` (mean weight there);
     ``cls``/``sep``/``punct`` (mean mass on those keys, Clark et al. 2019);
     ``broad`` (mean normalised entropy, Clark et al. 2019); ``rare`` (mean
-    mass on the ``rare_k`` rarest tokens, Voita et al. 2019). ``entropy`` and
+    mass on the ``rare_k`` rarest tokens, Voita et al. 2019; measured when
+    ``token_frequencies`` is given or the keys hold two different words). ``entropy`` and
     ``mean_distance`` (Vig & Belinkov 2019) are fields of ``HeadRoles``.
     Negative weights (heads mixed after the softmax, as in DCMHA) are scored
     by magnitude, each row as ``|w| / sum(|w|)``: fractions and masses stay
@@ -384,8 +407,8 @@ def classify_heads(
     Args:
         record: from ``capture``; weights [B, H, T, S] per call.
         thresholds: role -> threshold, merged over ``ROLE_THRESHOLDS``; a
-            head gets a label when its score is >= the threshold
-            (``math.inf`` switches a role off).
+            head gets a label when its score is >= the threshold and
+            >= chance + ``margin`` (``math.inf`` switches a role off).
         token_frequencies: token -> frequency for the rare-token score (see
             ``rare_tokens``); default: counts within the key tokens.
         token_ids: S vocabulary ids of the key tokens, to break frequency ties.
@@ -394,7 +417,9 @@ def classify_heads(
             from the weights (any head non-zero).
         links: how many ``strongest_links`` per head (keys that are special
             tokens skipped; positions as strings when there are no tokens).
-        batch: which batch item to read.
+        batch: which batch item to read (its own tokens and padding when the
+            record has them, see ``AttentionRecord.item``).
+        margin: how far a score must beat chance for a role (not broad's).
 
     Returns:
         one ``HeadRoles`` per recorded call and head, in record order.
@@ -408,22 +433,21 @@ def classify_heads(
     if not isinstance(record, AttentionRecord):
         raise TypeError(f"record must be an AttentionRecord, got {type(record).__name__}")
     limits = _thresholds(thresholds)
-    batch = non_negative_int("batch", batch)
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin):
+        raise TypeError(f"margin must be a finite number, got {margin!r}")
     links = positive_int("links", links)
+    record = record.item(non_negative_int("batch", batch))  # its own tokens, padding left out
     q_tokens = record.query_tokens
     k_tokens = record.key_tokens if record.key_tokens is not None else q_tokens
     rare = None
     if k_tokens is not None:
         rare = set(rare_tokens(k_tokens, k=rare_k, token_frequencies=token_frequencies, token_ids=token_ids))
+        if token_frequencies is None and len(rare_tokens(k_tokens, k=2)) < 2:
+            rare = None  # one word only (a repeated word): none is rarer than another
     out: list[HeadRoles] = []
     for entry in record.layers:
-        w = entry.weights
-        if w.dim() != 4:
-            raise ValueError(f"layer {entry.layer} ({entry.name}): weights must be [B, H, T, S], got {tuple(w.shape)}")
-        B, H, T, S = w.shape
-        if batch >= B:
-            raise ValueError(f"batch={batch} out of range for layer {entry.layer} with B={B}")
-        W = w[batch].detach().double().cpu()  # (H, T, S)
+        _, H, T, S = entry.weights.shape
+        W = entry.weights[0].detach().double().cpu()  # (H, T, S)
         bad = W[~torch.isfinite(W)]
         if bad.numel():
             raise ValueError(
@@ -441,13 +465,17 @@ def classify_heads(
         kinds: dict[str, torch.Tensor] = {}
         if k_tokens is not None:  # which keys are [CLS]-like, [SEP]-like, punctuation, rare
             tests = {"cls": CLS_TOKENS.__contains__, "sep": SEP_TOKENS.__contains__, "punct": is_punctuation}
-            tests["rare"] = rare.__contains__
+            if rare is not None:
+                tests["rare"] = rare.__contains__
             kinds = {name: torch.tensor([test(t) for t in kt], dtype=torch.bool) for name, test in tests.items()}
         for h in range(H):
-            scores, entropy, distance = _head_scores(W[h], visible, kinds)
-            labels = [role for role, limit in limits.items() if role in scores and scores[role] >= limit]
+            scores, chance, entropy, distance = _head_scores(W[h], visible, kinds)
+            labels = [
+                role for role, limit in limits.items()
+                if role in scores and scores[role] >= limit and (role not in chance or scores[role] - chance[role] >= margin)
+            ]  # fmt: skip
             top = strongest_links(W[h], qt, kt, links, skip_special=k_tokens is not None)
-            out.append(HeadRoles(entry.layer, h, scores, labels, distance, entropy, top, entry.name))
+            out.append(HeadRoles(entry.layer, h, scores, labels, distance, entropy, top, entry.name, chance))
     return out
 
 
@@ -470,11 +498,15 @@ def _visible(mask: torch.Tensor | None, W: torch.Tensor, layer: int) -> torch.Te
 
 
 _COLUMNS = ("previous", "next", "self", "cls", "sep", "punct", "broad", "rare")
+_MASSES = ("previous_mass", "next_mass", "self_mass")
+#: The roles column of a head without a role ("-" means a score that was not measurable).
+NO_ROLE = "none"
 
 
 def role_table(roles: Sequence[HeadRoles], digits: int = 2) -> list[list[str]]:
-    """Rows of strings: a header, then layer, head, labels, main scores,
-    entropy and distance of each head ("-" where a score was not measured)."""
+    """Rows of strings: a header, then layer, head, labels ("none": no role),
+    main scores, entropy and distance of each head ("-" where a score was not
+    measured)."""
 
     def fmt(x: float | None) -> str:
         return "-" if x is None else f"{x:.{digits}f}"
@@ -483,7 +515,7 @@ def role_table(roles: Sequence[HeadRoles], digits: int = 2) -> list[list[str]]:
     for r in roles:
         scores = [fmt(r.scores.get(c)) for c in _COLUMNS]
         rows.append(
-            [str(r.layer), str(r.head), ",".join(r.labels) or "-", *scores, fmt(r.entropy), fmt(r.mean_distance)]
+            [str(r.layer), str(r.head), ",".join(r.labels) or NO_ROLE, *scores, fmt(r.entropy), fmt(r.mean_distance)]
         )
     return rows
 
@@ -508,25 +540,59 @@ SCORE_MEANINGS: dict[str, str] = {
     "rare": "mean weight on the rarest word of the text",
     "entropy": "mean entropy of a query's weights, in nats",
     "distance": "mean distance |query position - key position|, weighted by attention",
+    "previous_mass": "mean weight on the token just before the query (i-1), whether or not it is the largest",
+    "next_mass": "mean weight on the token just after the query (i+1), whether or not it is the largest",
+    "self_mass": "mean weight of a query on itself (i), whether or not it is the largest",
 }
 
 
-def role_legend(thresholds: Mapping[str, float] | None = None) -> list[tuple[str, str, float | None]]:
+def role_legend(
+    thresholds: Mapping[str, float] | None = None, *, masses: bool = False
+) -> list[tuple[str, str, float | None]]:
     """(column, meaning, role threshold or None) for each score column of ``role_table``.
 
     Args:
         thresholds: overrides merged over ``ROLE_THRESHOLDS``, as in ``classify_heads``.
+        masses: also the ``*_mass`` scores (in ``HeadRoles.scores``, heads.json
+            and the HTML head view, not in ``role_table``), which give no role.
     """
     limits = _thresholds(thresholds)
-    return [(name, SCORE_MEANINGS[name], limits.get(name)) for name in (*_COLUMNS, "entropy", "distance")]
+    names = (*_COLUMNS, "entropy", "distance", *(_MASSES if masses else ()))
+    return [(name, SCORE_MEANINGS[name], limits.get(name)) for name in names]
 
 
-def format_legend(thresholds: Mapping[str, float] | None = None, digits: int = 2) -> str:
-    """``role_legend`` as plain text: one line per column, threshold first."""
-    rows = role_legend(thresholds)
+#: The rule that gives a role, as the legends state it (terminal and HTML).
+RULE = (
+    f"a head gets a role when its score reaches the threshold and beats chance by {ROLE_MARGIN:.2f} or more "
+    "(chance: the score of a head that spreads its weight evenly over the keys each query sees; "
+    "0 for previous/next/self, the share of such keys for cls/sep/punct/rare; broad needs its threshold only)"
+)
+#: What the two dashes of the tables mean.
+MARKS = f"'-' in a score column: not measurable on this input; '{NO_ROLE}' in the roles column: no role reached"
+
+
+def format_legend(
+    thresholds: Mapping[str, float] | None = None,
+    digits: int = 2,
+    *,
+    masses: bool = False,
+    extra: Sequence[tuple[str, str]] = (),
+) -> str:
+    """``role_legend`` as plain text: the rule, then one line per column, threshold first.
+
+    ``extra`` (name, meaning) pairs are more columns of the table (such as
+    ``importance``), which give no role, after its score columns; ``masses``
+    adds the ``*_mass`` scores after them, under a line saying they are not
+    in the table.
+    """
+    rows = [*role_legend(thresholds), *((name, meaning, None) for name, meaning in extra)]
+    if masses:
+        rows += [(name, SCORE_MEANINGS[name], None) for name in _MASSES]
     width = max(len(name) for name, _, _ in rows)
-    lines = ["columns: a head gets a role when its score is >= the threshold; '-' = not measurable on this input"]
+    lines = textwrap.wrap(f"columns: {RULE}; {MARKS}", 110)
     for name, meaning, limit in rows:
+        if masses and name == _MASSES[0]:
+            lines.append("scores not in the table (in heads.json and the page's head view):")
         if limit is None:
             rule = "no role"
         else:

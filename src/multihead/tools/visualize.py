@@ -10,12 +10,15 @@
 The HTML page has three parts, all drawn by the page's own script from the
 JSON embedded in it (no network, no fonts, no CDN; it works from file://)::
 
-    head view (one layer, one head)         model view (layers x heads)
-      queries        keys                      H0    H1    H2
-      <s>   ───────  <s>                   L0 [▦]   [▦]   [▦]
-      the   ──╲────  the                   L1 [▦]   [▦]   [▦]   click: open
-      cat   ───╲───  cat                                        in head view
-            (line opacity and width = weight; hover a token to follow it)
+    head view (one layer; its heads toggled,  model view (layers x heads)
+    one colour each; the page's width)          H0    H1    H2
+      queries        keys                    L0 [▦]   [▦]   [▦]
+      <s>   ───────  <s>                     L1 [▦]   [▦]   [▦]   click: open
+      the   ──╲────  the                                          in head view
+      cat   ───╲───  cat                     (cells shrink to fit the width,
+            (line opacity and width = weight;  down to 48 px; past that the
+            hover a token to follow it, click   grid scrolls and says so)
+            to pin it, Escape to let go)
 
     role table (layer, head, labels, scores), when roles are given;
     click a column header to sort by it; hover it for what it measures
@@ -28,11 +31,19 @@ top of the page (a text that was cut, words the tokenizer did not know).
 ``roles`` is a plain structure so this module does not depend on the roles
 tool: a list of mappings (or objects with these attributes, such as
 ``roles.HeadRoles``) ``{"layer": 0, "head": 3, "labels": [...], "scores":
-{...}}``. ``layer`` is ``LayerAttention.layer``; when a module was called
+{...}}`` (and ``"chance"``, a HeadRoles' baselines, kept in heads.json).
+``layer`` is ``LayerAttention.layer``; when a module was called
 more than once, the k-th role for (layer, head) belongs to its k-th call.
 
 Colours in the heatmaps are sqrt(weight) on a fixed 0..1 scale, so weak
 links stay visible and heads remain comparable.
+
+``batch`` picks one batch item through ``AttentionRecord.item``: its own
+tokens (one token list per item for a batch of different texts) and,
+with ``record.attention_mask``, without its padding. Tokens are shown by
+``token_text.readable_tokens`` (byte-level ``Ġ`` as a visible space
+``␣``); the page keeps each raw token as its tooltip and in heads.json.
+Each writer refuses a path whose folder does not exist before any work.
 
 ``slots`` (a ``head_slots.HeadSlots``) draws a pruned model with every
 layer's heads before pruning: the removed ones as grey cells labelled
@@ -46,13 +57,10 @@ it in the model view's cells and the PNG's titles.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import html
 import io
 import json
-import math
-import numbers
 import os
 import re
 import textwrap
@@ -62,10 +70,17 @@ from pathlib import Path
 
 import torch
 
-from .._checks import non_negative_int, positive_int
+from .._checks import positive_int
 from ..io import write_bytes_atomic
 from .capture import AttentionRecord
 from .head_slots import HeadSlots
+from .token_text import readable_tokens
+from .view_checks import check_slots as _check_slots
+from .view_checks import folder_of as _folder_of
+from .view_checks import legend_entries as _legend
+from .view_checks import match_roles as _match_roles
+from .view_checks import strings as _strings
+from .view_checks import validate as _validate
 
 __all__ = ["write_html", "write_png", "write_json"]
 
@@ -113,9 +128,12 @@ def write_html(
             roles, legend or notices of the wrong types.
         ValueError: empty record, tokens not matching T/S, batch out of range,
             roles naming a layer or head that is not in the record, slots
-            whose kept heads do not match the record's head counts.
+            whose kept heads do not match the record's head counts, one
+            token list for batch items whose padding differs.
+        FileNotFoundError: the folder of ``path`` does not exist.
     """
-    tokens = _validate(record, batch)
+    _folder_of(path)
+    record, tokens = _validate(record, batch)
     role_rows = _match_roles(roles, record)
     _check_slots(slots, record)
     if title is None:
@@ -128,8 +146,10 @@ def write_html(
         "batch": batch,
         "query_tokens": tokens[0],
         "key_tokens": tokens[1],
+        "query_labels": readable_tokens(tokens[0]),
+        "key_labels": readable_tokens(tokens[1]),
         "layers": [
-            {"layer": e.layer, "name": e.name, "kind": e.kind, "weights": _finite_rounded(e.weights[batch])}
+            {"layer": e.layer, "name": e.name, "kind": e.kind, "weights": _finite_rounded(e.weights[0])}
             for e in record.layers
         ],
         "roles": [dict(r, row=row) for row, r in role_rows] if roles is not None else None,
@@ -193,7 +213,8 @@ def write_png(
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise ImportError(f"write_png needs matplotlib, which is not installed: {_VIZ_HINT}") from exc
-    q_tokens, k_tokens = _validate(record, batch)
+    _folder_of(path)
+    record, (q_tokens, k_tokens) = _validate(record, batch)
     _check_slots(slots, record)
     if max_tokens is not None:
         max_tokens = positive_int("max_tokens", max_tokens)
@@ -210,14 +231,17 @@ def write_png(
     with_tokens = max(T, S) <= 40 and max(rows, cols) * cell <= 24
     if not with_tokens:
         cell = 1.4 if cols <= 12 else max(0.8, 17 / cols)
+    layer_names = _layer_names(record)
     titles = {
-        (row, col): "\n".join([_cell_name(row, col, head, slots), *_cell_lines(labels_of.get((row, head), []),
+        (row, col): "\n".join([_cell_name(layer_names[row], col, head, slots), *_cell_lines(labels_of.get((row, head), []),
                                                                                 importance.get((row, head)), cell)])
         for row, heads in enumerate(grid)
         for col, head in enumerate(heads)
     }  # fmt: skip
     title_h = 0.1 + 0.14 * max(t.count("\n") + 1 for t in titles.values())
-    q_labels, k_labels = [_plain(_short(t)) for t in q_tokens], [_plain(_short(t)) for t in k_tokens]
+    q_labels, k_labels = [_plain(_short(t)) for t in readable_tokens(q_tokens)], [
+        _plain(_short(t)) for t in readable_tokens(k_tokens)
+    ]
     left = 0.3 + (0.055 * max(map(len, q_labels)) if with_tokens else 0)
     bottom = 0.2 + (0.055 * max(map(len, k_labels)) if with_tokens else 0)
     top, right, gap = 0.6, 1.2, 0.15
@@ -231,7 +255,7 @@ def write_png(
               for c in range(cols)}  # fmt: skip
     first = [next(c for c, h in enumerate(heads) if h is not None) for heads in grid]
     for row, entry in enumerate(record.layers):
-        weights = entry.weights[batch, :, :T, :S].detach().double().nan_to_num(0.0, 0.0, 0.0)
+        weights = entry.weights[0, :, :T, :S].detach().double().nan_to_num(0.0, 0.0, 0.0)
         y = height - top - row * (title_h + cell + gap) - title_h - cell
         for col, head in enumerate(grid[row]):
             x = left + col * (cell + gap)
@@ -258,7 +282,11 @@ def write_png(
     fig.colorbar(image, cax=cax).set_label("attention weight (sqrt scale)", fontsize=8)
     cax.tick_params(labelsize=7)
     name = _plain(record.source or "attention")
-    heads = slots.summary([e.layer for e in record.layers]) if slots else f"{rows} layers x {cols} heads"
+    if slots:
+        heads = slots.summary([e.layer for e in record.layers])
+    else:
+        drawn = f"layer {record.layers[0].layer}" if rows == 1 else _plural(rows, "call" if _repeated(record) else "layer")
+        heads = f"{drawn} x {_plural(cols, 'head')}"
     fig.suptitle(f"{name}: {heads} (rows = queries, columns = keys)", fontsize=10, y=1 - 0.2 / height)
 
     buffer = io.BytesIO()
@@ -280,11 +308,12 @@ def write_json(
     and what ``slots`` adds, see the module docstring).
 
     Raises:
-        TypeError, ValueError: as ``write_html``.
+        TypeError, ValueError, FileNotFoundError: as ``write_html``.
     """
-    _validate(record, batch)
+    _folder_of(path)
+    record, _ = _validate(record, batch)  # batch item ``batch`` alone
     _check_slots(slots, record)
-    payload = record.to_dict(batch)
+    payload = record.to_dict(0)
     payload["roles"] = [r for _, r in _match_roles(roles, record)] if roles is not None else None
     if slots is not None:
         payload["num_heads"] = slots.num_heads
@@ -300,166 +329,37 @@ def write_json(
     return write_bytes_atomic(path, json.dumps(payload, allow_nan=False).encode("utf-8"))
 
 
-# -- checks -------------------------------------------------------------------
+# -- PNG titles -----------------------------------------------------------------
 
 
-def _validate(record: AttentionRecord, batch: int) -> tuple[list[str], list[str]]:
-    """Query and key token strings of ``record`` after checking its shapes."""
-    if not isinstance(record, AttentionRecord):
-        raise TypeError(f"record must be an AttentionRecord, got {type(record).__name__}")
-    if not record.layers:
-        raise ValueError("the record is empty (no layers): run the model inside `with capture(model)` first")
-    batch = non_negative_int("batch", batch)
-    first = None
-    for entry in record.layers:
-        shape = tuple(entry.weights.shape)
-        if len(shape) != 4:
-            raise ValueError(f"layer {entry.layer} ({entry.name}): weights must be [B, H, T, S], got {list(shape)}")
-        B, H, T, S = shape
-        if batch >= B:
-            raise ValueError(f"batch={batch} out of range for layer {entry.layer} with B={B}")
-        if min(H, T, S) == 0:
-            raise ValueError(f"layer {entry.layer} ({entry.name}) has an empty dimension: H={H}, T={T}, S={S}")
-        if first is None:
-            first = (entry, T, S)
-        elif (T, S) != first[1:]:
-            raise ValueError(
-                f"layer {entry.layer} ({entry.name}) has T={T}, S={S} but layer {first[0].layer} has "
-                f"T={first[1]}, S={first[2]}; the views need one token sequence (capture one forward pass)"
-            )
-    _, T, S = first
-    queries = record.query_tokens
-    keys = record.key_tokens if record.key_tokens is not None else queries
-    queries = [str(i) for i in range(T)] if queries is None else _strings("query_tokens", queries)
-    keys = [str(j) for j in range(S)] if keys is None else _strings("key_tokens", keys)
-    if len(queries) != T:
-        raise ValueError(f"query_tokens has {len(queries)} tokens but the weights have T={T} queries")
-    if len(keys) != S:
-        source = "key_tokens" if record.key_tokens is not None else "key_tokens (defaulting to query_tokens)"
-        raise ValueError(f"{source} has {len(keys)} tokens but the weights have S={S} keys")
-    return queries, keys
+def _repeated(record: AttentionRecord) -> bool:
+    """True when a layer was called more than once (a generation loop): rows are then calls."""
+    layers = [e.layer for e in record.layers]
+    return len(set(layers)) != len(layers)
 
 
-def _check_slots(slots, record: AttentionRecord) -> None:
-    """``slots`` is None or a HeadSlots whose kept heads are the record's heads, layer by layer."""
-    if slots is None:
-        return
-    if not isinstance(slots, HeadSlots):
-        raise TypeError(f"slots must be a HeadSlots, got {type(slots).__name__}")
-    for entry in record.layers:
-        kept = sum(h is not None for h in slots.slots(entry.layer))
-        if kept != entry.num_heads:
-            raise ValueError(
-                f"slots keep {kept} heads in layer {entry.layer}, "
-                f"but the record's layer {entry.layer} has {entry.num_heads}"
-            )
+def _layer_names(record: AttentionRecord) -> list[str]:
+    """Each drawn row's name: "L4" (the model's layer number), or "C2 (L0)" for the calls of a repeated layer."""
+    if _repeated(record):
+        return [f"C{row} (L{e.layer})" for row, e in enumerate(record.layers)]
+    return [f"L{e.layer}" for e in record.layers]
 
 
-def _cell_name(row: int, col: int, head: int | None, slots: HeadSlots | None) -> str:
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _cell_name(layer: str, col: int, head: int | None, slots: HeadSlots | None) -> str:
     """A PNG cell's first title line: "L0 H1", "L0 H1 (was H2)", "L0 pruned (was H2)" or "L0 pruned"."""
     if head is None:
-        return f"L{row} pruned (was H{col})" if slots.original else f"L{row} pruned"
-    return f"L{row} H{head}" + (f" (was H{col})" if slots and slots.original and col != head else "")
+        return f"{layer} pruned (was H{col})" if slots.original else f"{layer} pruned"
+    return f"{layer} H{head}" + (f" (was H{col})" if slots and slots.original and col != head else "")
 
 
 def _cell_lines(labels: list[str], importance: float | None, cell: float) -> list[str]:
     """A PNG cell's role labels (wrapped to the cell) and importance score."""
     lines = textwrap.wrap(", ".join(labels), int(cell * 12))
     return lines if importance is None else [*lines, f"importance {importance:.4f}"]
-
-
-def _strings(name: str, tokens) -> list[str]:
-    if isinstance(tokens, str) or not isinstance(tokens, (list, tuple)):
-        raise TypeError(f"{name} must be a list of str, got {type(tokens).__name__}")
-    for i, token in enumerate(tokens):
-        if not isinstance(token, str):
-            raise TypeError(f"{name}[{i}] must be a str, got {token!r} ({type(token).__name__})")
-    return list(tokens)
-
-
-def _match_roles(roles, record: AttentionRecord) -> list[tuple[int, dict]]:
-    """(row in record.layers, clean role dict) for each role, in the given order."""
-    if roles is None:
-        return []
-    if isinstance(roles, (str, bytes, Mapping)) or not hasattr(roles, "__iter__"):
-        raise TypeError(f"roles must be a list of dicts (layer, head, labels, scores), got {type(roles).__name__}")
-    calls: dict[int, list[int]] = {}
-    for row, entry in enumerate(record.layers):
-        calls.setdefault(entry.layer, []).append(row)
-    seen: dict[tuple[int, int], int] = {}
-    out = []
-    for i, item in enumerate(roles):
-        role = _role_dict(i, item)
-        layer, head = role["layer"], role["head"]
-        if layer not in calls:
-            raise ValueError(f"roles[{i}] has layer={layer}, but the record's layers are {sorted(calls)}")
-        k = seen.get((layer, head), 0)
-        if k >= len(calls[layer]):
-            raise ValueError(
-                f"roles[{i}] repeats layer={layer}, head={head}: the record has {len(calls[layer])} call(s) of that layer"
-            )
-        seen[(layer, head)] = k + 1
-        row = calls[layer][k]
-        heads = record.layers[row].num_heads
-        if head >= heads:
-            raise ValueError(f"roles[{i}] has head={head}, but layer {layer} has {heads} heads")
-        out.append((row, role))
-    return out
-
-
-def _role_dict(i: int, item) -> dict:
-    """A JSON-ready {"layer", "head", "labels", "scores"} from a mapping or an object."""
-    if dataclasses.is_dataclass(item) and not isinstance(item, type):
-        item = {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
-    get = item.get if isinstance(item, Mapping) else (lambda key, default=None: getattr(item, key, default))
-    layer, head = get("layer"), get("head")
-    if layer is None or head is None:
-        raise TypeError(f"roles[{i}] needs 'layer' and 'head', got {item!r:.100}")
-    labels = get("labels") or []
-    if isinstance(labels, str):
-        labels = [labels]
-    if not all(isinstance(label, str) for label in labels):
-        raise TypeError(f"roles[{i}]['labels'] must be a list of str, got {labels!r:.100}")
-    scores = get("scores") or {}
-    if not isinstance(scores, Mapping):
-        raise TypeError(f"roles[{i}]['scores'] must be a dict of name -> number, got {type(scores).__name__}")
-    scores = {str(k): _number(f"roles[{i}]['scores'][{k!r}]", v) for k, v in scores.items()}
-    for extra, key in (("entropy", "entropy"), ("mean_distance", "distance")):  # HeadRoles fields
-        if get(extra) is not None and key not in scores:
-            scores[key] = _number(f"roles[{i}][{extra!r}]", get(extra))
-    return {
-        "layer": non_negative_int(f"roles[{i}]['layer']", layer),
-        "head": non_negative_int(f"roles[{i}]['head']", head),
-        "labels": list(labels),
-        "scores": scores,
-    }
-
-
-def _legend(legend) -> dict[str, dict] | None:
-    """{column: {"meaning": str, "threshold": float or None}} from a mapping of str or of dicts."""
-    if legend is None:
-        return None
-    if not isinstance(legend, Mapping):
-        raise TypeError(f"legend must be a dict of column -> meaning, got {type(legend).__name__}")
-    out = {}
-    for name, entry in legend.items():
-        if not isinstance(name, str):
-            raise TypeError(f"legend keys must be column names (str), got {name!r}")
-        if isinstance(entry, str):
-            entry = {"meaning": entry}
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("meaning"), str):
-            raise TypeError(f"legend[{name!r}] must be a str or a dict with a str 'meaning', got {entry!r:.100}")
-        out[name] = {"meaning": entry["meaning"], "threshold": _number(f"legend[{name!r}]['threshold']", entry.get("threshold"))}
-    return out
-
-
-def _number(name: str, value) -> float | None:
-    """A finite float, or None for None/NaN/inf (JSON has neither)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    return float(value) if math.isfinite(value) else None
 
 
 # -- output helpers -------------------------------------------------------------
@@ -485,7 +385,6 @@ def _asset(name: str) -> str:
 
 
 def _short(token: str, limit: int = 14) -> str:
-    token = token.replace("\n", "\u21b5").replace("\t", "\u21e5") or "\u2205"
     return token if len(token) <= limit else token[: limit - 1] + "\u2026"
 
 

@@ -1,18 +1,25 @@
 
 /* multihead attention viewer: head view, model view, role table.
    All data comes from the JSON block above; every string from it is inserted
-   with textContent or as an attribute value, never parsed as HTML. */
+   with textContent or as an attribute value, never parsed as HTML.
+   The script is longer than the house's 500 lines because the three views share one
+   closure's state (the layer, heads and pinned token shown) instead of page globals,
+   and the page's content-security policy admits exactly this one script by its hash. */
 (() => {
   "use strict";
   const DATA = JSON.parse(document.getElementById("mh-data").textContent);
   const $ = (id) => document.getElementById(id);
   const LAYERS = DATA.layers, QT = DATA.query_tokens, KT = DATA.key_tokens;
-  const ROW = 22, LINK_W = 240;
+  const QL = DATA.query_labels || QT, KL = DATA.key_labels || KT;  /* readable forms: "\u0120the" as "\u2423the" */
+  const ROW = 22, MIN_LINK = 160, MAX_LINK = 800;
+  let LINK_W = 240;
   const HEAD_COLORS = ["#2f6fdf", "#d9480f", "#2b8a3e", "#862e9c", "#c2255c", "#0b7285",
     "#5c940d", "#e67700", "#364fc7", "#a61e4d", "#087f5b", "#5f3dc4"];
   const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
   const svg = $("hv-lines"), SVG_NS = svg.namespaceURI, canvas = $("hv-canvas");
-  const state = { layer: 0, head: 0, threshold: Number($("hv-threshold").value) };
+  /* heads: the heads drawn (one colour each); head: the one the selects and the model view point at;
+     pin: a clicked token whose links stay shown ({side, index}) */
+  const state = { layer: 0, head: 0, heads: [0], threshold: Number($("hv-threshold").value), pin: null };
   let queryEls = [], keyEls = [], linesByQuery = [], linesByKey = [];
 
   const roleOf = new Map();
@@ -30,9 +37,10 @@
     const s = String(token).replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5");
     return s === "" ? "\u2205" : s;
   }
+  const plural = (n, word) => n + " " + word + (n === 1 ? "" : "s");
 
   function fmt(x) {
-    if (x === null || x === undefined) return "\u2013";
+    if (x === null || x === undefined) return "-";  /* not measurable, as the legend says */
     return Math.abs(x) >= 100 ? x.toFixed(0) : x.toFixed(Math.abs(x) >= 10 ? 1 : 2);
   }
 
@@ -78,35 +86,58 @@
     return box;
   }
 
+  /* "Layer 4"; "Call 2 (layer 0)" only when a layer was called more than once (a generation loop) */
+  const REPEATED = LAYERS.some((L, i) => LAYERS.findIndex((M) => M.layer === L.layer) !== i);
   function layerName(i) {
     const L = LAYERS[i];
-    return L.layer === i ? "Layer " + i : "Call " + i + " (layer " + L.layer + ")";
+    return REPEATED ? "Call " + i + " (layer " + L.layer + ")" : "Layer " + L.layer;
   }
 
   /* ---- head view ---- */
-  function tokenColumn(column, tokens, side) {
+  function tokenColumn(column, tokens, labels, side) {
     column.replaceChildren();
     return tokens.map((tok, i) => {
-      const node = el("div", "hv-token", shown(tok));
+      const node = el("div", "hv-token", shown(labels[i]));
       node.dataset.side = side;
       node.dataset.index = String(i);
-      node.title = String(tok);
+      node.title = String(tok);  /* the raw token, as the tokenizer wrote it */
       node.tabIndex = 0;
-      node.addEventListener("mouseenter", () => focusToken(side, i));
-      node.addEventListener("focus", () => focusToken(side, i));
-      node.addEventListener("mouseleave", clearFocus);
-      node.addEventListener("blur", clearFocus);
+      node.addEventListener("mouseenter", () => { if (!state.pin) focusToken(side, i); });
+      node.addEventListener("focus", () => { if (!state.pin) focusToken(side, i); });
+      node.addEventListener("mouseleave", () => { if (!state.pin) clearFocus(); });
+      node.addEventListener("blur", () => { if (!state.pin) clearFocus(); });
+      node.addEventListener("click", () => pin(side, i));
+      node.addEventListener("keydown", (e) => {
+        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); pin(side, i); }
+      });
       column.appendChild(node);
       return node;
     });
   }
 
-  function currentWeights() { return LAYERS[state.layer].weights[state.head]; }
-  function headColor() { return HEAD_COLORS[state.head % HEAD_COLORS.length]; }
+  /* Click a token: its links stay shown (hovering others changes nothing) until it is clicked
+     again, another token is clicked, or Escape is pressed. */
+  function pin(side, index) {
+    const same = state.pin && state.pin.side === side && state.pin.index === index;
+    state.pin = same ? null : { side: side, index: index };
+    if (state.pin) focusToken(side, index); else clearFocus();
+  }
+
+  function headColor(h) { return HEAD_COLORS[h % HEAD_COLORS.length]; }
+
+  /* The link area takes the width the panel leaves beside the two token columns. */
+  function fitLinks() {
+    const free = $("head-view").clientWidth - 40 - $("hv-queries").offsetWidth - $("hv-keys").offsetWidth;
+    const width = Math.max(MIN_LINK, Math.min(MAX_LINK, Math.floor(free)));
+    if (width === LINK_W) return false;
+    LINK_W = width;
+    canvas.style.setProperty("--link-w", width + "px");
+    return true;
+  }
 
   function drawHead() {
     clearFocus();
-    const W = currentWeights(), color = headColor(), n = Math.max(QT.length, KT.length);
+    const n = Math.max(QT.length, KT.length), weights = LAYERS[state.layer].weights;
     linesByQuery = QT.map(() => []);
     linesByKey = KT.map(() => []);
     svg.setAttribute("width", String(LINK_W));
@@ -114,37 +145,44 @@
     svg.setAttribute("viewBox", "0 0 " + LINK_W + " " + n * ROW);
     const frag = document.createDocumentFragment();
     let count = 0;
-    for (let i = 0; i < QT.length; i++) {
-      for (let j = 0; j < KT.length; j++) {
-        const w = W[i][j] || 0;
-        if (w <= 0 || w < state.threshold) continue;
-        const line = document.createElementNS(SVG_NS, "line");
-        line.setAttribute("x1", "2");
-        line.setAttribute("y1", String((i + 0.5) * ROW));
-        line.setAttribute("x2", String(LINK_W - 2));
-        line.setAttribute("y2", String((j + 0.5) * ROW));
-        line.setAttribute("stroke", color);
-        line.setAttribute("stroke-opacity", Math.min(1, 0.05 + 0.95 * Math.sqrt(w)).toFixed(3));
-        line.setAttribute("stroke-width", (0.5 + 3.5 * w).toFixed(2));
-        line.setAttribute("class", "hv-line");
-        line.dataset.q = String(i);
-        line.dataset.k = String(j);
-        line.dataset.weight = String(w);
-        linesByQuery[i].push(line);
-        linesByKey[j].push(line);
-        frag.appendChild(line);
-        count++;
+    for (const h of state.heads) {
+      const W = weights[h], color = headColor(h);
+      for (let i = 0; i < QT.length; i++) {
+        for (let j = 0; j < KT.length; j++) {
+          const w = W[i][j] || 0;
+          if (w <= 0 || w < state.threshold) continue;
+          const line = document.createElementNS(SVG_NS, "line");
+          line.setAttribute("x1", "2");
+          line.setAttribute("y1", String((i + 0.5) * ROW));
+          line.setAttribute("x2", String(LINK_W - 2));
+          line.setAttribute("y2", String((j + 0.5) * ROW));
+          line.setAttribute("stroke", color);
+          line.setAttribute("stroke-opacity", Math.min(1, 0.05 + 0.95 * Math.sqrt(w)).toFixed(3));
+          line.setAttribute("stroke-width", (0.5 + 3.5 * w).toFixed(2));
+          line.setAttribute("class", "hv-line");
+          line.dataset.q = String(i);
+          line.dataset.k = String(j);
+          line.dataset.head = String(h);
+          line.dataset.weight = String(w);
+          linesByQuery[i].push(line);
+          linesByKey[j].push(line);
+          frag.appendChild(line);
+          count++;
+        }
       }
     }
     svg.replaceChildren(frag);
     svg.dataset.lines = String(count);
-    $("hv-count").textContent = count + " links";
+    $("hv-count").textContent = plural(count, "link");
 
-    const L = LAYERS[state.layer], r = role(state.layer, state.head);
+    const L = LAYERS[state.layer], single = state.heads.length === 1, r = single ? role(state.layer, state.head) : null;
     const view = $("head-view");
     view.dataset.layer = String(state.layer);
     view.dataset.head = String(state.head);
-    $("hv-title").textContent = layerName(state.layer) + " \u00b7 Head " + state.head;
+    view.dataset.heads = state.heads.join(",");
+    const H = weights.length;
+    $("hv-title").textContent = layerName(state.layer) + " \u00b7 " + (single ? "Head " + state.head
+      : state.heads.length === H ? "all " + H + " heads" : "Heads " + state.heads.join(", "));
     $("hv-subtitle").textContent = [L.name, L.kind].filter(Boolean).join(" \u00b7 ");
     const rolesBox = $("hv-roles");
     rolesBox.replaceChildren();
@@ -152,9 +190,13 @@
       rolesBox.appendChild(r.labels.length ? chips(r.labels) : el("span", "role-chips", "no role \u00b7"));
       const scores = Object.entries(r.scores).filter(([, v]) => v !== null);
       rolesBox.appendChild(el("span", "", scores.map(([k, v]) => k + " " + fmt(v)).join(" \u00b7 ")));
+    } else if (!single) {
+      rolesBox.appendChild(el("span", "", "Each head in its colour; hover or click a token for the largest weight " +
+        "any shown head gives, in that head's colour."));
     }
     $("hv-layer").value = String(state.layer);
     fillHeads();
+    if (state.pin) focusToken(state.pin.side, state.pin.index);
     for (const node of document.querySelectorAll(".mv-cell.selected, #role-table tr.selected")) {
       node.classList.remove("selected");
       if (node.tagName === "BUTTON") node.setAttribute("aria-pressed", "false");
@@ -168,14 +210,20 @@
 
   function focusToken(side, index) {
     clearFocus();
-    const W = currentWeights(), color = headColor();
+    const weights = LAYERS[state.layer].weights;
     canvas.classList.add("hv-focus");
     canvas.dataset.focus = side + ":" + index;
+    if (state.pin) canvas.dataset.pinned = state.pin.side + ":" + state.pin.index;
     (side === "query" ? queryEls : keyEls)[index].classList.add("hv-hot");
+    if (state.pin) (side === "query" ? queryEls : keyEls)[index].classList.add("hv-pinned");
     for (const line of (side === "query" ? linesByQuery : linesByKey)[index]) line.classList.add("hv-active");
     const others = side === "query" ? keyEls : queryEls;
     others.forEach((node, o) => {
-      const w = side === "query" ? W[index][o] : W[o][index];
+      let w = 0, color = headColor(state.heads[0]);
+      for (const h of state.heads) {  /* the largest weight of the heads shown, in that head's colour */
+        const v = side === "query" ? weights[h][index][o] : weights[h][o][index];
+        if (v > w) { w = v; color = headColor(h); }
+      }
       if (!(w > 0)) return;
       const alpha = Math.min(0.85, 0.1 + 0.9 * Math.sqrt(w));
       node.style.backgroundColor = rgba(color, alpha);
@@ -187,9 +235,10 @@
   function clearFocus() {
     canvas.classList.remove("hv-focus");
     delete canvas.dataset.focus;
+    delete canvas.dataset.pinned;
     for (const line of svg.querySelectorAll(".hv-active")) line.classList.remove("hv-active");
     for (const node of queryEls.concat(keyEls)) {
-      node.classList.remove("hv-hot");
+      node.classList.remove("hv-hot", "hv-pinned");
       node.style.backgroundColor = "";
       node.style.color = "";
       delete node.dataset.weight;
@@ -199,6 +248,7 @@
   function select(layer, head, reveal) {
     state.layer = layer;
     state.head = Math.min(head, LAYERS[layer].weights.length - 1);
+    state.heads = [state.head];
     drawHead();
     if (reveal) {
       const box = $("head-view").getBoundingClientRect();
@@ -206,13 +256,49 @@
     }
   }
 
+  /* The Head select (one head, or all of them) and one coloured toggle per head of the layer. */
   function fillHeads() {
-    const box = $("hv-head"), H = LAYERS[state.layer].weights.length;
-    if (box.options.length !== H) {
+    const box = $("hv-head"), H = LAYERS[state.layer].weights.length, toggles = $("hv-heads");
+    if (box.options.length !== H + 2) {
       box.replaceChildren();
       for (let h = 0; h < H; h++) box.appendChild(new Option("Head " + h, String(h)));
+      box.appendChild(new Option("All heads", "all"));
+      const some = new Option("Chosen heads", "some");
+      some.disabled = true;
+      box.appendChild(some);
+      toggles.replaceChildren();
+      for (let h = 0; h < H; h++) {
+        const button = el("button", "hv-head-toggle", String(h));
+        button.type = "button";
+        button.dataset.head = String(h);
+        button.style.setProperty("--head", headColor(h));
+        button.addEventListener("click", () => toggleHead(h));
+        toggles.appendChild(button);
+      }
     }
-    box.value = String(state.head);
+    box.value = state.heads.length === 1 ? String(state.head) : state.heads.length === H ? "all" : "some";
+    for (const button of toggles.children) {
+      const on = state.heads.includes(Number(button.dataset.head));
+      button.setAttribute("aria-pressed", String(on));
+      const r = role(state.layer, Number(button.dataset.head));
+      button.title = "Head " + button.dataset.head + (r && r.labels.length ? ": " + r.labels.join(", ") : "") +
+        (on ? " (shown; click to hide)" : " (click to show it too)");
+    }
+  }
+
+  /* A toggle adds its head to the drawing or takes it away; the last head shown stays. */
+  function toggleHead(h) {
+    const i = state.heads.indexOf(h);
+    if (i >= 0 && state.heads.length === 1) return;
+    if (i >= 0) state.heads.splice(i, 1); else state.heads.push(h);
+    state.heads.sort((a, b) => a - b);
+    state.head = state.heads.includes(state.head) ? state.head : state.heads[0];
+    drawHead();
+  }
+
+  function showAll() {
+    state.heads = LAYERS[state.layer].weights.map((_, h) => h);
+    drawHead();
   }
 
   /* ---- model view ---- */
@@ -247,9 +333,20 @@
     return cell;
   }
 
+  const MAX_HEADS = SLOTS ? SLOTS.num_heads : Math.max(...LAYERS.map((L) => L.weights.length));
+  /* Cells shrink (96 px down to 48 px) until every head of a layer fits the panel's width; with more
+     heads than that the grid scrolls sideways and says so. */
+  function fitCells() {
+    const grid = $("mv-grid"), head = grid.querySelector(".mv-rowhead");
+    const free = grid.clientWidth - (head ? head.offsetWidth : 80) - 8 * MAX_HEADS - 2;
+    const cell = Math.max(48, Math.min(96, Math.floor(free / MAX_HEADS)));
+    grid.style.setProperty("--cell", cell + "px");
+    grid.classList.toggle("mv-small", cell < 72);
+    $("mv-scroll").hidden = grid.scrollWidth <= grid.clientWidth + 1;
+  }
+
   function buildModelView() {
-    const grid = $("mv-grid"), maxHeads = SLOTS ? SLOTS.num_heads : Math.max(...LAYERS.map((L) => L.weights.length));
-    grid.style.setProperty("--cell", maxHeads > 8 ? "80px" : "96px");
+    const grid = $("mv-grid"), maxHeads = MAX_HEADS;
     grid.style.gridTemplateColumns = "max-content repeat(" + maxHeads + ", var(--cell))";
     grid.appendChild(el("div", "mv-corner"));
     const colName = SLOTS && SLOTS.original ? "before: H" : "Head ";
@@ -292,11 +389,12 @@
   const FIXED_COLUMNS = {
     layer: "the layer (or the call, when a layer runs more than once) the head belongs to",
     head: "the head's index in its layer",
-    roles: "the roles whose score reached its threshold",
+    roles: "the roles whose score reached its threshold and beat chance by the margin; none: no role",
   };
   const table = { rows: [], sort: null };
 
   function columnTitle(name) {
+    if (name === "roles" && DATA.legend && DATA.legend.roles) return DATA.legend.roles.meaning;
     if (FIXED_COLUMNS[name]) return FIXED_COLUMNS[name];
     const entry = DATA.legend && DATA.legend[name];
     if (!entry) return name;
@@ -338,16 +436,21 @@
     }
   }
 
-  function buildLegend(cols) {
+  /* The legend: "roles" (the rule and the two marks) when given, then the table's columns in its
+     order, then the scores only the head view shows (*_mass). */
+  function buildLegend(cols, extra) {
     const box = $("role-legend");
     if (!DATA.legend) return;
-    for (const name of cols) {
+    if (DATA.legend.roles) box.append(el("dt", "", "roles"), el("dd", "", DATA.legend.roles.meaning));
+    for (const name of cols.concat(extra)) {
       const entry = DATA.legend[name];
       if (!entry) continue;
       const t = entry.threshold;
       const term = el("dt", "", name);
       term.appendChild(el("span", "legend-rule", t === null || t === undefined ? "no role" : "\u2265 " + t.toFixed(2)));
-      box.append(term, el("dd", "", entry.meaning));
+      const meaning = el("dd", "", entry.meaning);
+      if (!cols.includes(name)) meaning.appendChild(el("span", "muted", " (head view only, not in the table)"));
+      box.append(term, meaning);
     }
     box.hidden = !box.children.length;
   }
@@ -360,7 +463,7 @@
         const r = { row: li, layer: L.layer, head: null, labels: [], scores: {} };
         const tr = el("tr", "rt-row rt-pruned");
         tr.dataset.layer = String(li);
-        tr.appendChild(el("td", "", li === L.layer ? L.layer : li + " (" + L.layer + ")"));
+        tr.appendChild(el("td", "", REPEATED ? li + " (" + L.layer + ")" : L.layer));
         tr.appendChild(el("td", "", slot.original === null ? "\u2013" : "was " + slot.original));
         tr.appendChild(el("td", "", "pruned"));
         for (const k of cols) {
@@ -402,11 +505,11 @@
       const tr = el("tr", "rt-row");
       tr.dataset.layer = String(r.row);
       tr.dataset.head = String(r.head);
-      tr.appendChild(el("td", "", r.row === r.layer ? r.layer : r.row + " (" + r.layer + ")"));
+      tr.appendChild(el("td", "", REPEATED ? r.row + " (" + r.layer + ")" : r.layer));
       const was = SLOTS ? SLOTS.layers[r.row].findIndex((s) => s.head === r.head) : -1;
       tr.appendChild(el("td", "", SLOTS && SLOTS.original && was !== r.head ? r.head + " (was " + was + ")" : r.head));
       const labels = el("td");
-      labels.appendChild(r.labels.length ? chips(r.labels) : el("span", "muted", "\u2013"));
+      labels.appendChild(r.labels.length ? chips(r.labels) : el("span", "muted", "none"));
       tr.appendChild(labels);
       for (const k of cols) {
         const td = el("td", "num" + (r.labels.includes(k) ? " hit" : ""), fmt(r.scores[k]));
@@ -418,23 +521,36 @@
       table.rows.push({ r: r, tr: tr });
     }
     if (SLOTS) addPrunedRows(body, cols);
-    buildLegend(cols);
+    buildLegend(cols, keys.filter((k) => k.endsWith("_mass")));
   }
 
   /* ---- wiring ---- */
   function init() {
     const H = LAYERS.map((L) => L.weights.length), same = H.every((h) => h === H[0]);
-    $("summary").textContent = [DATA.source, SLOTS ? SLOTS.summary : LAYERS.length + " layers \u00d7 " + (same ? H[0] : "up to " +
-      Math.max(...H)) + " heads", QT.length + " queries, " + KT.length + " keys", "batch item " + DATA.batch]
-      .filter(Boolean).join(" \u00b7 ");
+    const layers = REPEATED ? plural(LAYERS.length, "call") : LAYERS.length === 1 ? "layer " + LAYERS[0].layer
+      : plural(LAYERS.length, "layer");
+    $("summary").textContent = [DATA.source, SLOTS ? SLOTS.summary : layers + " \u00d7 " + (same ? plural(H[0], "head")
+      : "up to " + Math.max(...H) + " heads"), QT.length + (QT.length === 1 ? " query, " : " queries, ") +
+      plural(KT.length, "key"), "batch item " + DATA.batch].filter(Boolean).join(" \u00b7 ");
     const notes = $("notices");
     for (const text of DATA.notices || []) notes.appendChild(el("p", "notice", text));
     notes.hidden = !notes.children.length;
     LAYERS.forEach((L, i) => $("hv-layer").appendChild(new Option(layerName(i) + " (" + L.kind + ")", String(i))));
-    queryEls = tokenColumn($("hv-queries"), QT, "query");
-    keyEls = tokenColumn($("hv-keys"), KT, "key");
-    $("hv-layer").addEventListener("change", (e) => select(Number(e.target.value), state.head, false));
-    $("hv-head").addEventListener("change", (e) => select(state.layer, Number(e.target.value), false));
+    queryEls = tokenColumn($("hv-queries"), QT, QL, "query");
+    keyEls = tokenColumn($("hv-keys"), KT, KL, "key");
+    $("hv-layer").addEventListener("change", (e) => {  /* the heads shown stay, where the layer has them */
+      const layer = Number(e.target.value), H = LAYERS[layer].weights.length;
+      const kept = state.heads.filter((h) => h < H);
+      state.layer = layer;
+      state.heads = kept.length ? kept : [Math.min(state.head, H - 1)];
+      state.head = state.heads.includes(state.head) ? state.head : state.heads[0];
+      drawHead();
+    });
+    $("hv-head").addEventListener("change", (e) => {
+      if (e.target.value === "all") showAll(); else select(state.layer, Number(e.target.value), false);
+    });
+    $("hv-all").addEventListener("click", showAll);
+    document.addEventListener("keydown", (e) => { if (e.key === "Escape" && state.pin) pin(state.pin.side, state.pin.index); });
     $("hv-threshold").addEventListener("input", (e) => {
       state.threshold = Number(e.target.value);
       $("hv-threshold-value").textContent = state.threshold.toFixed(2);
@@ -442,7 +558,14 @@
     });
     buildModelView();
     buildRoles();
+    fitLinks();
+    fitCells();
     select(0, 0, false);
+    let pending = 0;
+    window.addEventListener("resize", () => {
+      cancelAnimationFrame(pending);
+      pending = requestAnimationFrame(() => { fitCells(); if (fitLinks()) drawHead(); });
+    });
     document.body.dataset.ready = "true";
   }
 

@@ -34,6 +34,7 @@ from .generation import generate as generate_tokens
 from .gpt_inputs import (
     LMOutput,
     check_caches,
+    check_parameter_dtypes,
     check_token_ids,
     loss_of,
     positions_from_mask,
@@ -452,7 +453,9 @@ class GPT(nn.Module):
 
         Raises:
             TypeError: idx, targets, labels or position_ids of another dtype
-                (e.g. uint8 or float), a cache length that is not an int.
+                (e.g. uint8 or float), parameters of mixed dtypes (a block
+                converted alone; the message names both), a cache length
+                that is not an int.
             ValueError: both targets and labels, wrong shapes, token ids or positions out of range
                 (eager), a sequence longer than ``context_length``, a wrong
                 number of caches, caches of different lengths or batch
@@ -461,6 +464,7 @@ class GPT(nn.Module):
         """
         B, T = check_token_ids(idx, self.config.vocab_size)
         want = scored_tokens(targets, labels, B, T, self.config.vocab_size)  # checked before the model runs
+        check_parameter_dtypes(self)
         past = 0 if kv_caches is None else check_caches(kv_caches, len(self.blocks), B, T)
         key_padding, position_ids = token_positions(
             attention_mask, position_ids, B=B, T=T, past=past, context_length=self.config.context_length,

@@ -2,6 +2,7 @@
 
     check_token_ids(idx, vocab)           idx [B, T]: dtype, shape, ids in range -> (B, T)
     check_caches(kv_caches, blocks, B, T) one per block, equal lengths, room for T -> cached length
+    check_parameter_dtypes(model)         one floating dtype for every parameter (TypeError naming them)
     token_positions(mask, position_ids)   the padding mask [B, S] (True = real token)
                                           and the positions [B, T] or [1, T]
     next_token_loss(logits, targets, labels)  the loss of ``model(idx, targets)`` / ``labels=``
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "LMOutput", "check_caches", "check_token_ids", "loss_of", "next_token_loss", "positions_from_mask", "scored_tokens",
+    "LMOutput", "check_caches", "check_parameter_dtypes", "check_token_ids", "loss_of", "next_token_loss", "positions_from_mask", "scored_tokens",
     "token_positions",
 ]  # fmt: skip
 
@@ -130,6 +131,27 @@ def token_positions(
     if key_padding is not None:
         return key_padding, positions_from_mask(key_padding)[:, past:]  # (B, S) -> (B, T)
     return key_padding, torch.arange(past, S, device=device)[None, :]  # (1, T)
+
+
+def check_parameter_dtypes(model: torch.nn.Module) -> None:
+    """Refuse a model whose floating parameters mix dtypes (say one block
+    converted with ``.double()``): the layers would meet inputs of another
+    dtype than their weights. Skipped inside ``torch.compile`` and
+    ``torch.autocast`` (which casts per operation).
+
+    Raises:
+        TypeError: naming each dtype and a parameter of it.
+    """
+    if not _eager():
+        return
+    first: dict[torch.dtype, str] = {}
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and p.dtype not in first:
+            first[p.dtype] = name
+    if len(first) < 2 or torch.is_autocast_enabled(next(model.parameters()).device.type):
+        return
+    mixed = ", ".join(f"{dtype} ({name}, ...)" for dtype, name in first.items())
+    raise TypeError(f"the model's parameters mix dtypes {mixed}: convert the whole model, e.g. model.to({next(iter(first))})")
 
 
 def check_caches(kv_caches: list, num_blocks: int, B: int, T: int) -> int:

@@ -81,17 +81,17 @@ def check_call(
             raise ValueError(f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}")
 
 
-def check_dtype(query: torch.Tensor, dtype: torch.dtype | None, what: str = "the layer's parameters") -> None:
-    """Refuse a query whose dtype differs from ``dtype`` (the layer's), outside autocast.
+def check_dtype(x: torch.Tensor, dtype: torch.dtype | None, name: str = "query") -> None:
+    """Refuse an input whose dtype differs from ``dtype`` (the layer's parameters'), outside autocast.
 
     Raises:
         TypeError: e.g. "query has dtype torch.float64 but the layer's parameters are torch.float32".
     """
-    if dtype is None or query.dtype == dtype or torch.is_autocast_enabled(query.device.type):
+    if dtype is None or x.dtype == dtype or torch.is_autocast_enabled(x.device.type):
         return
     raise TypeError(
-        f"query has dtype {query.dtype} but {what} are {dtype}: convert one to the other "
-        f"(query.to({dtype}) or module.to({query.dtype}))"
+        f"{name} has dtype {x.dtype} but the layer's parameters are {dtype}: convert one to the other "
+        f"({name}.to({dtype}) or module.to({x.dtype}))"
     )
 
 

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from support.kinds import C, OPTIONS, build
+from support.kinds import OPTIONS, C, build
 from support.paths import assert_matches_peer
 from torch import nn
 

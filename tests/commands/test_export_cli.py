@@ -119,6 +119,11 @@ def test_mistakes_are_one_line_and_write_nothing(tmp_path):
     assert "--zero-heads is for a pruned model" in refused("--checkpoint", str(plain), "--hf", str(out), "--zero-heads")
     assert f"--tokenizer {tmp_path / 'none.json'}: no such file" in refused(
         "--checkpoint", str(plain), "--hf", str(out), "--tokenizer", str(tmp_path / "none.json"))
+    from multihead.models.minilm import minilm_model_dir
+
+    wordpiece = str(minilm_model_dir() / "tokenizer.json")
+    assert "the tokenizer has 30522 tokens, more than the model's vocab_size 256" in refused(
+        "--checkpoint", str(plain), "--hf", str(out), "--tokenizer", wordpiece)
     (tmp_path / "file").write_text("x")
     assert "exists and is not a folder" in refused("--checkpoint", str(plain), "--hf", str(tmp_path / "file"))
     assert not out.exists()

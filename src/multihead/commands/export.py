@@ -108,7 +108,7 @@ def prepare(
             --hf that cannot be written, or a model transformers cannot
             hold (the reason); nothing is written.
     """
-    from ..hf.export import check_export_folder, check_hf_export
+    from ..hf.export import check_export_folder, check_hf_export, export_tokenizer
 
     if (model is None) == (checkpoint is None):
         raise ValueError(f"give exactly one of --model and --checkpoint (got --model {model} and --checkpoint {checkpoint})")
@@ -139,6 +139,7 @@ def prepare(
             raise ValueError(f"--checkpoint {checkpoint} brings its own tokenizer; --tokenizer {tokenizer} cannot replace it")
         tok = own if tok is None else tok
     architecture = check_hf_export(net, zero_heads=zero_heads)
+    tok = export_tokenizer(net, tok)
     if zero_heads and net_layer_heads(net) is None:
         raise ValueError(f"--zero-heads is for a pruned model; {source} has every head in every layer")
     return Export(net.eval(), source, folder, tok, zero_heads, architecture)

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["export_hf", "check_hf_export", "EXPORT_FILES", "check_export_folder", "byte_tokenizer"]
+__all__ = ["export_hf", "check_hf_export", "export_tokenizer", "EXPORT_FILES", "check_export_folder", "byte_tokenizer"]
 
 # Every entry an export may write (files, and the 1_Pooling folder).
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "modules.json",
@@ -246,8 +246,18 @@ def _byte_symbols() -> list[str]:
     return [out[b] for b in range(256)]
 
 
+def export_tokenizer(model: nn.Module, given: Any = None):
+    """The ``tokenizers.Tokenizer`` an export of ``model`` writes (a fresh copy,
+    no padding or truncation), or None (see the module docstring).
+
+    Raises:
+        TypeError: a tokenizer of another type.
+        ValueError: an unreadable tokenizer.json, or more tokens than the model's vocabulary.
+    """
+    return _tokenizer(*_parts(model), given)
+
+
 def _tokenizer(family: str, inner, sentence, given):
-    """A fresh ``tokenizers.Tokenizer`` (no padding or truncation) or None."""
     from tokenizers import Tokenizer
 
     if given is None:

@@ -108,7 +108,7 @@ def prepare(
             --hf that cannot be written, or a model transformers cannot
             hold (the reason); nothing is written.
     """
-    from ..hf.export import check_export_folder, check_hf_export, export_tokenizer
+    from ..hf.export import check_export_folder, check_hf_export, export_tokenizer, pruned
 
     if (model is None) == (checkpoint is None):
         raise ValueError(f"give exactly one of --model and --checkpoint (got --model {model} and --checkpoint {checkpoint})")
@@ -140,12 +140,12 @@ def prepare(
         tok = own if tok is None else tok
     architecture = check_hf_export(net, zero_heads=zero_heads)
     tok = export_tokenizer(net, tok)
-    if zero_heads and net_layer_heads(net) is None:
+    if zero_heads and not pruned(net):
         raise ValueError(f"--zero-heads is for a pruned model; {source} has every head in every layer")
     return Export(net.eval(), source, folder, tok, zero_heads, architecture)
 
 
-def net_layer_heads(net: nn.Module) -> list[int] | None:
+def _layer_heads(net: nn.Module) -> list[int] | None:
     """The per-layer head counts of a GPT or sentence encoder (None: uniform)."""
     return getattr(net, "encoder", net).config.layer_heads
 
@@ -158,7 +158,7 @@ def export(job: Export, echo=print) -> Path:
     files = sorted(p.name for p in folder.iterdir())
     echo(f"{job.source}: wrote {folder.resolve()} ({', '.join(files)})")
     if job.zero_heads:
-        echo(f"  removed heads written back as zero heads (layer heads {net_layer_heads(job.model)})")
+        echo(f"  removed heads written back as zero heads (layer heads {_layer_heads(job.model)})")
     if "tokenizer.json" not in files:
         echo("  no tokenizer was written: give --tokenizer FILE to add one")
     extra = ", add_pooling_layer=False" if job.architecture == "BertModel" else ""

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["export_hf", "check_hf_export", "export_tokenizer", "EXPORT_FILES", "check_export_folder", "byte_tokenizer"]
+__all__ = ["export_hf", "check_hf_export", "export_tokenizer", "pruned", "EXPORT_FILES", "check_export_folder", "byte_tokenizer"]
 
 # Every entry an export may write (files, and the 1_Pooling folder).
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "modules.json",
@@ -107,7 +107,7 @@ def check_hf_export(model: nn.Module, *, zero_heads: bool = False) -> str:
         if others:
             why.append(f"{', '.join(others)} (GPT-2's attention has no such options)")
         raise ValueError(f"transformers' {target} cannot hold this model's attention options {options}: {'; '.join(why)}")
-    if config.layer_heads is not None and not zero_heads:
+    if pruned(model) and not zero_heads:
         raise ValueError(
             f"transformers' {target} config holds one head count for every layer and derives the head size "
             f"from it (width / heads); this pruned model keeps {config.layer_heads} of {H} heads of size "
@@ -115,6 +115,12 @@ def check_hf_export(model: nn.Module, *, zero_heads: bool = False) -> str:
             "heads back as zero heads (the same outputs, the unpruned size)"
         )
     return target
+
+
+def pruned(model: nn.Module) -> bool:
+    """Whether some layer of ``model`` has fewer than ``num_heads`` heads (per-layer ``layer_heads``)."""
+    config = _parts(model)[1].config
+    return config.layer_heads is not None and any(h != config.num_heads for h in config.layer_heads)
 
 
 # ------------------------------------------------------------------ weights

@@ -342,9 +342,12 @@ class GPT(nn.Module):
     two projections that write into the residual stream, using torch's
     global generator (seed it for reproducible models).
 
-    Training: some attention kinds ("moh", "gated") ask for a loss term of
-    their own; a plain training loop adds ``model.aux_loss()`` (their sum over
-    blocks, a 0-d zero for the others) to its language-model loss.
+    Training: ``logits, loss = model(idx, targets)`` (nanoGPT's targets, the
+    next tokens) or ``model(idx, labels=idx).loss`` (Hugging Face's labels,
+    shifted inside); see :meth:`forward`. Some attention kinds ("moh",
+    "gated") ask for a loss term of their own; a plain training loop adds
+    ``model.aux_loss()`` (their sum over blocks, a 0-d zero for the others)
+    to that language-model loss.
     """
 
     def __init__(self, config: GPTConfig, *, device: torch.device | str | None = None, dtype=None) -> None:

@@ -14,7 +14,8 @@ from support.paths import assert_paths_agree
 
 transformers = pytest.importorskip("transformers")
 
-from multihead.hf.export import byte_tokenizer, check_hf_export, export_hf  # noqa: E402
+from multihead.hf.export import check_hf_export, export_hf  # noqa: E402
+from multihead.hf.export_files import byte_tokenizer  # noqa: E402
 from multihead.models.bert import BertConfig, BertEncoder  # noqa: E402
 from multihead.models.gpt import GPT, GPTConfig  # noqa: E402
 from multihead.tools.prune import prune_heads  # noqa: E402

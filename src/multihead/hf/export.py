@@ -17,7 +17,7 @@ Tokenizer: the one given (a ``tokenizers.Tokenizer``, a tokenizer of
 ``multihead.train.tokenizer``, or a tokenizer.json path), else a
 SentenceEncoder's own; a byte-level GPT (vocab 256) without one gets a
 tokenizer.json whose ids are the UTF-8 bytes (a byte-level BPE without
-merges). Otherwise no tokenizer files are written.
+merges). Otherwise no tokenizer files are written (``hf.export_files``).
 
 What transformers cannot represent is refused with the reason, before
 anything is written (``check_hf_export``): an attention kind other than
@@ -48,14 +48,13 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["export_hf", "check_hf_export", "export_tokenizer", "pruned", "EXPORT_FILES", "check_export_folder", "byte_tokenizer"]
+from .export_files import sentence_files, special_tokens, tokenizer_file
+
+__all__ = ["export_hf", "check_hf_export", "export_tokenizer", "pruned", "EXPORT_FILES", "check_export_folder"]
 
 # Every entry an export may write (files, and the 1_Pooling folder).
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "modules.json",
                 "sentence_bert_config.json", "1_Pooling")  # fmt: skip
-_BERT_SPECIALS = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
-                  "mask_token": "[MASK]"}  # fmt: skip
-_GPT_EOS = "<|endoftext|>"
 
 
 # ------------------------------------------------------------------ what can be exported
@@ -227,31 +226,6 @@ def _bert_config(encoder, special: dict[str, int]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ tokenizers
-def byte_tokenizer():
-    """A ``tokenizers.Tokenizer`` whose ids are the UTF-8 bytes of the text (0-255):
-    a byte-level BPE without merges, so each byte is one token, decoding back to the text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = _byte_symbols()
-    tok = Tokenizer(models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return tok
-
-
-def _byte_symbols() -> list[str]:
-    """The printable character the byte-level pre-tokenizer shows for each byte (GPT-2's table)."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    out, extra = {}, 0
-    for b in range(256):
-        if b in kept:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return [out[b] for b in range(256)]
-
-
 def export_tokenizer(model: nn.Module, given: Any = None):
     """The ``tokenizers.Tokenizer`` an export of ``model`` writes (a fresh copy,
     no padding or truncation), or None (see the module docstring).
@@ -260,66 +234,10 @@ def export_tokenizer(model: nn.Module, given: Any = None):
         TypeError: a tokenizer of another type.
         ValueError: an unreadable tokenizer.json, or more tokens than the model's vocabulary.
     """
-    return _tokenizer(*_parts(model), given)
-
-
-def _tokenizer(family: str, inner, sentence, given):
-    from tokenizers import Tokenizer
-
-    if given is None:
-        if sentence is not None:
-            given = sentence.tokenizer
-        elif family == "gpt" and inner.config.vocab_size == 256:
-            return byte_tokenizer()
-        else:
-            return None
-    if isinstance(given, (str, os.PathLike)):
-        from .folders import read_tokenizer
-
-        tok = read_tokenizer(given)
-    elif getattr(given, "kind", None) == "bytes":
-        tok = byte_tokenizer()
-    elif isinstance(given, Tokenizer) or hasattr(given, "to_str"):
-        tok = Tokenizer.from_str(given.to_str())
-    else:
-        raise TypeError(
-            "tokenizer must be a tokenizers.Tokenizer, a multihead.train tokenizer or a tokenizer.json path, "
-            f"got {type(given).__name__}"
-        )
-    tok.no_padding()
-    tok.no_truncation()
-    size = tok.get_vocab_size(with_added_tokens=True)
-    vocab = inner.config.vocab_size
-    if size > vocab:
-        raise ValueError(f"the tokenizer has {size} tokens, more than the model's vocab_size {vocab}")
-    return tok
-
-
-def _specials(family: str, tok) -> tuple[dict[str, int], dict[str, str]]:
-    """(ids of the special tokens the config names, tokenizer_config.json's special tokens)."""
-    if tok is None:
-        return {}, {}
-    if family == "bert":
-        named = {k: v for k, v in _BERT_SPECIALS.items() if tok.token_to_id(v) is not None}
-        return ({"pad": tok.token_to_id(named["pad_token"])} if "pad_token" in named else {}), named
-    eos = tok.token_to_id(_GPT_EOS)
-    if eos is None:
-        return {}, {}
-    return {"eos": eos}, {"bos_token": _GPT_EOS, "eos_token": _GPT_EOS}
-
-
-def _sentence_files(sentence, width: int) -> dict[str, Any]:
-    """sentence-transformers' modules.json, sentence_bert_config.json and 1_Pooling/config.json."""
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]  # fmt: skip
-    if sentence.normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-    pooling = {"word_embedding_dimension": width, "pooling_mode_cls_token": sentence.pooling == "cls",
-               "pooling_mode_mean_tokens": sentence.pooling == "mean", "pooling_mode_max_tokens": sentence.pooling == "max",
-               "pooling_mode_mean_sqrt_len_tokens": False}  # fmt: skip
-    return {"modules.json": modules,
-            "sentence_bert_config.json": {"max_seq_length": sentence.max_seq_length, "do_lower_case": False},
-            "1_Pooling/config.json": pooling}  # fmt: skip
+    family, inner, sentence = _parts(model)
+    if given is None and sentence is not None:
+        given = sentence.tokenizer
+    return tokenizer_file(given, inner.config.vocab_size, byte_default=family == "gpt")
 
 
 # ------------------------------------------------------------------ the folder
@@ -399,25 +317,28 @@ def export_hf(
             a tokenizer larger than the vocabulary, or a folder that cannot
             be written; all before anything is written.
     """
+    from safetensors.torch import save_file
+
     from ..io import remove_stale_temps
 
     family, inner, sentence = _parts(model)
     check_hf_export(model, zero_heads=zero_heads)
     target = check_export_folder(folder)
-    tok = _tokenizer(family, inner, sentence, tokenizer)
-    special, named = _specials(family, tok)
-    from safetensors.torch import save_file
+    tok = export_tokenizer(model, tokenizer)
+    special, named = special_tokens(family, tok)
 
     with torch.no_grad():
         tensors = _gpt2_tensors(inner) if family == "gpt" else _bert_tensors(inner)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     files: dict[str, Any] = {"config.json": _gpt2_config(inner, special) if family == "gpt" else _bert_config(inner, special)}
     if tok is not None:
-        limit = sentence.max_seq_length if sentence is not None else getattr(inner.config, "context_length", None)
+        config = inner.config
+        limit = sentence.max_seq_length if sentence is not None else getattr(config, "context_length", None)
+        limit = limit or getattr(config, "max_position_embeddings", None)
         files["tokenizer_config.json"] = {"tokenizer_class": "PreTrainedTokenizerFast", **named,
                                           **({"model_max_length": limit} if limit else {})}  # fmt: skip
     if sentence is not None:
-        files.update(_sentence_files(sentence, inner.config.hidden_size))
+        files.update(sentence_files(sentence, inner.config.hidden_size))
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target)
     staging = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")

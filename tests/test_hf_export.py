@@ -23,10 +23,10 @@ from multihead.tools.prune import prune_heads  # noqa: E402
 TINY = dict(vocab_size=256, context_length=32, embed_dim=32, num_layers=2, num_heads=4)
 
 
-def gpt(seed: int = 0, **overrides) -> GPT:
+def gpt(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> GPT:
     """A random tiny GPT whose biases and LayerNorms are perturbed, so every parameter matters."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**TINY, **overrides})).eval()
+    model = GPT(GPTConfig(**{**TINY, **overrides}), dtype=dtype).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or "ln" in name:
@@ -52,6 +52,17 @@ def test_gpt_loads_as_gpt2_with_the_same_logits(overrides, tmp_path):
     idx = torch.randint(0, 256, (2, 11), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert_paths_agree(hf_logits(folder, idx), model(idx))
+
+
+def test_a_float64_gpt_is_written_and_loaded_in_float64(tmp_path):
+    model = gpt(dtype=torch.float64)
+    folder = export_hf(model, tmp_path / "hf")
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "float64"
+    idx = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits = hf_logits(folder, idx)
+        assert logits.dtype == torch.float64
+        assert_paths_agree(logits, model(idx))
 
 
 def test_byte_gpt_gets_a_byte_tokenizer_that_autotokenizer_reads(tmp_path):
@@ -94,10 +105,10 @@ def test_what_gpt2_cannot_hold_is_refused_with_the_reason(overrides, reason, tmp
     assert list(tmp_path.iterdir()) == []  # nothing written, not even a staging folder
 
 
-def tiny_bert(seed: int = 0) -> BertEncoder:
+def tiny_bert(seed: int = 0, **overrides) -> BertEncoder:
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=50, hidden_size=24, num_layers=2, num_heads=4, intermediate_size=40,
-                        max_position_embeddings=32, hidden_act="gelu")  # fmt: skip
+    config = BertConfig(**{**dict(vocab_size=50, hidden_size=24, num_layers=2, num_heads=4, intermediate_size=40,
+                                  max_position_embeddings=32, hidden_act="gelu"), **overrides})  # fmt: skip
     model = BertEncoder(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -122,6 +133,12 @@ def test_bert_encoder_loads_as_bertmodel_with_the_same_hidden_states(pruned, tmp
         got = model(ids, attention_mask=mask, token_type_ids=types)
     real = mask.bool()
     assert_paths_agree(got[real], want[real])  # padded positions are meaningless on both sides
+
+
+def test_a_gqa_bert_is_refused_with_the_reason(tmp_path):
+    with pytest.raises(ValueError, match=r"BertModel has plain multi-head attention .* 'gqa' with 2 key/value heads"):
+        export_hf(tiny_bert(attention="gqa", num_kv_heads=2), tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_previous_export_is_replaced_whole_and_other_folders_are_refused(tmp_path, monkeypatch):

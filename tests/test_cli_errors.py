@@ -185,7 +185,7 @@ def test_inspect_refuses_token_ids_outside_the_vocabulary(work, tiny_ckpt, capsy
 # -- generate ------------------------------------------------------------------------------------------
 
 GENERATE_EARLY = {
-    "preset and checkpoint": (["generate", "--preset", "tiny", "--checkpoint", "{ckpt}"], "not both (got --preset tiny --checkpoint {ckpt})"),
+    "preset and checkpoint": (["generate", "--preset", "tiny", "--checkpoint", "{ckpt}"], "not several (got --preset tiny --checkpoint {ckpt})"),
     "save-init and checkpoint": (["generate", "--checkpoint", "{ckpt}", "--save-init", "x"], "cannot be combined with --checkpoint {ckpt}"),
     "save-init and top-k": (["generate", "--save-init", "x", "--top-k", "3"], "so --top-k 3 would be ignored"),
     "save-init and prompt": (["generate", "--save-init", "x", "--prompt", "Hi"], "so --prompt 'Hi' would be ignored"),

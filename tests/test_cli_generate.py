@@ -96,7 +96,7 @@ def test_non_byte_vocab_needs_a_tokenizer(capsys, tmp_path):
     [
         (["--preset", "gpt2-smal"], "unknown GPT preset 'gpt2-smal'; valid presets:"),
         (["--preset", "tiny", "--prompt", "x" * 129], "the prompt's 129 tokens exceed the model's context_length=128"),
-        (["--preset", "tiny", "--checkpoint", "x"], "not both"),
+        (["--preset", "tiny", "--checkpoint", "x"], "not several"),
         (["--checkpoint", "no/such/dir"], "no/such/dir"),
         (["--preset", "tiny", "--prompt", ""], "encodes to no tokens"),
         (["--preset", "tiny", "--top-p", "2"], "--top-p 2.0: must be a number in (0, 1]"),

@@ -17,7 +17,9 @@ The public API on one screen:
 * ``multihead.tools``      capture attention, head roles, views, head importance,
                            masking and pruning heads, MHA -> GQA conversion
 * ``multihead.hf``         multihead as the attention of any Hugging Face
-                           transformers model (imported on demand: docs/hf.md)
+                           transformers model (imported on demand: docs/hf.md),
+                           and ``export_hf``: a GPT or MiniLM as a transformers
+                           folder (docs/export.md)
 * ``UsageError``           a user's mistake (a ValueError), which the
                            ``multihead`` command prints as one line
 """

@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 
 from . import __version__
-from .commands import compare, convert, generate, inspect, prune, textbook, train
+from .commands import compare, convert, export, generate, inspect, prune, textbook, train
 from .commands.checking import environment_error, one_line
 from .commands.train import is_rank_zero
 from .errors import UsageError
@@ -85,7 +85,7 @@ COMMANDS = (
         "multihead prune --hf path/to/hf-bert-or-gpt2 --method gradient --keep 0.5 --out pruned",
         'multihead generate --checkpoint runs/mini-pruned "To be"',
         "multihead prune --import mykinds --checkpoint runs/mine --method gradient --keep 0.5 --out runs/mine-pruned")),
-)  # fmt: skip
+    Command("export", export, "write a GPT or MiniLM as a Hugging Face folder that transformers loads", ("multihead export --checkpoint runs/tiny --hf tiny-hf", "multihead export --model minilm-l6 --hf minilm-hf", 'multihead generate --hf tiny-hf "To be"')))  # fmt: skip
 
 _BUG = ("multihead: this is a bug in multihead {0} (torch {1}, Python {2}), not a mistake of yours: please report "
         "it to the multihead maintainers with the command line and the traceback above")

@@ -1,5 +1,5 @@
 """The ``multihead`` subcommands: one module each (``textbook``, ``inspect``, ``generate``,
-``train``, ``compare``, ``convert``, ``prune``), listed in ``multihead.cli``.
+``train``, ``compare``, ``convert``, ``prune``, ``export``), listed in ``multihead.cli``.
 
 Each has ``add_arguments(parser)`` (its description and flags) and ``run(args) -> int``,
 which checks everything inside ``checking.checking()`` before its work starts. The other

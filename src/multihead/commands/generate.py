@@ -1,10 +1,14 @@
-"""``multihead generate``: sample text from a GPT preset or a saved checkpoint.
+"""``multihead generate``: sample text from a GPT preset, a saved checkpoint or a Hugging Face GPT-2 folder.
 
 A preset builds a freshly initialised model (seeded, so the same seed gives
 the same model); ``--checkpoint`` loads one written by
 ``multihead.models.checkpoint.save_checkpoint`` (or by ``--save-init``), or
 the run directory of ``multihead train`` (its latest checkpoint, and its
 tokenizer to encode the prompt and decode the output; see ``run_dir``).
+``--hf DIR`` loads a local Hugging Face GPT-2 folder (config.json with
+model_type "gpt2", model.safetensors, and its tokenizer.json unless
+``--tokenizer`` gives one) into multihead's ``GPT``
+(``multihead.hf.load_gpt2_folder``; what ``multihead export`` writes too).
 
 Byte-level models (vocab_size 256) read the prompt as UTF-8 bytes; other
 vocabularies need ``--tokenizer tokenizer.json`` (Hugging Face ``tokenizers``)
@@ -42,7 +46,8 @@ BYTE_VOCAB = 256
 DESCRIPTION = (
     "Build a GPT-2 style model from a preset with freshly initialised, seeded weights, or load "
     "a checkpoint (config.json + model.safetensors, e.g. written by --save-init, or the run "
-    "directory of 'multihead train': its latest checkpoint and its own tokenizer), then sample a "
+    "directory of 'multihead train': its latest checkpoint and its own tokenizer), or a local Hugging Face "
+    "GPT-2 folder (--hf DIR: config.json, model.safetensors, tokenizer.json), then sample a "
     "continuation of the prompt and print prompt + continuation. Byte-level models (vocab 256: "
     "the tiny and mini presets) read the prompt as UTF-8 bytes; other vocabularies need "
     "--tokenizer tokenizer.json (a run directory brings its tokenizer). A preset's untrained "
@@ -57,13 +62,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.add_argument(
         "--preset",
-        help=f"model preset: {', '.join(GPT_PRESETS)} (default {DEFAULT_PRESET} unless --checkpoint is given)",
+        help=f"model preset: {', '.join(GPT_PRESETS)} (default {DEFAULT_PRESET} unless --checkpoint or --hf is given)",
     )
     parser.add_argument(
         "--checkpoint",
         metavar="PATH",
         help="checkpoint directory, .safetensors file, or run directory of 'multihead train' to load",
     )
+    parser.add_argument(
+        "--hf", metavar="DIR",
+        help="a local Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer.json) to load",
+    )  # fmt: skip
     parser.add_argument("text", nargs="?", metavar="PROMPT", help="text to continue (the same as --prompt)")
     parser.add_argument("--prompt", help=f"text to continue (default {DEFAULT_PROMPT!r})")
     parser.add_argument(
@@ -93,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 f"give the prompt once, as PROMPT or --prompt (got {args.text!r} and --prompt {args.prompt!r})"
             )
         job = prepare(
-            preset=args.preset, checkpoint=args.checkpoint, prompt=args.prompt if args.text is None else args.text,
+            preset=args.preset, checkpoint=args.checkpoint, hf=args.hf, prompt=args.prompt if args.text is None else args.text,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=args.seed, tokenizer=args.tokenizer, save_init=args.save_init,
         )  # fmt: skip
@@ -192,6 +201,7 @@ def prepare(
     seed: int = 0,
     tokenizer: str | None = None,
     save_init: str | None = None,
+    hf: str | None = None,
 ) -> Generation:
     """Check the options, build or load the model and encode the prompt.
 
@@ -201,19 +211,24 @@ def prepare(
 
     Raises:
         ValueError: conflicting or invalid options: --preset with
-            --checkpoint; --save-init with --checkpoint or a sampling option,
+            --checkpoint or --hf; --save-init with --checkpoint, --hf or a sampling option,
             or a PATH that cannot be written; --top-k or --top-p with
             --temperature 0 (greedy ignores them); sampling values out of
             range; a missing --tokenizer file; a run directory with no
-            checkpoint yet, or with --tokenizer (it has its own). All are
+            checkpoint yet, or with --tokenizer (it has its own); an --hf
+            folder that is not a GPT-2 folder multihead can load. All are
             checked before a model is built; a prompt too long for the
             model after.
     """
     from ..models.checkpoint import load_checkpoint
     from ..models.gpt import GPT, GPTConfig
 
-    if preset is not None and checkpoint is not None:
-        raise ValueError(f"give --preset or --checkpoint, not both (got --preset {preset} --checkpoint {checkpoint})")
+    sources = {"--preset": preset, "--checkpoint": checkpoint, "--hf": hf}
+    given = [f"{flag} {value}" for flag, value in sources.items() if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one of --preset, --checkpoint and --hf, not several (got {' '.join(given)})")
+    if hf is not None and save_init is not None:
+        raise ValueError(f"--save-init writes a freshly initialised preset model; it cannot be combined with --hf {hf}")
     if save_init is not None:
         sampling = {
             "--prompt": None if prompt is None else repr(prompt), "--max-new-tokens": max_new_tokens,
@@ -237,6 +252,10 @@ def prepare(
     elif checkpoint is not None:
         model = load_checkpoint(checkpoint)
         source = f"checkpoint {checkpoint}"
+    elif hf is not None:
+        model, own = _hf_gpt2(hf, tok)
+        tok = own if tok is None else tok
+        source = f"Hugging Face GPT-2 folder {hf}, {'its tokenizer.json' if tokenizer is None else 'the --tokenizer'}"
     else:
         name = preset or DEFAULT_PRESET
         config = GPTConfig.from_preset(name)
@@ -256,6 +275,28 @@ def prepare(
         model, source, tok, ids, DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
         DEFAULT_TEMPERATURE if temperature is None else temperature, top_k, top_p, seed, save_init,
     )  # fmt: skip
+
+
+def _hf_gpt2(hf: str, tokenizer) -> tuple[nn.Module, object | None]:
+    """(GPT, the folder's tokenizer or None) of a Hugging Face GPT-2 folder, checked before the weights are read.
+
+    Raises:
+        ValueError: no such folder, a missing file, another model_type, a
+            GPT-2 option multihead does not implement, weights that do not fit.
+    """
+    from ..hf.folders import load_gpt2_folder, model_folder, read_config
+
+    label = f"--hf {hf}"
+    folder = model_folder(hf, ("config.json", "model.safetensors"), label=label)
+    model_type = read_config(folder, label=label).get("model_type")
+    if model_type != "gpt2":
+        raise ValueError(f"{label}: model_type {model_type!r}; generate takes a GPT-2 folder (model_type 'gpt2')")
+    if tokenizer is None and not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"{label}: no tokenizer.json in it to encode the prompt; give --tokenizer FILE")
+    try:
+        return load_gpt2_folder(folder)
+    except ValueError as e:
+        raise ValueError(f"{label}: {e}") from None
 
 
 def generate(

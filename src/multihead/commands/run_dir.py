@@ -46,7 +46,7 @@ def run_checkpoint(path: str) -> tuple[Path, object, int | None] | None:
     run_dir = Path(path)
     if not ((run_dir / "checkpoints").is_dir() or (run_dir / "tokenizer").is_dir()):
         return _saved_checkpoint(path)
-    from ..train.checkpoint import latest_checkpoint
+    from ..models.run_dirs import latest_checkpoint
     from ..train.tokenizer import load_tokenizer_dir
 
     step_dir = latest_checkpoint(run_dir)

@@ -22,11 +22,17 @@ folder into multihead's own models, without transformers (importing
 ``multihead.hf`` registers "multihead" only where transformers is
 installed); ``load_transformers_folder`` is ``load_hf`` for a command.
 ``encoder_importance`` scores each head of a transformers model by ablation.
+
+Export (``export.py``): ``export_hf(model, folder)`` writes a multihead GPT
+as a ``GPT2LMHeadModel`` folder and a BERT/MiniLM as a ``BertModel`` (and
+sentence-transformers) folder; ``check_hf_export`` says why a model cannot
+be written (docs/export.md).
 """
 
 from importlib.util import find_spec
 
 from .bridge import NAME, attention_forward, load_hf, register
+from .export import check_hf_export, export_hf
 from .folders import (
     load_gpt2_folder,
     load_sentence_encoder_folder,
@@ -41,7 +47,7 @@ from .scopes import capture, head_gates, head_mask
 __all__ = [
     "NAME", "register", "attention_forward", "capture", "head_gates", "head_mask", "load_hf", "model_folder",
     "read_config", "read_tokenizer", "load_sentence_encoder_folder", "load_gpt2_folder", "load_transformers_folder",
-    "encoder_importance",
+    "encoder_importance", "export_hf", "check_hf_export",
 ]  # fmt: skip
 
 if find_spec("transformers") is not None:

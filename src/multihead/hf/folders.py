@@ -111,7 +111,7 @@ def load_sentence_encoder_folder(folder: str | Path) -> tuple[nn.Module, str]:
 
 def load_gpt2_folder(folder: str | Path):
     """(GPT in eval mode, tokenizers.Tokenizer without truncation or padding) for a GPT-2 folder
-    (config.json, model.safetensors, tokenizer.json)."""
+    (config.json, model.safetensors, tokenizer.json); the tokenizer is None without a tokenizer.json."""
     from ..convert.hf_gpt2 import gpt_from_hf_state_dict
     from ..models.bert import load_safetensors
     from ..models.gpt import GPTConfig
@@ -119,6 +119,8 @@ def load_gpt2_folder(folder: str | Path):
     folder = Path(folder)
     config = GPTConfig.from_hf_config(read_config(folder))
     model = gpt_from_hf_state_dict(load_safetensors(folder / "model.safetensors"), config).eval()
+    if not (folder / "tokenizer.json").is_file():
+        return model, None
     tokenizer = read_tokenizer(folder / "tokenizer.json")
     tokenizer.no_truncation()
     tokenizer.no_padding()

@@ -70,6 +70,7 @@ from ..io import (
     write_text_atomic,
 )
 from .gpt import GPT, GPTConfig
+from .run_dirs import checkpoint_path
 
 __all__ = [
     "save_checkpoint",
@@ -186,7 +187,8 @@ def _header_config(header: SafetensorsHeader) -> tuple[GPTConfig, dict[str, str]
 
 
 def read_config(path: str | os.PathLike) -> GPTConfig:
-    """The ``GPTConfig`` of the checkpoint at ``path`` (directory, .json or .safetensors).
+    """The ``GPTConfig`` of the checkpoint at ``path`` (directory, .json or .safetensors,
+    or a ``multihead train`` run directory: its latest checkpoint).
 
     The config in the weights' header when there is one, else the JSON file's.
 
@@ -194,7 +196,7 @@ def read_config(path: str | os.PathLike) -> GPTConfig:
         FileNotFoundError: neither a config in the weights nor a config file.
         ValueError: a corrupt or hostile file, not a multihead GPT config, or invalid fields.
     """
-    config_path, weights_path = checkpoint_paths(path)
+    config_path, weights_path = checkpoint_paths(checkpoint_path(path))
     if weights_path.is_file():
         with open(weights_path, "rb") as f:
             found = _header_config(read_safetensors_header(f, weights_path))
@@ -270,7 +272,10 @@ def load_checkpoint(
     """Rebuild the ``GPT`` saved at ``path``.
 
     Args:
-        path: a directory, or the ``.safetensors`` / ``.json`` of a pair.
+        path: a directory, or the ``.safetensors`` / ``.json`` of a pair, or
+            the run directory of ``multihead train`` (holding
+            ``checkpoints/``): the checkpoint its ``checkpoints/latest``
+            names (``models.run_dirs``), as ``--checkpoint RUN`` reads it.
         config: when given, the stored config must equal it.
         device: where to put the model (default CPU).
 
@@ -278,13 +283,14 @@ def load_checkpoint(
         the model (in training mode, like a fresh module; call ``.eval()``).
 
     Raises:
-        FileNotFoundError: a missing file.
-        ValueError: a corrupt or hostile file (header, JSON, checksums), integer
+        FileNotFoundError: a missing file, a run directory with no complete
+            checkpoint yet.
+        ValueError: a broken ``checkpoints/latest`` pointer, a corrupt or hostile file (header, JSON, checksums), integer
             or bool tensors, tensors that do not match the config (names or
             shapes), or a stored config different from ``config``; raised
             before the model is built.
     """
-    config_path, weights_path = checkpoint_paths(path)
+    config_path, weights_path = checkpoint_paths(checkpoint_path(path))
     if not weights_path.is_file():
         if not config_path.is_file():
             raise FileNotFoundError(f"no checkpoint config at {config_path} and no weights at {weights_path}")

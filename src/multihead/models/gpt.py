@@ -31,7 +31,16 @@ from ..modules.calls import rollback_all_on_error
 from ..modules.head_selection import check_heads
 from ..modules.registry import build_attention, check_kind, total_aux_loss
 from .generation import generate as generate_tokens
-from .gpt_inputs import check_caches, check_token_ids, positions_from_mask, token_positions
+from .gpt_inputs import (
+    LMOutput,
+    check_caches,
+    check_parameter_dtypes,
+    check_token_ids,
+    loss_of,
+    positions_from_mask,
+    scored_tokens,
+    token_positions,
+)
 from .head_layout import check_layer_heads, layer_head_options
 
 __all__ = [
@@ -333,9 +342,12 @@ class GPT(nn.Module):
     two projections that write into the residual stream, using torch's
     global generator (seed it for reproducible models).
 
-    Training: some attention kinds ("moh", "gated") ask for a loss term of
-    their own; a plain training loop adds ``model.aux_loss()`` (their sum over
-    blocks, a 0-d zero for the others) to its language-model loss.
+    Training: ``logits, loss = model(idx, targets)`` (nanoGPT's targets, the
+    next tokens) or ``model(idx, labels=idx).loss`` (Hugging Face's labels,
+    shifted inside); see :meth:`forward`. Some attention kinds ("moh",
+    "gated") ask for a loss term of their own; a plain training loop adds
+    ``model.aux_loss()`` (their sum over blocks, a 0-d zero for the others)
+    to that language-model loss.
     """
 
     def __init__(self, config: GPTConfig, *, device: torch.device | str | None = None, dtype=None) -> None:
@@ -394,15 +406,27 @@ class GPT(nn.Module):
     def forward(
         self,
         idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
         *,
+        labels: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         kv_caches: list[Any] | None = None,
-    ) -> torch.Tensor:
-        """Next-token logits for every position.
+    ) -> torch.Tensor | LMOutput:
+        """Next-token logits for every position, and the loss when given targets or labels.
+
+            logits = model(idx)                          # [B, T, vocab]
+            logits, loss = model(idx, targets)           # nanoGPT: targets = the next tokens
+            out = model(idx, labels=idx); out.loss       # Hugging Face: labels shifted inside
 
         Args:
             idx: [B, T] token ids, torch.int64 or torch.int32.
+            targets: [B, T], nanoGPT's convention: targets[:, t] is the token
+                after idx[:, t] (not shifted here); -1 is ignored.
+            labels: [B, T], Hugging Face's convention: the input ids
+                themselves, shifted here (logits[:, t] is scored on
+                labels[:, t + 1]); -100 is ignored (set it at padding:
+                ``attention_mask`` does not exclude pads from the loss).
             attention_mask: [B, S] with 1/True = real token, 0 = padding
                 (Hugging Face's polarity), S = cached length + T. Pads are
                 never attended; positions count real tokens only.
@@ -417,7 +441,11 @@ class GPT(nn.Module):
                 every cache's length as it was.
 
         Returns:
-            logits [B, T, vocab_size].
+            logits [B, T, vocab_size]; with ``targets`` or ``labels`` an
+            ``LMOutput(logits, loss)``: a pair that unpacks as nanoGPT's
+            ``logits, loss``, with ``.logits`` and ``.loss`` as Hugging
+            Face's outputs (``gpt_inputs.next_token_loss``: the mean
+            cross-entropy, at least float32, without ``aux_loss()``).
 
         Under ``torch.compile(fullgraph=True)`` the forward and a cached
         decoding step trace without graph breaks: the checks that read the
@@ -427,15 +455,19 @@ class GPT(nn.Module):
         after step compiles twice in all (``modules.kv_cache``).
 
         Raises:
-            TypeError: idx or position_ids of another dtype (e.g. uint8 or
-                float), a cache length that is not an int.
-            ValueError: wrong shapes, token ids or positions out of range
+            TypeError: idx, targets, labels or position_ids of another dtype
+                (e.g. uint8 or float), parameters of mixed dtypes (a block
+                converted alone; the message names both), a cache length
+                that is not an int.
+            ValueError: both targets and labels, wrong shapes, token ids or positions out of range
                 (eager), a sequence longer than ``context_length``, a wrong
                 number of caches, caches of different lengths or batch
                 sizes, or too little room in a cache (all before any cache
                 is written).
         """
         B, T = check_token_ids(idx, self.config.vocab_size)
+        want = scored_tokens(targets, labels, B, T, self.config.vocab_size)  # checked before the model runs
+        check_parameter_dtypes(self)
         past = 0 if kv_caches is None else check_caches(kv_caches, len(self.blocks), B, T)
         key_padding, position_ids = token_positions(
             attention_mask, position_ids, B=B, T=T, past=past, context_length=self.config.context_length,
@@ -445,7 +477,8 @@ class GPT(nn.Module):
         with rollback_all_on_error(kv_caches):
             for i, block in enumerate(self.blocks):
                 x = block(x, key_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
-        return self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, vocab)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, vocab)
+        return logits if want is None else LMOutput(logits, loss_of(logits, want))
 
     # GPT.generate(idx [B, T0], max_new_tokens, *, temperature, top_k, top_p, eos, pad,
     # attention_mask, generator, use_cache, return_logits): ``models.generation.generate``

@@ -2,8 +2,16 @@
 
     check_token_ids(idx, vocab)           idx [B, T]: dtype, shape, ids in range -> (B, T)
     check_caches(kv_caches, blocks, B, T) one per block, equal lengths, room for T -> cached length
+    check_parameter_dtypes(model)         one floating dtype for every parameter (TypeError naming them)
     token_positions(mask, position_ids)   the padding mask [B, S] (True = real token)
                                           and the positions [B, T] or [1, T]
+    next_token_loss(logits, targets, labels)  the loss of ``model(idx, targets)`` / ``labels=``
+
+Two conventions for the language-model loss, nanoGPT's and Hugging Face's::
+
+    idx      t0 t1 t2 t3
+    targets  t1 t2 t3 t4      the token after each position (not shifted inside); -1 ignored
+    labels   t0 t1 t2 t3      the inputs themselves: shifted inside (logits[:, :-1] vs labels[:, 1:]); -100 ignored
 
 Left-padded batches count positions over real tokens only, as Hugging Face
 does for batched generation, so a padded prompt gets the logits of the
@@ -19,9 +27,15 @@ checks run everywhere.
 
 from __future__ import annotations
 
-import torch
+from typing import NamedTuple
 
-__all__ = ["check_caches", "check_token_ids", "positions_from_mask", "token_positions"]
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "LMOutput", "check_caches", "check_parameter_dtypes", "check_token_ids", "loss_of", "next_token_loss", "positions_from_mask", "scored_tokens",
+    "token_positions",
+]  # fmt: skip
 
 _ID_DTYPES = (torch.int64, torch.int32)  # the index dtypes nn.Embedding accepts
 
@@ -119,6 +133,27 @@ def token_positions(
     return key_padding, torch.arange(past, S, device=device)[None, :]  # (1, T)
 
 
+def check_parameter_dtypes(model: torch.nn.Module) -> None:
+    """Refuse a model whose floating parameters mix dtypes (say one block
+    converted with ``.double()``): the layers would meet inputs of another
+    dtype than their weights. Skipped inside ``torch.compile`` and
+    ``torch.autocast`` (which casts per operation).
+
+    Raises:
+        TypeError: naming each dtype and a parameter of it.
+    """
+    if not _eager():
+        return
+    first: dict[torch.dtype, str] = {}
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and p.dtype not in first:
+            first[p.dtype] = name
+    if len(first) < 2 or torch.is_autocast_enabled(next(model.parameters()).device.type):
+        return
+    mixed = ", ".join(f"{dtype} ({name}, ...)" for dtype, name in first.items())
+    raise TypeError(f"the model's parameters mix dtypes {mixed}: convert the whole model, e.g. model.to({next(iter(first))})")
+
+
 def check_caches(kv_caches: list, num_blocks: int, B: int, T: int) -> int:
     """Validate every cache before any is written; return the cached length.
 
@@ -141,3 +176,91 @@ def check_caches(kv_caches: list, num_blocks: int, B: int, T: int) -> int:
         except ValueError as err:
             raise ValueError(f"KV cache of block {i}: {err}") from None
     return lengths[0]
+
+
+# ------------------------------------------------------------------ the loss
+TARGETS_IGNORE = -1  # nanoGPT's ignore_index
+LABELS_IGNORE = -100  # Hugging Face's
+
+
+class LMOutput(NamedTuple):
+    """What ``GPT.forward`` returns when given ``targets`` or ``labels``.
+
+    A pair, so nanoGPT's ``logits, loss = model(idx, targets)`` unpacks it;
+    ``.logits`` and ``.loss`` read it as Hugging Face's outputs are read.
+    (Indexing follows the pair: ``out[0]`` is the logits, where Hugging
+    Face's ``out[0]`` is the loss.)
+
+    Attributes:
+        logits: [B, T, vocab_size].
+        loss: 0-d mean cross-entropy over the positions not ignored.
+    """
+
+    logits: torch.Tensor
+    loss: torch.Tensor
+
+
+def _check_ids_like(name: str, ids: object, B: int, T: int, vocab_size: int, ignore: int) -> torch.Tensor:
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.dtype not in _ID_DTYPES:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype} (use torch.int64 or torch.int32)")
+    if tuple(ids.shape) != (B, T):
+        raise ValueError(f"{name} must be (B, T) = ({B}, {T}) like idx, got {tuple(ids.shape)}")
+    if _eager() and ids.numel():
+        bad = (ids != ignore) & ((ids < 0) | (ids >= vocab_size))
+        if bool(bad.any()):
+            raise ValueError(
+                f"{name} must be token ids in [0, {vocab_size}) or {ignore} (ignored), got {int(ids[bad][0])}"
+            )
+    return ids.long()
+
+
+def scored_tokens(targets: object, labels: object, B: int, T: int, vocab_size: int) -> torch.Tensor | None:
+    """The token each of the T positions is scored on, [B, T] int64 with -100
+    where ignored; None without targets or labels.
+
+    nanoGPT's ``targets`` are taken as they are (-1 -> -100); Hugging Face's
+    ``labels`` are shifted left by one, the last position ignored.
+
+    Raises:
+        TypeError: not an int64/int32 tensor.
+        ValueError: both given, a shape other than [B, T], or (eager) ids
+            outside [0, vocab_size) other than the ignored value.
+    """
+    if targets is None and labels is None:
+        return None
+    if targets is not None and labels is not None:
+        raise ValueError("give targets (nanoGPT's, not shifted) or labels (Hugging Face's, shifted inside), not both")
+    if targets is not None:
+        want = _check_ids_like("targets", targets, B, T, vocab_size, TARGETS_IGNORE)
+        return want.masked_fill(want == TARGETS_IGNORE, LABELS_IGNORE)
+    want = _check_ids_like("labels", labels, B, T, vocab_size, LABELS_IGNORE)
+    return F.pad(want[:, 1:], (0, 1), value=LABELS_IGNORE)  # (B, T): position t scored on labels[:, t + 1]
+
+
+def next_token_loss(logits: torch.Tensor, targets: object = None, labels: object = None) -> torch.Tensor | None:
+    """The mean next-token cross-entropy of ``logits`` [B, T, V] (0-d), or None without targets or labels.
+
+    Args:
+        targets: [B, T], the token after each position (nanoGPT's); -1 ignored.
+        labels: [B, T], the input ids themselves (Hugging Face's): position
+            t is scored on labels[:, t + 1]; -100 ignored.
+
+    The mean runs over the positions not ignored, in float32 at least
+    (float16/bfloat16 logits are upcast); a batch whose every position is
+    ignored gives NaN, as torch's mean does.
+
+    Raises:
+        TypeError / ValueError: as ``scored_tokens``.
+    """
+    B, T, V = logits.shape
+    want = scored_tokens(targets, labels, B, T, V)
+    return None if want is None else loss_of(logits, want)
+
+
+def loss_of(logits: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits [B, T, V] against ``scored_tokens`` [B, T] (-100 ignored)."""
+    V = logits.shape[-1]
+    scores = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    return F.cross_entropy(scores.reshape(-1, V), want.reshape(-1), ignore_index=LABELS_IGNORE)

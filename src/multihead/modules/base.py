@@ -405,11 +405,14 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             out [B, T, out], or (out, weights).
 
         Raises:
+            TypeError: a query of another dtype than the layer's parameters
+                (outside ``torch.autocast``), naming both dtypes.
             ValueError / TypeError: shapes, widths, masks, backend, options,
                 cache overflow or a cache of other keys (before anything is
                 written; a call that fails leaves the cache as it was).
         """
-        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim)
+        check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim,
+                   dtype=self.out_proj.weight.dtype)  # fmt: skip
         refuse_torch_padding(options)
         if options or self.backends is not None:
             self._check_forward_options(backend, options)

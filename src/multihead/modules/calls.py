@@ -11,6 +11,7 @@ import torch
 __all__ = [
     "check_input",
     "check_call",
+    "check_dtype",
     "check_cache_use",
     "key_padding",
     "rollback_on_error",
@@ -53,14 +54,23 @@ def check_call(
     embed_dim: int,
     kdim: int,
     vdim: int,
+    dtype: torch.dtype | None = None,
 ) -> None:
     """The checks every attention forward starts with.
 
+    Args:
+        dtype: the layer's parameter dtype; a query of another floating
+            dtype is refused (except under ``torch.autocast``, which casts
+            inside the layer).
+
     Raises:
-        TypeError / ValueError: as ``check_input``; value without key; key and
-            value lengths that differ.
+        TypeError: as ``check_input``; a query dtype other than ``dtype``
+            (the message names both).
+        ValueError: as ``check_input``; value without key; key and value
+            lengths that differ.
     """
     check_input("query", query, embed_dim)
+    check_dtype(query, dtype)
     if key is not None:
         check_input("key", key, kdim, query)
     if value is not None:
@@ -69,6 +79,20 @@ def check_call(
         check_input("value", value, vdim, query)
         if value.shape[1] != key.shape[1]:
             raise ValueError(f"key and value lengths differ: key={tuple(key.shape)}, value={tuple(value.shape)}")
+
+
+def check_dtype(x: torch.Tensor, dtype: torch.dtype | None, name: str = "query") -> None:
+    """Refuse an input whose dtype differs from ``dtype`` (the layer's parameters'), outside autocast.
+
+    Raises:
+        TypeError: e.g. "query has dtype torch.float64 but the layer's parameters are torch.float32".
+    """
+    if dtype is None or x.dtype == dtype or torch.is_autocast_enabled(x.device.type):
+        return
+    raise TypeError(
+        f"{name} has dtype {x.dtype} but the layer's parameters are {dtype}: convert one to the other "
+        f"({name}.to({dtype}) or module.to({x.dtype}))"
+    )
 
 
 def check_cache_use(kv_cache: Any, key: torch.Tensor | None) -> bool:

@@ -18,8 +18,9 @@ Files:
                      table, JSON and plot).
 """
 
+from ..models.run_dirs import latest_checkpoint
 from .batches import Batches, read_tokens, val_batches, write_tokens
-from .checkpoint import latest_checkpoint, load_training_state
+from .checkpoint import load_training_state
 from .compare import CompareConfig, compare
 from .config import TrainConfig, learning_rate
 from .corpus import Corpus, cache_dir, load_corpus, shakespeare_plays

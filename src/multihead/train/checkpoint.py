@@ -50,7 +50,6 @@ import torch
 
 from ..io import (
     parse_json_object,
-    read_json_file,
     read_safetensors_header,
     read_tensors,
     save_safetensors,
@@ -59,13 +58,13 @@ from ..io import (
 )
 from ..models.checkpoint import load_checkpoint, save_checkpoint
 from ..models.gpt import GPT
+from ..models.run_dirs import CHECKPOINTS, LATEST, LATEST_FORMAT, STATE_NAME, STEP_DIR
 from .config import TrainConfig
 
 __all__ = [
     "TrainingState",
     "checkpoint_dir",
     "save_training_checkpoint",
-    "latest_checkpoint",
     "load_training_state",
     "load_model_weights",
     "check_optimizer_shapes",
@@ -73,14 +72,9 @@ __all__ = [
     "optimizer_from_tensors",
 ]
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-STATE_NAME = "state.safetensors"
 STATE_FORMAT = "multihead.train-state"
-LATEST_FORMAT = "multihead.train-latest"
 VERSION = "1"
 KEEP = 2  # checkpoints kept after each save
-_STEP_DIR = re.compile(r"step-(\d{6,})")
 _OPTIM_KEY = re.compile(r"optim\.(\d+)\.([A-Za-z_][A-Za-z0-9_]*)")
 _RNG_KEY = re.compile(r"rng\.(cpu|cuda)\.(\d+)")
 _MAX_STATE_JSON = 16 << 20
@@ -218,7 +212,7 @@ def save_training_checkpoint(
 def _step_dirs(checkpoints: Path) -> dict[int, Path]:
     found = {}
     for entry in checkpoints.iterdir() if checkpoints.is_dir() else ():
-        match = _STEP_DIR.fullmatch(entry.name)
+        match = STEP_DIR.fullmatch(entry.name)
         if match and entry.is_dir():
             found[int(match[1])] = entry
     return found
@@ -234,28 +228,6 @@ def _prune(checkpoints: Path, latest: int) -> None:
 
 
 # ------------------------------------------------------------------ reading
-def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The step directory ``<run_dir>/checkpoints/latest`` names, or None without one.
-
-    Raises:
-        ValueError: a ``latest`` file that is not a valid pointer, or one that
-            names a missing directory.
-    """
-    checkpoints = Path(run_dir) / CHECKPOINTS
-    pointer_path = checkpoints / LATEST
-    if not pointer_path.is_file():
-        return None
-    pointer = read_json_file(pointer_path, 4096)
-    name, step = pointer.get("directory"), pointer.get("step")
-    match = _STEP_DIR.fullmatch(name) if isinstance(name, str) else None
-    if pointer.get("format") != LATEST_FORMAT or match is None or int(match[1]) != step:
-        raise ValueError(f"{pointer_path} is not a checkpoint pointer: {pointer!r}")
-    directory = checkpoints / name
-    if not (directory / STATE_NAME).is_file():
-        raise ValueError(f"{pointer_path} names {directory}, which holds no {STATE_NAME}")
-    return directory
-
-
 def load_training_state(directory: str | os.PathLike) -> TrainingState:
     """Read ``state.safetensors`` of a step directory (the model is read by
     :func:`load_model_weights`).

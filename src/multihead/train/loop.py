@@ -69,6 +69,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..errors import UsageError
 from ..io import write_text_atomic
 from ..models.gpt import GPT, GPTConfig
+from ..models.run_dirs import CHECKPOINTS, latest_checkpoint
 from . import checkpoint as ckpt
 from . import shard
 from .batches import Batches, read_tokens, val_batches, write_tokens
@@ -254,7 +255,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
 
 
 def _resume_state(config: TrainConfig, run_dir: Path, resume: bool) -> ckpt.TrainingState | None:
-    latest = ckpt.latest_checkpoint(run_dir)
+    latest = latest_checkpoint(run_dir)
     if not resume:
         if latest is not None:
             raise UsageError(
@@ -263,7 +264,7 @@ def _resume_state(config: TrainConfig, run_dir: Path, resume: bool) -> ckpt.Trai
             )
         return None
     if latest is None:
-        raise UsageError(f"cannot resume: no checkpoint in {run_dir / ckpt.CHECKPOINTS} (no 'latest' pointer)")
+        raise UsageError(f"cannot resume: no checkpoint in {run_dir / CHECKPOINTS} (no 'latest' pointer)")
     try:
         state = ckpt.load_training_state(latest)
     except (ValueError, OSError) as e:  # a damaged or unreadable checkpoint of the user's run

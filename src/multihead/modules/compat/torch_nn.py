@@ -29,7 +29,9 @@ Differences from torch, on purpose:
 * ``is_causal`` is a hint that never overrides ``attn_mask`` (torch's
   ``need_weights=False`` path replaces the mask by its own triangle, which
   hides the ``add_bias_kv``/``add_zero_attn`` key);
-* wrong inputs raise ValueError/TypeError naming them, not AssertionError;
+* wrong inputs raise ValueError/TypeError naming them, not AssertionError
+  (an input of another dtype than the weights: TypeError naming both, where
+  torch raises a RuntimeError from its matmul);
   ``dropout`` outside [0, 1] is refused at construction;
 * nested-tensor inputs and ``torch.jit.script`` are refused with a message
   (pass padded tensors with ``key_padding_mask``; use eager or ``torch.compile``).
@@ -42,6 +44,7 @@ from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from ...functional import attention, merge_masks
+from ..calls import check_dtype
 from ..kinds.mha import MultiHeadAttention
 from .torch_nn_masks import extra_keys, torch_attn_mask, torch_padding_mask
 from .torch_nn_state import (
@@ -234,7 +237,8 @@ class TorchMultiheadAttention(nn.Module):
 
         Raises:
             TypeError: nested tensors, non-tensors, masks that are neither
-                bool nor floating.
+                bool nor floating, an input of another dtype than the
+                projection weights (outside ``torch.autocast``).
             ValueError: ``is_causal`` without ``attn_mask`` (the flag is only
                 a hint, as in torch), ranks, widths, batch sizes, key/value
                 lengths, mask shapes (each naming the tensor and its shape).
@@ -303,6 +307,9 @@ class TorchMultiheadAttention(nn.Module):
                     f"nested tensors are not supported by TorchMultiheadAttention ({name} is nested); "
                     "pass padded tensors with key_padding_mask"
                 )
+        weight = self.in_proj_weight if self._qkv_same_embed_dim else self.q_proj_weight
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            check_dtype(t, weight.dtype, name)
         if query.dim() not in (2, 3):
             raise ValueError(f"query must be unbatched 2-D (T, C) or batched 3-D, got shape {tuple(query.shape)}")
         layout = "(T, {})" if query.dim() == 2 else ("(B, T, {})" if self.batch_first else "(T, B, {})")

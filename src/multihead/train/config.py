@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .._checks import dropout_probability, non_negative_int, positive_int
-from ..models.gpt import GPT_PRESETS
+from ..models.gpt import GPT_PRESETS, GPTConfig
 from ..modules.registry import check_kind
 
-__all__ = ["TrainConfig", "RESUMABLE_CHANGES", "learning_rate", "config_differences"]
+__all__ = ["TrainConfig", "RESUMABLE_CHANGES", "DEFAULT_WARMUP", "learning_rate", "config_differences"]
 
 # Fields a resumed run may change: they decide how long to train, how often to
 # report and where to write, never what a step computes (``threads`` only
@@ -37,6 +37,7 @@ RESUMABLE_CHANGES = frozenset({"max_steps", "eval_every", "log_every", "checkpoi
 _TOKENIZERS = ("bytes", "bpe")
 _DTYPES = ("float32", "bfloat16")
 _DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_WARMUP = 40  # steps of warm-up of a long run; a short one warms up for a tenth of its steps
 
 
 def _float(name: str, value: object, *, low: float = 0.0, include_low: bool = True, high: float = math.inf) -> float:
@@ -83,7 +84,9 @@ class TrainConfig:
             divisible by world_size * grad_accum.
         max_steps: optimizer steps of the whole run.
         lr, min_lr: peak and final learning rate (min_lr <= lr).
-        warmup: steps of linear warm-up (< max_steps).
+        warmup: steps of linear warm-up (< max_steps); None: the run's
+            length decides, min(DEFAULT_WARMUP, max_steps // 10) = min(40,
+            max_steps // 10), so a 20-step run warms up for 2.
         weight_decay, grad_clip (max global grad norm; 0 = off), beta1, beta2.
         dtype: "float32", or "bfloat16" (autocast; parameters and optimizer
             state stay float32).
@@ -134,7 +137,7 @@ class TrainConfig:
     max_steps: int = 1600
     lr: float = 5e-3
     min_lr: float = 1e-4
-    warmup: int = 40
+    warmup: int | None = None
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     beta1: float = 0.9
@@ -184,6 +187,8 @@ class TrainConfig:
         positive_int("checkpoint_every", self.checkpoint_every)
         if self.mlp_dim is not None:
             positive_int("mlp_dim", self.mlp_dim)
+        if self.warmup is None:
+            self.warmup = min(DEFAULT_WARMUP, self.max_steps // 10)
         non_negative_int("warmup", self.warmup)
         non_negative_int("seed", self.seed)
         if self.batch_size % self.grad_accum != 0:
@@ -236,6 +241,18 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (``from_dict`` inverts it)."""
         return asdict(self)
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The GPTConfig this run trains, with the tokenizer's ``vocab_size``.
+
+        Raises:
+            ValueError / TypeError: options the model refuses (building the
+                model checks the attention options themselves).
+        """
+        return GPTConfig.from_preset(
+            self.preset, vocab_size=vocab_size, context_length=self.context_length, attention=self.attention,
+            attention_options=dict(self.attention_options), dropout=self.dropout, mlp_dim=self.mlp_dim,
+        )  # fmt: skip
 
 
 def config_differences(saved: TrainConfig, given: TrainConfig) -> dict[str, tuple[Any, Any]]:

@@ -195,7 +195,12 @@ EARLY = {
         ["--preset", "tiny", "--context-length", "4096"],
         "context_length=4096 is longer than preset 'tiny' allows (context_length=128)",
     ),
-    "warmup too long": (["--max-steps", "5", "--warmup", "5"], "warmup=5, max_steps=5"),
+    "warmup too long": (["--max-steps", "5", "--warmup", "5"], "--warmup 5 must be shorter than the run's 5 steps"),
+    "misspelt kind option": (
+        ["--attention", "gqa", "--attention-option", "num_kv_head=2"],
+        "attention kind 'gqa' has no option 'num_kv_head' (did you mean 'num_kv_heads'?); its options: ",
+    ),
+    "unknown kind option": (["--data", "text.txt", "--attention-option", "foo=1"], "'mha' has no option 'foo'"),
     "bad dtype": (["--dtype", "float16"], "dtype='float16'"),
     "out is a file": (["--data", "text.txt", "--out", "text.txt"], "--out text.txt: exists and is not a folder"),
     "resume without checkpoint": (

@@ -104,7 +104,7 @@ def test_a_longer_run_prints_how_the_learning_rate_moves_and_config_json_follows
     before = min_lr  # step 10 is past the end of the 10-step schedule
     after = min_lr + 0.5 * (1 + math.cos(math.pi * (10 - warmup) / (19 - warmup))) * (lr - min_lr)
     assert (
-        f"max_steps 10 -> 20 re-stretches the cosine schedule: the learning rate of step 11 goes from "
+        f"max_steps 10 -> 20 rescales the cosine schedule: the learning rate of step 11 goes from "
         f"{before:.3g} to {after:.3g}"
     ) in err
     logged = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}

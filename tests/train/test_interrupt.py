@@ -117,8 +117,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_under_torchrun_every_rank_stops_after_the_same_step(tmp_path):
-    parallel = tiny_config(tmp_path / "ddp")
+@pytest.mark.parametrize("shard", [False, True], ids=["ddp", "fsdp2"])
+def test_under_torchrun_every_rank_stops_after_the_same_step(tmp_path, shard):
+    parallel = tiny_config(tmp_path / "ddp", shard=shard)
     script = tmp_path / "ddp_train.py"
     script.write_text(SCRIPT, encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -84,6 +84,16 @@ def test_a_second_signal_stops_at_once_without_a_checkpoint(tmp_path, monkeypatc
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_a_signal_the_process_ignores_stays_ignored(tmp_path, monkeypatch):
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as under nohup
+    try:
+        signal_during_steps(monkeypatch, {2: [signal.SIGTERM]})
+        result = train(tiny_config(tmp_path), progress=False)
+        assert result.steps == 6 and signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # Each rank trains 6 steps; rank 1 alone gets SIGTERM during step 2. Every rank
 # records where it stopped and what it heard, then resumes to the end.
 SCRIPT = textwrap.dedent(

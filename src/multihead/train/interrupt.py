@@ -72,7 +72,9 @@ class StopSignals:
     """A context that holds SIGINT and SIGTERM handlers for one run.
 
     Outside the main thread (where Python cannot install handlers) it does
-    nothing and :meth:`agreed` only reports the other ranks' signals.
+    nothing and :meth:`agreed` only reports the other ranks' signals; a
+    signal the process ignores (``SIG_IGN``: under ``nohup``, SIGINT of a
+    background job) stays ignored.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -84,7 +86,8 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored (nohup, a background job): stays so
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,8 +15,7 @@ import pytest
 from support.cli import quietly
 
 from multihead.cli import main
-from multihead.train import TrainConfig, load_training_state, train
-from multihead.train.checkpoint import latest_checkpoint
+from multihead.train import TrainConfig, latest_checkpoint, load_training_state, train
 
 WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
 TINY = ["--preset", "tiny", "--batch-size", "8", "--eval-batches", "2", "--threads", "1", "--context-length", "32"]

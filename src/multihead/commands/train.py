@@ -250,7 +250,8 @@ def resume_values(values: Mapping[str, Any]) -> dict[str, Any]:
         ValueError: a ``--max-steps`` below the checkpoint's step; an
             unreadable checkpoint pointer or state header.
     """
-    from ..train.checkpoint import checkpoint_config, latest_checkpoint
+    from ..models.run_dirs import latest_checkpoint
+    from ..train.checkpoint import checkpoint_config
 
     out = values.get("out")
     if out is None:  # the default run directory depends on the preset and the attention kind only
@@ -375,7 +376,7 @@ def run(args: argparse.Namespace, *, echo: Callable[[str], None] = print, progre
 
 def _interrupted(error: BaseException, config: TrainConfig, imports: list[str]) -> int:
     """One line on stderr (rank 0) after a signal stopped ``train``; the exit status."""
-    from ..train.checkpoint import latest_checkpoint
+    from ..models.run_dirs import latest_checkpoint
     from ..train.interrupt import TrainingInterrupted
 
     sys.stdout.flush()

@@ -1,4 +1,4 @@
-"""What ``multihead prune`` reads for a sentence encoder (MiniLM, a BERT ``--hf`` folder).
+"""What ``multihead prune`` and ``multihead convert`` read for a sentence encoder (MiniLM, a BERT).
 
 Shakespeare's works sorted by title, the even positions for calibration and
 the odd ones held out (as benchmarks/minilm_pruning.py); lines of at least
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["SEED", "MIN_WORDS", "MAX_TOKENS", "shakespeare_lines"]
+__all__ = ["SEED", "MIN_WORDS", "MAX_TOKENS", "HELDOUT_LINES", "shakespeare_lines"]
 
 SEED = 0
+HELDOUT_LINES = 500  # held-out lines of the fidelity, by default
 MIN_WORDS = 5
 MAX_TOKENS = 64
 

@@ -1,7 +1,8 @@
 """``multihead inspect "TEXT"``: what every head of a real model attends to.
 
 Loads the pretrained MiniLM encoder (default), a GPT checkpoint (or the
-run directory of ``multihead train``, with its own tokenizer) or any local
+run directory of ``multihead train``, with its own tokenizer), a sentence
+encoder saved by ``multihead prune`` or ``convert`` (``--checkpoint``) or any local
 Hugging Face model folder (``hf``: config.json, weights and tokenizer.json,
 run on multihead attention through ``multihead.hf``), runs the
 text through it while capturing every head's exact weights, scores each head
@@ -18,7 +19,7 @@ With ``importance`` every head also gets an ablation score
 column of the printed table and ``"importance"`` among its scores in
 heads.json and heads.html.
 
-A pruned GPT checkpoint (``multihead prune``: layers with fewer heads than
+A pruned checkpoint, GPT or encoder (``multihead prune``: layers with fewer heads than
 ``num_heads``) is shown with every head it had (``tools.head_slots``): the
 removed heads as "pruned" rows and grey cells, the kept ones with their
 index before pruning, read from the report.json beside the checkpoint when
@@ -54,6 +55,7 @@ from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format
 from .checking import checking
 from .head_scores import IMPORTANCE_MEANING, format_head_table
 from .imports import add_import_argument, import_modules
+from .model_sources import is_sentence_encoder
 from .paths import input_file, output_folder
 from .run_dir import run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
@@ -90,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=MODELS, help=f"packaged model (default {MODELS[0]} unless --checkpoint)")
     parser.add_argument(
         "--checkpoint", metavar="PATH",
-        help="a GPT checkpoint, or the run directory of 'multihead train', to inspect instead of --model",
+        help="a GPT checkpoint, the run directory of 'multihead train', or a folder prune or convert wrote",
     )  # fmt: skip
     parser.add_argument(
         "--tokenizer", metavar="FILE", help="tokenizer.json for a --checkpoint whose vocabulary is not bytes"
@@ -159,17 +161,23 @@ class Inspection:
     slots: HeadSlots | None = None
 
 
-def _run_minilm(text: str, truncate: bool):
-    from ..models.minilm import load_minilm
+def _run_minilm(text: str, truncate: bool, folder: str | None = None):
+    """The packaged MiniLM, or the sentence encoder saved in ``folder`` (what prune and convert write)."""
+    from ..models.minilm import load_minilm, load_sentence_encoder
 
-    model = load_minilm()
-    enc = encode_text(model.tokenizer, text, model.max_seq_length, model=_MINILM, truncate=truncate)
+    if folder is None:
+        model, name, slots, extra = load_minilm(), _MINILM, None, []
+    else:
+        model, name = load_sentence_encoder(folder), f"sentence encoder {Path(folder).name}"
+        slots, extra = _pruned_slots(model.encoder.config, Path(folder) / "report.json")
+    enc = encode_text(model.tokenizer, text, model.max_seq_length, model=name, truncate=truncate)
     ids = torch.tensor([enc.ids])  # (1, T)
     with torch.no_grad(), capture(model.encoder) as record:
         model.encoder(ids, attention_mask=torch.ones_like(ids))
-    record.source = _MINILM
-    note = f"; {_MINILM} is an English, uncased model"
-    return record, enc, notices(enc, model=_MINILM, language_note=note), lambda: encoder_importance(model, ids), None
+    record.source = name
+    note = f"; {_MINILM} is an English, uncased model" if folder is None else ""
+    found = [*notices(enc, model=name, language_note=note), *extra]
+    return record, enc, found, lambda: encoder_importance(model, ids), slots
 
 
 def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
@@ -347,6 +355,12 @@ def capture_text(
     if hf is not None:
         record, enc, notes, scorer, slots = _run_hf(text, hf, truncate)
         visible = _visible(record, len(enc.ids))
+    elif checkpoint is not None and is_sentence_encoder(checkpoint):
+        if tokenizer is not None:
+            raise ValueError(f"--checkpoint {checkpoint} is a sentence encoder with its own tokenizer.json; "
+                             f"--tokenizer {tokenizer} cannot replace it")  # fmt: skip
+        record, enc, notes, scorer, slots = _run_minilm(text, truncate, checkpoint)
+        visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     elif checkpoint is not None:
         record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal

@@ -15,7 +15,10 @@ GPT-2) is accepted too, with no ``--tokenizer``::
       config.json, model.safetensors the checkpoint loaded
       tokenizer.json                 its BPE tokenizer (step: None)
 
-Any other path is left to ``multihead.models.checkpoint.load_checkpoint``.
+A sentence-encoder folder (config.json format "multihead.sentence_encoder",
+what prune and convert write for MiniLM or a BERT) is not a GPT's: it is
+left to the caller (``model_sources.is_sentence_encoder``), as is any
+other path (``multihead.models.checkpoint.load_checkpoint``).
 """
 
 from __future__ import annotations
@@ -67,8 +70,12 @@ def run_checkpoint(path: str) -> tuple[Path, object, int | None] | None:
 
 def _saved_checkpoint(path: str) -> tuple[Path, object, None] | None:
     """(folder, BPETokenizer, None) for a checkpoint folder with its tokenizer.json; else None."""
+    from .model_sources import is_sentence_encoder
+
     folder = Path(path)
     if not all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json")):
+        return None
+    if is_sentence_encoder(path):  # its WordPiece tokenizer.json belongs to a BERT: not a GPT's
         return None
     from tokenizers import Tokenizer
 

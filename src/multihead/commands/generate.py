@@ -25,9 +25,8 @@ from torch import nn
 from ..models.gpt import GPT_PRESETS
 from .checking import checking
 from .imports import add_import_argument, import_modules
-from .model_sources import is_sentence_encoder
 from .paths import output_folder
-from .run_dir import run_checkpoint
+from .run_dir import is_sentence_encoder, run_checkpoint
 from .tokens import load_tokenizer
 
 __all__ = [

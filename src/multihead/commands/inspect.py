@@ -19,7 +19,7 @@ With ``importance`` every head also gets an ablation score
 column of the printed table and ``"importance"`` among its scores in
 heads.json and heads.html.
 
-A pruned checkpoint, GPT or encoder (``multihead prune``: layers with fewer heads than
+A pruned GPT or encoder (``multihead prune``: layers with fewer heads than
 ``num_heads``) is shown with every head it had (``tools.head_slots``): the
 removed heads as "pruned" rows and grey cells, the kept ones with their
 index before pruning, read from the report.json beside the checkpoint when
@@ -55,9 +55,8 @@ from ..tools.roles import HeadRoles, Link, classify_heads, format_legend, format
 from .checking import checking
 from .head_scores import IMPORTANCE_MEANING, format_head_table
 from .imports import add_import_argument, import_modules
-from .model_sources import is_sentence_encoder
 from .paths import input_file, output_folder
-from .run_dir import run_checkpoint
+from .run_dir import is_sentence_encoder, run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
 __all__ = [
@@ -161,13 +160,16 @@ class Inspection:
     slots: HeadSlots | None = None
 
 
-def _run_minilm(text: str, truncate: bool, folder: str | None = None):
+def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer: str | None = None):
     """The packaged MiniLM, or the sentence encoder saved in ``folder`` (what prune and convert write)."""
     from ..models.minilm import load_minilm, load_sentence_encoder
 
     if folder is None:
         model, name, slots, extra = load_minilm(), _MINILM, None, []
     else:
+        if tokenizer is not None:
+            raise ValueError(f"--checkpoint {folder} is a sentence encoder with its own tokenizer.json; "
+                             f"--tokenizer {tokenizer} cannot replace it")  # fmt: skip
         model, name = load_sentence_encoder(folder), f"sentence encoder {Path(folder).name}"
         slots, extra = _pruned_slots(model.encoder.config, Path(folder) / "report.json")
     enc = encode_text(model.tokenizer, text, model.max_seq_length, model=name, truncate=truncate)
@@ -355,13 +357,7 @@ def capture_text(
     if hf is not None:
         record, enc, notes, scorer, slots = _run_hf(text, hf, truncate)
         visible = _visible(record, len(enc.ids))
-    elif checkpoint is not None and is_sentence_encoder(checkpoint):
-        if tokenizer is not None:
-            raise ValueError(f"--checkpoint {checkpoint} is a sentence encoder with its own tokenizer.json; "
-                             f"--tokenizer {tokenizer} cannot replace it")  # fmt: skip
-        record, enc, notes, scorer, slots = _run_minilm(text, truncate, checkpoint)
-        visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
-    elif checkpoint is not None:
+    elif checkpoint is not None and not is_sentence_encoder(checkpoint):
         record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
         if importance and len(enc.ids) < 2:
@@ -369,8 +365,8 @@ def capture_text(
                 f"--importance on a GPT measures the LM loss of predicting the text's next tokens: "
                 f"the text has {len(enc.ids)} token, give at least 2"
             )
-    else:
-        record, enc, notes, scorer, slots = _run_minilm(text, truncate)
+    else:  # the packaged MiniLM, or a sentence encoder that prune or convert wrote
+        record, enc, notes, scorer, slots = _run_minilm(text, truncate, checkpoint, tokenizer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     record.query_tokens = list(enc.tokens)
     if layer is not None:

@@ -19,7 +19,9 @@ from pathlib import Path
 
 from torch import nn
 
-__all__ = ["MODELS", "Source", "check_sources", "family", "load_source", "is_sentence_encoder"]
+from .run_dir import is_sentence_encoder
+
+__all__ = ["MODELS", "Source", "check_sources", "family", "load_source"]
 
 MODELS = ("minilm-l6",)
 
@@ -37,18 +39,6 @@ def check_sources(model: str | None, checkpoint: str | None, hf: str | None) -> 
         )
     if model is not None and model not in MODELS:
         raise ValueError(f"--model {model}: unknown model; valid: {', '.join(MODELS)}")
-
-
-def is_sentence_encoder(path: str) -> bool:
-    """Whether ``path`` is a folder written by ``save_sentence_encoder`` (config.json's format)."""
-    from ..models.saved import saved_kind
-
-    if not (Path(path) / "config.json").is_file():
-        return False
-    try:
-        return saved_kind(path) == "sentence_encoder"
-    except (OSError, ValueError):
-        return False
 
 
 def family(model: str | None, checkpoint: str | None, hf: str | None) -> tuple[str, Path | None]:

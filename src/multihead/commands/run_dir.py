@@ -17,7 +17,7 @@ GPT-2) is accepted too, with no ``--tokenizer``::
 
 A sentence-encoder folder (config.json format "multihead.sentence_encoder",
 what prune and convert write for MiniLM or a BERT) is not a GPT's: it is
-left to the caller (``model_sources.is_sentence_encoder``), as is any
+left to the caller (``is_sentence_encoder`` below), as is any
 other path (``multihead.models.checkpoint.load_checkpoint``).
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["run_checkpoint"]
+__all__ = ["run_checkpoint", "is_sentence_encoder"]
 
 
 def run_checkpoint(path: str) -> tuple[Path, object, int | None] | None:
@@ -70,8 +70,6 @@ def run_checkpoint(path: str) -> tuple[Path, object, int | None] | None:
 
 def _saved_checkpoint(path: str) -> tuple[Path, object, None] | None:
     """(folder, BPETokenizer, None) for a checkpoint folder with its tokenizer.json; else None."""
-    from .model_sources import is_sentence_encoder
-
     folder = Path(path)
     if not all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json")):
         return None
@@ -92,3 +90,15 @@ def _saved_checkpoint(path: str) -> tuple[Path, object, None] | None:
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return folder, BPETokenizer(tokenizer), None
+
+
+def is_sentence_encoder(path: str) -> bool:
+    """Whether ``path`` is a folder written by ``save_sentence_encoder`` (its config.json's format)."""
+    from ..models.saved import saved_kind
+
+    if not (Path(path) / "config.json").is_file():
+        return False
+    try:
+        return saved_kind(path) == "sentence_encoder"
+    except (OSError, ValueError):
+        return False

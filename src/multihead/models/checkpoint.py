@@ -191,8 +191,8 @@ def _header_config(header: SafetensorsHeader) -> tuple[GPTConfig, dict[str, str]
             )
         if extra:
             raise ValueError(
-                f"{source} holds tensor(s) {_few(extra)} that were not written with it (the checksums in its "
-                "header do not list them): the file was changed after it was saved"
+                f"{source}: the sha256 entry of its header does not list tensor(s) {_few(extra)} of the file "
+                "(it lists one hex digest for the config and for each tensor written)"
             )
         if hashlib.sha256(text.encode("utf-8")).hexdigest() != sums["config"]:
             raise ValueError(f"{source} is corrupt: its config does not match the sha256 checksum stored with it")

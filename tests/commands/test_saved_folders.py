@@ -60,6 +60,9 @@ def test_a_pruned_and_converted_encoder_opens_in_every_command(tmp_path):
     stdout = ok("convert", "--to", "mqa", "--checkpoint", str(pruned), "--heldout-lines", "16", "--out", str(mqa))
     converted = json.loads((mqa / "report.json").read_text())
     assert converted["attention"] == ["mha", "mqa"] and converted["layer_heads"] == report["layer_heads"]
+    assert converted["removed"] == report["removed"]  # carried over: inspect still knows where each head was
+    seen = inspect_text("to be", checkpoint=str(mqa))
+    assert seen.slots is not None and seen.slots.original and seen.notices == []
     assert f"try: multihead inspect --checkpoint {mqa}" in stdout
     want = to_gqa(load_model(pruned), 1)
     got = load_model(mqa)

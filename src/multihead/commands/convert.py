@@ -35,7 +35,9 @@ tokenizer.json. Encoder: that many batches of ``CALIBRATION_BATCH_SIZE``
 first lines of the calibration pairs (``encoder_inputs``).
 
 The output folder of a BPE model also gets its ``tokenizer.json`` beside
-config.json, an encoder its own; ``--checkpoint OUT`` opens it in every
+config.json, an encoder its own; a pruned model's report.json keeps the
+prune report's "removed" heads, so ``inspect`` still shows each head where
+it was. ``--checkpoint OUT`` opens it in every
 command and ``multihead.models.load_model`` in Python. The folder is
 written whole (``staged_output``): Ctrl-C or SIGTERM leaves no part of it,
 prints one line and exits with 130 or 143.
@@ -239,6 +241,7 @@ class Conversion:
     pooling: str | None = None
     pairs: list | None = None
     heldout: list | None = None
+    removed: dict | None = None  # the heads a pruned --checkpoint lost, from its prune report
 
 
 def prepare(
@@ -287,6 +290,7 @@ def prepare(
     loaded = load_source(model, checkpoint, hf)
     net = loaded.net
     _check_model(net, G, method)
+    removed = None if checkpoint is None else _pruned_heads(Path(checkpoint), _layers(net)[0].layer_heads)
     count = DEFAULT_CALIBRATION_BATCHES if calibration_batches is None else calibration_batches
     calibrate = method == "aligned" or recover_steps
     if loaded.encoder:
@@ -295,7 +299,7 @@ def prepare(
         step = CALIBRATION_BATCH_SIZE
         lines = [[a for a, _ in pairs[i : i + step]] for i in range(0, len(pairs), step)] if calibrate else None
         return Conversion(net, G, method, folder, loaded.source, lines, None, recover_steps, None, True,
-                          loaded.pooling, pairs, heldout)  # fmt: skip
+                          loaded.pooling, pairs, heldout, removed)  # fmt: skip
     calibration = validate = None
     if loaded.hf_tokenizer is not None:
         from . import prune_hf
@@ -309,7 +313,22 @@ def prepare(
             calibration = calibration_windows(net, loaded.run_dir, loaded.tokenizer, calibration_data, count)
         validate = validation(loaded.run_dir) if loaded.run_dir is not None else None
     return Conversion(net, G, method, folder, loaded.source, calibration, validate, recover_steps,
-                      loaded.tokenizer_file)  # fmt: skip
+                      loaded.tokenizer_file, removed=removed)  # fmt: skip
+
+
+def _pruned_heads(folder: Path, counts: list[int] | None) -> dict | None:
+    """The "removed" table of the prune report beside a pruned checkpoint, when it describes it
+    (its layer_heads are the model's): kept in convert's report, so inspect still places each head."""
+    from ..io import read_json_file
+
+    if counts is None or not (folder / "report.json").is_file():
+        return None
+    try:
+        report = read_json_file(folder / "report.json")
+    except (OSError, ValueError):
+        return None
+    removed = report.get("removed")
+    return removed if report.get("layer_heads") == counts and isinstance(removed, dict) else None
 
 
 def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
@@ -335,6 +354,7 @@ def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
         "attention": [config0.attention, config1.attention],
         "num_heads": config0.num_heads,
         "layer_heads": config1.layer_heads,
+        "removed": job.removed,
         "num_kv_heads": [layers0[0].num_kv_heads, layers1[0].num_kv_heads],
         "parameters": [_count(model), _count(new)],
         "kv_cache_bytes_per_token": [kv0.bytes_per_token, kv1.bytes_per_token],

@@ -9,7 +9,8 @@ data, removes the lowest ``L*H - keep`` of them with ``tools.prune.prune_heads``
 (``keep = max(L, round(FRACTION * N))`` of the model's N heads; one ranking over all layers,
 skipping a head whose removal would leave its layer empty:
 ``tools.fidelity.keep_heads``), saves the pruned model into ``--out``
-(atomically) and prints a report, also written to ``--out/report.json``.
+(the folder whole: ``staged_output``) and prints a report, also written to
+``--out/report.json``.
 
 ``--model minilm-l6`` (the pretrained all-MiniLM-L6-v2), or a ``--checkpoint``
 folder holding a sentence encoder (what prune and convert write for MiniLM

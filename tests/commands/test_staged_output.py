@@ -30,7 +30,12 @@ def test_an_existing_folder_gets_this_run_s_files_only(tmp_path):
     out.mkdir()
     for name, text in (("config.json", "old"), ("tokenizer.json", "old"), ("notes.txt", "mine")):
         (out / name).write_text(text)
-    write_folder(out, lambda f: (f / "config.json").write_text("new"), NAMES)
+
+    def write(folder):
+        assert folder.parent == out  # staged inside the existing folder: its own file system and permissions
+        (folder / "config.json").write_text("new")
+
+    write_folder(out, write, NAMES)
     # the earlier run's tokenizer.json would not belong to the new model; the user's own file stays
     assert {p.name: p.read_text() for p in out.iterdir()} == {"config.json": "new", "notes.txt": "mine"}
 
@@ -49,8 +54,11 @@ def test_a_failed_write_leaves_nothing(error, tmp_path):
 
 
 def test_a_killed_writer_s_staging_is_cleared_by_the_next_write(tmp_path):
-    dead = tmp_path / f".out.{2**22 + 12345}.{'0' * 32}.tmp"  # a pid above Linux's limit: no such process
-    dead.mkdir()
-    (dead / "model.safetensors").write_bytes(b"part")
-    write_folder(tmp_path / "out", lambda f: (f / "config.json").write_text("{}"), NAMES)
-    assert staged(tmp_path) == [] and (tmp_path / "out" / "config.json").is_file()
+    pid = 2**22 + 12345  # above Linux's limit: no such process
+    for dead in (tmp_path / f".out.{pid}.{'0' * 32}.tmp", tmp_path / "old" / f".output.{pid}.{'0' * 32}.tmp"):
+        dead.mkdir(parents=True)
+        (dead / "model.safetensors").write_bytes(b"part")
+    for name in ("out", "old"):  # a new folder, staged beside it; an existing one, inside it
+        write_folder(tmp_path / name, lambda f: (f / "config.json").write_text("{}"), NAMES)
+        assert (tmp_path / name / "config.json").is_file()
+    assert staged(tmp_path) == []

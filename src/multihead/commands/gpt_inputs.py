@@ -120,7 +120,7 @@ def write_outputs(folder: Path, save: Callable[[Path], object], report: dict, to
     """Write the model (``save(folder)``), a copy of ``tokenizer_file`` (a BPE
     run's or a Hugging Face folder's tokenizer.json) as tokenizer.json, and
     report.json into ``folder``, as a whole (``staged_output.write_folder``:
-    a staging folder beside it, moved into place at the end). A checkpoint
+    a staging folder, moved into place at the end). A checkpoint
     folder with its tokenizer.json beside config.json is read whole by
     ``--checkpoint`` (``run_dir``)."""
 

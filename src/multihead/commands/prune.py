@@ -54,8 +54,8 @@ maximum, or "below measurement noise" where that range holds 1.0. The
 report also gives the KV-cache bytes per token before and after
 (``tools.flops.kv_cache_size``, at the model's dtype).
 
-The folder is written whole (``staged_output``: a staging folder beside
-``--out``, moved into place at the end); Ctrl-C or SIGTERM leaves no part
+The folder is written whole (``staged_output``: a staging folder, moved
+into place at the end); Ctrl-C or SIGTERM leaves no part
 of it, prints one line and exits with 130 or 143. Whatever it holds opens
 with ``--checkpoint`` in every command and with
 ``multihead.models.load_model``.

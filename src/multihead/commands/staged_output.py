@@ -1,13 +1,16 @@
 """Output folders written whole or not at all, and Ctrl-C / SIGTERM during the work.
 
 ``multihead prune`` and ``multihead convert`` write their folder into a
-staging folder beside it and move it into place at the end::
+staging folder (beside it, or inside an existing one) and move it into
+place at the end::
 
     parent/.OUT.<pid>.<32 hex>.tmp/    config.json, model.safetensors, ... written here
-    parent/OUT/                        <- os.rename(staging, OUT) when OUT does not exist;
-                                          into an existing OUT each file is os.replace'd,
-                                          and an output file of an earlier run that this
-                                          run does not write (a tokenizer.json) is removed
+    parent/OUT/                        <- os.rename(staging, OUT) when OUT does not exist
+
+    OUT/.output.<pid>.<32 hex>.tmp/    an existing OUT is staged inside it; then each file
+    OUT/config.json, ...               <- os.replace'd, and an output file of an earlier run
+                                          that this run does not write (a tokenizer.json) is
+                                          removed; the user's other files stay
 
 SIGINT and SIGTERM during the moves are held back until they are done, so
 OUT is the old folder or the new one. ``interruptible`` runs a command's
@@ -35,6 +38,7 @@ from ..io import remove_stale_temps
 __all__ = ["Interrupted", "interruptible", "write_folder"]
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_INSIDE = "output"  # an existing folder is staged in OUT/.output.<pid>.<hex>.tmp/
 
 
 class Interrupted(BaseException):
@@ -98,7 +102,7 @@ def interruptible(command: str, out: str, body: Callable[[], int]) -> int:
 
 
 def write_folder(folder: str | os.PathLike, write: Callable[[Path], object], names: Iterable[str]) -> Path:
-    """Write a folder whole: ``write(staging)`` fills a staging folder beside ``folder``, then it moves in.
+    """Write a folder whole: ``write(staging)`` fills a staging folder, then it moves in (module docstring).
 
     Args:
         folder: the output folder (made with its parents when missing).
@@ -119,8 +123,12 @@ def write_folder(folder: str | os.PathLike, write: Callable[[Path], object], nam
         made.append(up)
         up = up.parent
     parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(folder)
-    staging = parent / f".{folder.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    exists = os.path.lexists(folder)
+    # a new folder is staged beside it and renamed; an existing one inside it (its own file
+    # system and permissions: the user may write there but not beside it)
+    target = folder / _INSIDE if exists else folder
+    remove_stale_temps(target)
+    staging = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
     os.mkdir(staging)
     try:
         try:
@@ -134,7 +142,7 @@ def write_folder(folder: str | os.PathLike, write: Callable[[Path], object], nam
                     break
             raise
         with _held_signals():
-            if not os.path.lexists(folder):
+            if not exists:
                 os.rename(staging, folder)
             else:
                 for name in names:

@@ -4,7 +4,8 @@ staging folder beside it.
 
 Each test runs the command in a subprocess and sends the signal only once the command has said
 (on stderr) that it reached the stage under test, so the signal always lands there: the writing
-stage is held open by a user module (``--import``) that waits after the weights are written.
+stage is held open by a user module (``--import``) that waits after the weights are written, and
+another says when the (long) recovery training starts.
 """
 
 from __future__ import annotations
@@ -42,6 +43,20 @@ def save_checkpoint(model, path, **options):
 
 checkpoint.save_checkpoint = save_checkpoint
 '''
+SAY_RECOVERY = '''
+import sys
+import multihead.tools.recovery as recovery
+
+_recover = recovery.recover
+
+
+def recover(*args, **options):
+    print("test-marker: recovery started", file=sys.stderr, flush=True)
+    return _recover(*args, **options)
+
+
+recovery.recover = recover
+'''
 
 
 @pytest.fixture
@@ -50,6 +65,7 @@ def plain(tmp_path) -> Path:
     path = tmp_path / "ckpt"
     save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32)), path)
     (tmp_path / "slow_save.py").write_text(SLOW_SAVE)
+    (tmp_path / "say_recovery.py").write_text(SAY_RECOVERY)
     return path
 
 
@@ -106,9 +122,9 @@ def test_sigterm_while_convert_writes_keeps_the_earlier_folder(plain, tmp_path):
 
 def test_sigint_while_prune_recovers_leaves_no_folder(plain, tmp_path):
     out = tmp_path / "deep" / "pruned"  # parents that do not exist yet
-    proc = start(tmp_path, "prune", "--checkpoint", str(plain), "--method", "gradient", "--keep", "0.5",
-                 "--calibration-lines", "16", "--recover-steps", "1000000", "--out", str(out))  # fmt: skip
-    rc, err = interrupt_at(proc, b"recovery", signal.SIGINT)  # the recovery's progress bar on stderr
+    proc = start(tmp_path, "prune", "--import", "say_recovery", "--checkpoint", str(plain), "--method", "gradient",
+                 "--keep", "0.5", "--calibration-lines", "16", "--recover-steps", "1000000", "--out", str(out))  # fmt: skip
+    rc, err = interrupt_at(proc, b"test-marker: recovery started", signal.SIGINT)  # a million steps: still running
     assert rc == 130, err
     assert err.strip().splitlines()[-1] == (
         f"multihead prune: interrupted by SIGINT; {out} was not written (nothing was left behind)"

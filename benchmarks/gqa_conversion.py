@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from multihead.models.checkpoint import load_checkpoint
 from multihead.tools.convert_heads import to_gqa
+from multihead.tools.flops import kv_cache_size
 from multihead.tools.recovery import recover
 from multihead.train.batches import Batches, read_tokens, val_batches
 from multihead.train.loop import VAL_SEED
@@ -50,7 +51,7 @@ def _logits(model, x):
 
 
 def _kv_bytes(model) -> int:
-    return sum(block.attn.cost(1, bytes_per_element=4).kv_cache_bytes_per_token for block in model.blocks)
+    return kv_cache_size(model).bytes_per_token  # float32 weights: 4 bytes per element, as the commands print it
 
 
 def main() -> None:

@@ -34,11 +34,12 @@ from benchmarks.minilm_pruning import load_lines
 from multihead.models.minilm import load_minilm
 from multihead.tools.convert_heads import to_gqa
 from multihead.tools.fidelity import fidelity
+from multihead.tools.flops import kv_cache_size
 from multihead.tools.recovery import recover
 
 
 def _kv_bytes(model) -> int:
-    return sum(layer.attention.cost(1, bytes_per_element=4).kv_cache_bytes_per_token for layer in model.encoder.layers)
+    return kv_cache_size(model).bytes_per_token  # float32 weights: 4 bytes per element, as the commands print it
 
 
 def _parameters(model) -> int:

@@ -82,7 +82,10 @@ def test_mean_on_a_byte_run_reports_and_saves(byte_run, tmp_path):
     before, after = report["val_loss"]
     assert before == pytest.approx(run_val_loss(original, byte_run), rel=1e-5)
     assert after == pytest.approx(run_val_loss(want, byte_run), rel=1e-5)
-    assert "KV-cache bytes/token" in stdout and "val loss" in stdout and f"{after:.4f}" in stdout
+    assert report["kv_cache_dtype"] == "float32"
+    kv_row = next(line for line in stdout.splitlines() if "KV cache (bytes/token, float32)" in line)
+    assert kv_row.split()[-2:] == [str(kv_bytes(original)), str(kv_bytes(want))]
+    assert "val loss" in stdout and f"{after:.4f}" in stdout
     assert not (out / "tokenizer.json").exists()  # bytes: generate needs no tokenizer
     rc, text, err = quietly("generate", "--checkpoint", str(out), "To be", "--max-new-tokens", "3", "--seed", "0")
     assert rc == 0 and text.startswith("To be"), err

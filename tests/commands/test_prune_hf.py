@@ -228,9 +228,21 @@ def test_minilm_prune_from_the_command_line(tmp_path, monkeypatch):
     assert report["layer_heads"] == [12 - len(report["removed"][str(i)]) for i in range(6)] and min(report["layer_heads"]) >= 1
     f = report["fidelity"]
     assert f["lines"] == 32 and 0.5 < f["mean_cosine"] <= 1 and 0 <= f["neighbours_top10"] <= 1
-    assert f"mean cosine {f['mean_cosine']:.4f}" in stdout and "load_sentence_encoder" in stdout
+    assert f"mean cosine {f['mean_cosine']:.4f}" in stdout
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "report.json", "tokenizer.json"]
-    got = load_sentence_encoder(out)
-    assert got.encoder.config.layer_heads == report["layer_heads"]
+    # the loader the command names exists and reads the folder back
+    assert f"--checkpoint {out} or multihead.models.load_model" in stdout
+    import multihead.models
+
+    got = multihead.models.load_model(out)
+    assert isinstance(got, SentenceEncoder) and got.encoder.config.layer_heads == report["layer_heads"]
+    assert multihead.models.load_sentence_encoder is load_sentence_encoder
     # the same weights and operations on the same inputs as the model the command held in memory
     torch.testing.assert_close(got.encode(SENTENCES), saved["model"].encode(SENTENCES))
+    # inspect opens the folder: the pruned encoder's own tokens, its removed heads shown where they were
+    from multihead.commands.inspect import inspect_text
+
+    found = inspect_text("The law will never be perfect.", checkpoint=str(out))
+    assert found.record.source == "sentence encoder minilm"
+    assert found.token_ids == got.tokenizer.encode("The law will never be perfect.").ids
+    assert [len(layer.weights[0]) for layer in found.record.layers] == report["layer_heads"]

@@ -320,7 +320,31 @@ def test_encoder_errors():
     with pytest.raises(ValueError, match="num_kv_heads=3"):
         to_gqa(model, 3)
     pruned = BertEncoder(dataclasses.replace(model.config, layer_heads=[4, 2]))
-    with pytest.raises(ValueError, match=r"layer_heads=\[4, 2\]"):
-        to_gqa(pruned, 2)
+    with pytest.raises(ValueError, match=r"the model's layers have \[4, 2\] after pruning\), got num_kv_heads=3"):
+        to_gqa(pruned, 3)
     with pytest.raises(ValueError, match="calibration holds no batches"):
         to_gqa(model, 2, method="aligned", calibration=[])
+
+
+def test_a_pruned_gpt_converts_layer_by_layer_exactly_where_its_heads_agree():
+    """Layers of 2 and 3 heads after pruning (of 4); keys and values made equal across each layer's
+    heads, so averaging them into one key/value head changes nothing (the "mean" rule, exactly)."""
+    from multihead.models.gpt import GPT, GPTConfig
+    from multihead.tools.prune import prune_heads
+
+    torch.manual_seed(0)
+    model = prune_heads(GPT(GPTConfig.from_preset("tiny", context_length=16)), {0: [1, 3], 1: [0]}).eval()
+    D = model.config.head_dim
+    with torch.no_grad():
+        for block in model.blocks:
+            weights = block.attn.projection_weights()
+            for name in ("k", "v"):
+                w, b = weights[name]
+                for h in range(1, block.attn.num_kv_heads):
+                    w[h * D : (h + 1) * D] = w[:D]
+                    b[h * D : (h + 1) * D] = b[:D]
+    new = to_gqa(model, 1).eval()
+    assert new.config.layer_heads == [2, 3] and new.config.attention == "mqa"
+    assert [b.attn.num_kv_heads for b in new.blocks] == [1, 1]
+    x = torch.randint(0, 256, (2, 16))
+    torch.testing.assert_close(new(x), model(x))

@@ -62,7 +62,7 @@ def test_costs_come_from_the_layers_cost():
     mha, gqa, mqa = (plan_kind(BASE, k) for k in ("mha", "gqa", "mqa"))
     L, T = BASE.num_layers, BASE.context_length
     attn = GPT(BASE).blocks[0].attn
-    assert mha.kv_cache_bytes_per_token == L * attn.cost(1, T).kv_cache_bytes_per_token
+    assert mha.kv_cache_bytes_per_token == L * attn.cost(1, T, bytes_per_element=4).kv_cache_bytes_per_token  # float32
     assert mha.prefill_flops_per_token == L * attn.cost(T, causal=True).total_flops / T
     assert mha.decode_flops_per_token == L * (attn.cost(1, T).core_flops + attn.cost(1, 1).projection_flops)
     # fewer key/value heads: a smaller cache, fewer FLOPs

@@ -1,36 +1,54 @@
-"""``multihead convert --to gqa``: a GPT checkpoint converted to grouped-query attention.
+"""``multihead convert --to gqa|mqa``: a model's attention converted to grouped-query attention.
 
     multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini --out runs/mini-gqa2
+    multihead convert --to mqa --model minilm-l6 --out minilm-mqa
+    multihead convert --to gqa --num-kv-heads 4 --hf path/to/bert-or-gpt2 --out converted
 
-Loads a GPT checkpoint (``config.json`` + ``model.safetensors``) or the run
-directory of ``multihead train`` (its latest checkpoint), converts every
-attention layer with ``multihead.tools.convert_heads.to_gqa``, saves the
-result with ``save_checkpoint`` (atomically) into ``--out`` and prints a
-report, also written to ``--out/report.json``::
+Takes the same models as ``multihead prune`` (``model_sources``): the
+pretrained MiniLM (``--model minilm-l6``), a GPT checkpoint or the run
+directory of ``multihead train`` (its latest checkpoint), a folder that
+prune or convert wrote (``--checkpoint``, GPT or sentence encoder), or a
+Hugging Face BERT or GPT-2 folder (``--hf``). ``--to mqa`` is G = 1.
+Every attention layer is converted with
+``multihead.tools.convert_heads.to_gqa`` (a pruned model layer by layer;
+G must divide every layer's key/value heads), the result is saved into
+``--out`` and a report printed, also written to ``--out/report.json``::
 
-    parameters                 before and after (``GPT.num_parameters``)
-    KV-cache bytes per token   all layers' ``cost()``, at the model's dtype
-    validation loss            run directory only: the run's own fixed
-                               validation batches (data/val.bin, VAL_SEED,
-                               its batch size, context and eval_batches)
+    parameters                 before and after
+    KV cache                   bytes per token over all layers, at the model's
+                               dtype (``tools.flops.kv_cache_size``)
+    validation loss            a GPT run: the run's own fixed validation batches
+                               (data/val.bin, VAL_SEED, its batch size, context
+                               and eval_batches); a GPT-2 --hf folder: windows of
+                               the Shakespeare validation text (``prune_hf``)
+    fidelity                   an encoder: mean cosine and top-10 neighbour
+                               agreement on --heldout-lines held-out Shakespeare
+                               lines (``encoder_inputs``), as prune reports them
 
-Calibration for ``--method aligned``: ``--calibration-batches`` batches of
-``CALIBRATION_BATCH_SIZE`` windows drawn (seed ``CALIBRATION_SEED``) from
-the run's data/train.bin, or from the training part of
-``--calibration-data`` (``shakespeare`` or a UTF-8 file) encoded with the
-run's tokenizer, or as bytes for a byte-level checkpoint.
+Calibration for ``--method aligned`` (and ``--recover-steps``): GPT:
+``--calibration-batches`` batches of ``CALIBRATION_BATCH_SIZE`` windows
+drawn (seed ``CALIBRATION_SEED``) from the run's data/train.bin, or from the
+training part of ``--calibration-data`` (``shakespeare`` or a UTF-8 file)
+encoded with the run's tokenizer, or as bytes for a byte-level checkpoint;
+a GPT-2 folder: windows of the Shakespeare training text through its
+tokenizer.json. Encoder: that many batches of ``CALIBRATION_BATCH_SIZE``
+first lines of the calibration pairs (``encoder_inputs``).
 
-The output folder of a BPE run (or of a checkpoint folder with its
-tokenizer.json) also gets that ``tokenizer.json``, beside config.json:
-``multihead generate --checkpoint OUT`` and ``multihead inspect --checkpoint
-OUT`` read it from there (``run_dir``); a byte-level model needs none.
+The output folder of a BPE model also gets its ``tokenizer.json`` beside
+config.json, an encoder its own; a pruned model's report.json keeps the
+prune report's "removed" heads, so ``inspect`` still shows each head where
+it was. ``--checkpoint OUT`` opens it in every
+command and ``multihead.models.load_model`` in Python. The folder is
+written whole (``staged_output``): Ctrl-C or SIGTERM leaves no part of it,
+prints one line and exits with 130 or 143.
 
 Mistakes are refused before anything is written: an --out that cannot be
-written, G outside [1, H] or not dividing the key/value heads, an unknown
-method, "aligned" on a model with rope or qk_norm, calibration options
-with "mean", a checkpoint that is not a GPT or whose layers are not
-mha/gqa/mqa. ``--import MODULE`` is imported first (a checkpoint of a kind
-from the user's own package).
+written, not exactly one model source, G outside the layers' head counts or
+not dividing their key/value heads, an unknown target or method, "aligned"
+on a model with rope or qk_norm, calibration options with "mean",
+--calibration-data for an encoder or a GPT-2 folder, --heldout-lines for a
+GPT, layers that are not mha/gqa/mqa. ``--import MODULE`` is imported first
+(a checkpoint of a kind from the user's own package).
 """
 
 from __future__ import annotations
@@ -44,35 +62,39 @@ from torch import nn
 
 from ..tools.convert_heads import METHODS
 from .checking import checking
+from .encoder_inputs import HELDOUT_LINES, shakespeare_lines
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
+    OUTPUT_FILES,
     calibration_windows,
-    load_gpt,
-    tokenizer_json,
     validation,
     write_outputs,
 )
 from .imports import add_import_argument, import_modules
+from .model_sources import MODELS, check_sources, family, load_source
 from .paths import output_folder
 from .recovery_option import add_recover_steps, check_recover_steps, describe, recover_model
+from .staged_output import interruptible
 
 __all__ = [
     "add_arguments", "run", "Conversion", "prepare", "convert", "TARGETS", "CALIBRATION_BATCH_SIZE",
     "CALIBRATION_SEED", "DEFAULT_CALIBRATION_BATCHES",
 ]  # fmt: skip
 
-TARGETS = ("gqa",)
+TARGETS = ("gqa", "mqa")
 DEFAULT_CALIBRATION_BATCHES = 8
-OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.json")
+BATCH_SIZE = 64  # encoder lines per forward pass of the fidelity
 _FAMILY = ("mha", "gqa", "mqa")
 DESCRIPTION = (
-    "Load a GPT checkpoint or the run directory of 'multihead train', give every attention layer "
-    "G key/value heads (mean: average each group's key and value projections; aligned: rotate the "
-    "heads onto each other first, from calibration data), save the converted checkpoint into --out "
-    "and print parameters and KV-cache bytes per token before and after, and for a run directory the "
-    "validation loss on the run's own validation batches; report.json holds the same. A BPE run's "
-    "tokenizer.json is copied beside the checkpoint. See docs/surgery.md."
+    "Give every attention layer of a model G key/value heads (--to mqa: one): the pretrained MiniLM "
+    "(--model), a GPT checkpoint, the run directory of 'multihead train' or a folder prune or convert wrote "
+    "(--checkpoint), or a Hugging Face BERT or GPT-2 folder (--hf). mean: average each group's key and value "
+    "projections; aligned: rotate the heads onto each other first, from calibration data. Saves the "
+    "converted model into --out (whole or not at all) and prints parameters and KV-cache bytes per token "
+    "before and after, the validation loss (a GPT run, GPT-2) or the held-out fidelity (an encoder); "
+    "report.json holds the same. Examples: multihead convert --to mqa --model minilm-l6 --out minilm-mqa; "
+    "multihead convert --to gqa --num-kv-heads 2 --hf path/to/gpt2 --out gpt2-gqa. See docs/surgery.md."
 )
 
 
@@ -81,44 +103,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.add_argument("--to", required=True, metavar="KIND", help=f"target attention: {', '.join(TARGETS)}")
     parser.add_argument(
-        "--num-kv-heads", type=int, required=True, metavar="G", help="key/value heads per layer, dividing H"
+        "--num-kv-heads", type=int, metavar="G", help="key/value heads per layer, dividing H (--to mqa: 1)"
     )
     parser.add_argument("--method", default="mean", metavar="M", help=f"{' or '.join(METHODS)} (default mean)")
+    parser.add_argument("--model", metavar="NAME", help=f"a pretrained model: {', '.join(MODELS)}")
     parser.add_argument(
-        "--checkpoint", required=True, metavar="PATH",
-        help="a GPT checkpoint, or the run directory of 'multihead train'",
+        "--checkpoint", metavar="PATH",
+        help="a GPT checkpoint, the run directory of 'multihead train', or a folder prune or convert wrote",
     )  # fmt: skip
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the converted checkpoint and report.json")
+    parser.add_argument(
+        "--hf", metavar="DIR",
+        help="a local Hugging Face folder (config.json, model.safetensors, tokenizer.json) of model_type bert or gpt2",
+    )  # fmt: skip
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the converted model and report.json")
     parser.add_argument(
         "--calibration-data", metavar="SOURCE",
-        help="aligned or recovery: shakespeare or a UTF-8 text file (default: a run directory's data/train.bin)",
+        help="GPT checkpoint, aligned or recovery: shakespeare or a UTF-8 text file "
+        "(default: a run directory's data/train.bin)",
     )  # fmt: skip
     parser.add_argument(
         "--calibration-batches", type=int, metavar="N",
-        help=f"aligned or recovery: batches of {CALIBRATION_BATCH_SIZE} windows "
+        help=f"aligned or recovery: batches of {CALIBRATION_BATCH_SIZE} windows or lines "
         f"(default {DEFAULT_CALIBRATION_BATCHES})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--heldout-lines", type=int, metavar="N",
+        help=f"encoders (MiniLM, BERT): held-out lines of the fidelity (default {HELDOUT_LINES})",
     )  # fmt: skip
     add_recover_steps(parser)
     add_import_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    """``multihead convert``: check the options, load the checkpoint and the calibration data, then convert."""
-    with checking():
-        import_modules(args.imports)
-        job = prepare(
-            to=args.to, num_kv_heads=args.num_kv_heads, checkpoint=args.checkpoint, out=args.out,
-            method=args.method, calibration_data=args.calibration_data,
-            calibration_batches=args.calibration_batches, recover_steps=args.recover_steps,
-        )  # fmt: skip
-    convert(job)
-    return 0
+    """``multihead convert``: check the options, load the model and its data, then convert."""
+
+    def body() -> int:
+        with checking():
+            import_modules(args.imports)
+            job = prepare(
+                to=args.to, num_kv_heads=args.num_kv_heads, out=args.out, model=args.model,
+                checkpoint=args.checkpoint, hf=args.hf, method=args.method, calibration_data=args.calibration_data,
+                calibration_batches=args.calibration_batches, heldout_lines=args.heldout_lines,
+                recover_steps=args.recover_steps,
+            )  # fmt: skip
+        convert(job)
+        return 0
+
+    return interruptible("multihead convert", args.out, body)
 
 
-def _check_options(to: str, method: str, calibration_data: str | None, calibration_batches: int | None,
-                   recover_steps: int) -> None:  # fmt: skip
+def _check_options(to: str, num_kv_heads: int | None, method: str, calibration_data: str | None,
+                   calibration_batches: int | None, heldout: int | None, recover_steps: int) -> int:  # fmt: skip
+    """G, from --to and --num-kv-heads; the other options checked."""
     if to not in TARGETS:
         raise ValueError(f"--to {to}: unknown target; valid: {', '.join(TARGETS)}")
+    if to == "mqa" and num_kv_heads not in (None, 1):
+        raise ValueError(f"--to mqa has one key/value head; --num-kv-heads {num_kv_heads} is for --to gqa")
+    if to == "gqa" and num_kv_heads is None:
+        raise ValueError("--to gqa needs --num-kv-heads G, the key/value heads of every layer (--to mqa: G = 1)")
     if method not in METHODS:
         raise ValueError(f"--method {method}: unknown method; valid: {', '.join(METHODS)}")
     check_recover_steps(recover_steps)
@@ -133,31 +175,43 @@ def _check_options(to: str, method: str, calibration_data: str | None, calibrati
                              '("mean" uses no calibration)')
     if calibration_batches is not None and calibration_batches < 1:
         raise ValueError(f"--calibration-batches {calibration_batches}: give a number >= 1")
+    if heldout is not None and heldout < 2:
+        raise ValueError(f"--heldout-lines {heldout}: give a number >= 2 (neighbours are ranked among them)")
+    return 1 if to == "mqa" else num_kv_heads
+
+
+def _layers(model) -> tuple[object, list[nn.Module]]:
+    """(config, attention layers) of a GPT or a SentenceEncoder."""
+    from ..models.gpt import GPT
+
+    if isinstance(model, GPT):
+        return model.config, [block.attn for block in model.blocks]
+    return model.encoder.config, [layer.attention for layer in model.encoder.layers]
 
 
 def _check_model(model, num_kv_heads: int, method: str) -> None:
     """The to_gqa refusals, worded with the command's flags."""
-    from ..models.gpt import GPT
-
-    if not isinstance(model, GPT):
-        raise ValueError(f"the checkpoint holds a {type(model).__name__}, not a GPT")
-    H = model.config.num_heads
-    if not 1 <= num_kv_heads <= H:
-        raise ValueError(f"--num-kv-heads {num_kv_heads} out of range: the model has {H} heads, so G is in 1..{H}")
-    if H % num_kv_heads:
-        raise ValueError(f"--num-kv-heads {num_kv_heads} does not divide the model's {H} heads")
-    for i, block in enumerate(model.blocks):
-        attn = block.attn
+    config, layers = _layers(model)
+    H, counts, G = config.num_heads, config.layer_heads, num_kv_heads
+    if counts is None:
+        if not 1 <= G <= H:
+            raise ValueError(f"--num-kv-heads {G} out of range: the model has {H} heads, so G is in 1..{H}")
+        if H % G:
+            raise ValueError(f"--num-kv-heads {G} does not divide the model's {H} heads")
+    elif not 1 <= G <= min(counts):
+        raise ValueError(f"--num-kv-heads {G} out of range: the model's layers have {counts} query heads "
+                         f"after pruning, so G is in 1..{min(counts)}")  # fmt: skip
+    for i, attn in enumerate(layers):
         kind = getattr(attn, "kind", type(attn).__name__)
         if kind not in _FAMILY:
             raise ValueError(
                 f"layer {i} is attention kind {kind!r}, which has no key/value heads to merge; "
                 f"convert takes {', '.join(_FAMILY)} layers"
             )
-        if attn.num_kv_heads % num_kv_heads:
-            raise ValueError(
-                f"--num-kv-heads {num_kv_heads} does not divide layer {i}'s {attn.num_kv_heads} key/value heads"
-            )
+        if attn.num_kv_heads % G:
+            pruned = f" ({attn.num_heads} query heads after pruning)" if counts is not None else ""
+            raise ValueError(f"--num-kv-heads {G} does not divide layer {i}'s {attn.num_kv_heads} key/value heads"
+                             f"{pruned}")  # fmt: skip
         if method == "aligned" and (attn.rope is not None or attn.qk_norm is not None):
             raise ValueError(
                 f"--method aligned rotates keys, which does not commute with rope or qk_norm (layer {i} has "
@@ -165,15 +219,14 @@ def _check_model(model, num_kv_heads: int, method: str) -> None:
             )
 
 
-def _kv_bytes(model) -> int:
-    """KV-cache bytes per token over all layers, at the model's dtype."""
-    size = next(model.parameters()).element_size()
-    return sum(block.attn.cost(1, bytes_per_element=size).kv_cache_bytes_per_token for block in model.blocks)
-
-
 @dataclass
 class Conversion:
-    """What ``prepare`` checked and loaded for ``convert``."""
+    """What ``prepare`` checked and loaded for ``convert``.
+
+    ``calibration``: GPT windows [B, T] or encoder line batches (lists of
+    str); ``validate``: a GPT's (loss function of a model, description);
+    ``pairs``/``heldout``: an encoder's calibration pairs and held-out lines.
+    """
 
     model: nn.Module
     num_kv_heads: int
@@ -181,94 +234,181 @@ class Conversion:
     folder: Path
     source: str
     calibration: list | None
-    validate: tuple | None  # (loss function of a model, description) on a run's validation batches
+    validate: tuple | None
     recover_steps: int
-    tokenizer_file: Path | None  # a BPE run's tokenizer.json, copied beside the converted checkpoint
+    tokenizer_file: Path | None  # a BPE model's tokenizer.json, copied beside the converted checkpoint
+    encoder: bool = False
+    pooling: str | None = None
+    pairs: list | None = None
+    heldout: list | None = None
+    removed: dict | None = None  # the heads a pruned --checkpoint lost, from its prune report
 
 
 def prepare(
     *,
     to: str,
-    num_kv_heads: int,
-    checkpoint: str,
+    num_kv_heads: int | None,
     out: str,
+    model: str | None = None,
+    checkpoint: str | None = None,
+    hf: str | None = None,
     method: str = "mean",
     calibration_data: str | None = None,
     calibration_batches: int | None = None,
+    heldout_lines: int | None = None,
     recover_steps: int = 0,
 ) -> Conversion:
-    """Check the options and --out, load the checkpoint and the calibration data.
+    """Check the options and --out, load the model and its calibration and measuring data.
 
     Args:
-        to: the target kind ("gqa").
-        num_kv_heads: G, the key/value heads of every converted layer.
-        checkpoint: a GPT checkpoint or a ``multihead train`` run directory.
-        out: the folder for config.json, model.safetensors, report.json
-            (and tokenizer.json from a BPE run).
+        to: the target kind, "gqa" or "mqa".
+        num_kv_heads: G, the key/value heads of every converted layer (None with "mqa").
+        out: the folder for the converted model and report.json.
+        model, checkpoint, hf: exactly one model source (``model_sources``).
         method: "mean" or "aligned" (``to_gqa``).
-        calibration_data: "shakespeare" or a text file ("aligned" and recovery).
+        calibration_data: a GPT checkpoint's calibration text: "shakespeare" or a file.
         calibration_batches: batches for "aligned" and recovery (default
             ``DEFAULT_CALIBRATION_BATCHES``).
+        heldout_lines: an encoder's held-out lines (None: ``HELDOUT_LINES``).
         recover_steps: steps of distillation towards the original after the
             conversion, on the calibration batches (``recovery_option``); 0: none.
 
     Raises:
         ValueError: see the module docstring; nothing is written.
     """
-    _check_options(to, method, calibration_data, calibration_batches, recover_steps)
+    check_sources(model, checkpoint, hf)
+    G = _check_options(to, num_kv_heads, method, calibration_data, calibration_batches, heldout_lines, recover_steps)
     folder = output_folder("--out", out, OUTPUT_FILES)
-    model, run_dir, tokenizer, source = load_gpt(checkpoint)
-    _check_model(model, num_kv_heads, method)
-    run_tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
-    calibration = None
-    if method == "aligned" or recover_steps:
-        count = DEFAULT_CALIBRATION_BATCHES if calibration_batches is None else calibration_batches
-        calibration = calibration_windows(model, run_dir, run_tokenizer, calibration_data, count)
-    validate = validation(run_dir) if run_dir is not None else None
-    tokenizer_file = tokenizer_json(checkpoint, run_dir) if run_tokenizer is not None else None
-    return Conversion(model, num_kv_heads, method, folder, source, calibration, validate, recover_steps, tokenizer_file)
+    kind, _ = family(model, checkpoint, hf)
+    if calibration_data is not None and (kind == "encoder" or hf is not None):
+        raise ValueError(f"--calibration-data {calibration_data} is for a GPT --checkpoint; "
+                         f"{'an encoder' if kind == 'encoder' else 'a GPT-2 --hf folder'} calibrates on "
+                         "Shakespeare's text through its own tokenizer")  # fmt: skip
+    if kind == "gpt" and heldout_lines is not None:
+        raise ValueError(f"--heldout-lines {heldout_lines} is for encoders (--model, a BERT --hf, a sentence-encoder "
+                         "--checkpoint); a GPT is measured on validation text")  # fmt: skip
+    loaded = load_source(model, checkpoint, hf)
+    net = loaded.net
+    _check_model(net, G, method)
+    removed = None if checkpoint is None else _pruned_heads(Path(checkpoint), _layers(net)[0].layer_heads)
+    count = DEFAULT_CALIBRATION_BATCHES if calibration_batches is None else calibration_batches
+    calibrate = method == "aligned" or recover_steps
+    if loaded.encoder:
+        held = HELDOUT_LINES if heldout_lines is None else heldout_lines
+        pairs, heldout = shakespeare_lines(net, count * CALIBRATION_BATCH_SIZE if calibrate else 0, held)
+        step = CALIBRATION_BATCH_SIZE
+        lines = [[a for a, _ in pairs[i : i + step]] for i in range(0, len(pairs), step)] if calibrate else None
+        return Conversion(net, G, method, folder, loaded.source, lines, None, recover_steps, None, True,
+                          loaded.pooling, pairs, heldout, removed)  # fmt: skip
+    calibration = validate = None
+    if loaded.hf_tokenizer is not None:
+        from . import prune_hf
+
+        if calibrate:
+            calibration = prune_hf.gpt2_calibration(net, loaded.hf_tokenizer, count, CALIBRATION_BATCH_SIZE,
+                                                    CALIBRATION_SEED, hf)  # fmt: skip
+        validate = prune_hf.gpt2_validation(net, loaded.hf_tokenizer, CALIBRATION_BATCH_SIZE, hf)
+    else:
+        if calibrate:
+            calibration = calibration_windows(net, loaded.run_dir, loaded.tokenizer, calibration_data, count)
+        validate = validation(loaded.run_dir) if loaded.run_dir is not None else None
+    return Conversion(net, G, method, folder, loaded.source, calibration, validate, recover_steps,
+                      loaded.tokenizer_file, removed=removed)  # fmt: skip
+
+
+def _pruned_heads(folder: Path, counts: list[int] | None) -> dict | None:
+    """The "removed" table of the prune report beside a pruned checkpoint, when it describes it
+    (its layer_heads are the model's): kept in convert's report, so inspect still places each head."""
+    from ..io import read_json_file
+
+    if counts is None or not (folder / "report.json").is_file():
+        return None
+    try:
+        report = read_json_file(folder / "report.json")
+    except (OSError, ValueError):
+        return None
+    removed = report.get("removed")
+    return removed if report.get("layer_heads") == counts and isinstance(removed, dict) else None
 
 
 def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
-    """Convert, distil back when asked, save, print and return the report (as in report.json)."""
-    from ..models.checkpoint import save_checkpoint
+    """Convert, distil back when asked, measure, save, print and return the report (as in report.json)."""
     from ..tools.convert_heads import to_gqa
+    from ..tools.flops import kv_cache_size
+    from ..tools.objectives import anchor_batches
 
-    model, method, calibration, validate = job.model, job.method, job.calibration, job.validate
+    model, method, calibration = job.model, job.method, job.calibration
     new = to_gqa(model, job.num_kv_heads, method=method, calibration=calibration if method == "aligned" else None).eval()
+    measure = _fidelity(model, job.heldout) if job.encoder else None if job.validate is None else job.validate[0]
     recovery = None
     if job.recover_steps:
-        before = None if validate is None else validate[0](new)
-        recovery = recover_model(new, model, calibration, "gpt", job.recover_steps)
+        before = None if measure is None else measure(new)
+        batches = anchor_batches(new, job.pairs) if job.encoder else calibration
+        recovery = recover_model(new, model, batches, "encoder" if job.encoder else "gpt", job.recover_steps)
         recovery["before"] = before
+    (config0, layers0), (config1, layers1) = _layers(model), _layers(new)
+    kv0, kv1 = kv_cache_size(model), kv_cache_size(new)
     report = {
         "source": job.source,
         "method": method,
-        "attention": [model.config.attention, new.config.attention],
-        "num_heads": model.config.num_heads,
-        "num_kv_heads": [model.blocks[0].attn.num_kv_heads, new.blocks[0].attn.num_kv_heads],
-        "parameters": [model.num_parameters(), new.num_parameters()],
-        "kv_cache_bytes_per_token": [_kv_bytes(model), _kv_bytes(new)],
+        "attention": [config0.attention, config1.attention],
+        "num_heads": config0.num_heads,
+        "layer_heads": config1.layer_heads,
+        "removed": job.removed,
+        "num_kv_heads": [layers0[0].num_kv_heads, layers1[0].num_kv_heads],
+        "parameters": [_count(model), _count(new)],
+        "kv_cache_bytes_per_token": [kv0.bytes_per_token, kv1.bytes_per_token],
+        "kv_cache_dtype": kv1.dtype,
         "calibration_batches": None if calibration is None else len(calibration),
         "val_loss": None,
         "val_batches": None,
+        "fidelity": None if measure is None or not job.encoder else measure(new),
+        "pooling": job.pooling,
         "recovery": recovery,
     }
-    if validate is not None:
-        loss, where = validate
-        report["val_loss"], report["val_batches"] = [loss(model), loss(new)], where
-    write_outputs(job.folder, lambda f: save_checkpoint(new, f), report, job.tokenizer_file)
-    _print(report, job.folder, job.tokenizer_file is not None, echo)
+    if job.validate is not None:
+        report["val_loss"], report["val_batches"] = [measure(model), measure(new)], job.validate[1]
+    write_outputs(job.folder, lambda f: _save(new, f), report, job.tokenizer_file)
+    _print(report, job.folder, job.encoder, job.tokenizer_file is not None, echo)
     return report
 
 
-def _print(report: dict, folder: Path, has_tokenizer: bool, echo: Callable[[str], None]) -> None:
+def _count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _fidelity(original, heldout: list[str]):
+    """Mean cosine and top-10 neighbour agreement of a model's embeddings of ``heldout`` with the original's."""
+    from ..tools.fidelity import fidelity
+
+    reference = original.encode(heldout, batch_size=BATCH_SIZE)  # (N, C)
+
+    def measure(m) -> dict:
+        cos, agree = fidelity(reference, m.encode(heldout, batch_size=BATCH_SIZE))
+        return {"lines": len(heldout), "mean_cosine": cos, "neighbours_top10": agree}
+
+    return measure
+
+
+def _save(model, folder: Path) -> None:
+    from ..models.checkpoint import save_checkpoint
+    from ..models.gpt import GPT
+    from ..models.minilm import save_sentence_encoder
+
+    if isinstance(model, GPT):
+        save_checkpoint(model, folder)
+    else:
+        save_sentence_encoder(model, folder)
+
+
+def _print(report: dict, folder: Path, encoder: bool, has_tokenizer: bool, echo: Callable[[str], None]) -> None:
     (a0, a1), (g0, g1) = report["attention"], report["num_kv_heads"]
     echo(
         f"{report['source']}: {a0} ({g0} key/value heads) -> {a1} ({g1}), method {report['method']}, "
-        f"{report['num_heads']} query heads"
+        f"{report['num_heads']} query heads" + (f" (per layer {report['layer_heads']})" if report["layer_heads"] else "")
     )
-    rows = [("parameters", *report["parameters"]), ("KV-cache bytes/token", *report["kv_cache_bytes_per_token"])]
+    rows = [("parameters", *report["parameters"]),
+            (f"KV cache (bytes/token, {report['kv_cache_dtype']})", *report["kv_cache_bytes_per_token"])]  # fmt: skip
     if report["val_loss"] is not None:
         rows.append(("val loss (nats/token)", *(f"{v:.4f}" for v in report["val_loss"])))
     width = max(len(r[0]) for r in rows)
@@ -277,10 +417,17 @@ def _print(report: dict, folder: Path, has_tokenizer: bool, echo: Callable[[str]
         echo(f"  {name:<{width}}  {before!s:>12}  {after!s:>12}")
     if report["recovery"] is not None:
         echo(describe(report["recovery"]))
+    if report["fidelity"] is not None:
+        f = report["fidelity"]
+        echo(f"  held-out fidelity ({f['lines']} lines): mean cosine {f['mean_cosine']:.4f}, "
+             f"top-10 neighbours kept {f['neighbours_top10']:.3f}")  # fmt: skip
+    if report["pooling"] is not None:
+        echo(f"  (embeddings: {report['pooling']})")
     if report["val_batches"] is not None:
         echo(f"  (validation: {report['val_batches']})")
-    echo(
-        f"wrote {folder.resolve()} (config.json, model.safetensors, report.json"
-        f"{', tokenizer.json' if has_tokenizer else ''})"
-    )
-    echo(f'try: multihead generate --checkpoint {folder} "To be"')
+    names = ", ".join(n for n in OUTPUT_FILES if (folder / n).is_file())
+    echo(f"wrote {folder.resolve()} ({names})")
+    if encoder:
+        echo(f'try: multihead inspect --checkpoint {folder} "The law will never be perfect."')
+    else:
+        echo(f'try: multihead generate --checkpoint {folder} "To be"')

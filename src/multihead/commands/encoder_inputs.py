@@ -1,4 +1,4 @@
-"""What ``multihead prune`` reads for a sentence encoder (MiniLM, a BERT ``--hf`` folder).
+"""What ``multihead prune`` and ``multihead convert`` read for a sentence encoder (MiniLM, a BERT).
 
 Shakespeare's works sorted by title, the even positions for calibration and
 the odd ones held out (as benchmarks/minilm_pruning.py); lines of at least
@@ -10,13 +10,29 @@ the odd ones held out (as benchmarks/minilm_pruning.py); lines of at least
 
 from __future__ import annotations
 
+import json
 import random
 
-__all__ = ["SEED", "MIN_WORDS", "MAX_TOKENS", "shakespeare_lines"]
+__all__ = ["SEED", "MIN_WORDS", "MAX_TOKENS", "HELDOUT_LINES", "shakespeare_lines"]
 
 SEED = 0
+HELDOUT_LINES = 500  # held-out lines of the fidelity, by default
 MIN_WORDS = 5
 MAX_TOKENS = 64
+
+
+_COUNTS: dict[str, dict[str, int]] = {}  # tokenizer.json text -> {line: tokens}, for repeated runs in one process
+
+
+def _token_counts(tokenizer, lines: list[str]) -> dict[str, int]:
+    """Tokens of each line ([CLS] and [SEP] included, truncated at the tokenizer's maximum), unpadded."""
+    key = f"{len(lines)} {json.dumps(json.loads(tokenizer.to_str()), sort_keys=True)}"  # its vocabulary in any order
+    if key not in _COUNTS:
+        counter = tokenizer.__class__.from_str(tokenizer.to_str())  # the same truncation ...
+        counter.no_padding()  # ... but no padding to the batch's longest line
+        _COUNTS.clear()
+        _COUNTS[key] = {s: len(e.ids) for s, e in zip(lines, counter.encode_batch(lines))}
+    return _COUNTS[key]
 
 
 def shakespeare_lines(model, count: int, held_count: int) -> tuple[list[tuple[str, str]], list[str]]:
@@ -36,7 +52,7 @@ def shakespeare_lines(model, count: int, held_count: int) -> tuple[list[tuple[st
         return [s.strip() if len(s.split()) >= MIN_WORDS else None for s in texts[title].split("\n")]
 
     unique = sorted({s for t in titles for s in lines(t) if s})
-    lengths = {s: len(model.tokenizer.encode(s).ids) for s in unique}  # truncated at max_seq_length
+    lengths = _token_counts(model.tokenizer, unique)
 
     def short(line: str) -> bool:  # [CLS] and [SEP] included
         return lengths[line] <= MAX_TOKENS

@@ -30,7 +30,7 @@ from ..models.gpt import GPT_PRESETS
 from .checking import checking
 from .imports import add_import_argument, import_modules
 from .paths import output_folder
-from .run_dir import run_checkpoint
+from .run_dir import is_sentence_encoder, run_checkpoint
 from .tokens import load_tokenizer
 
 __all__ = [
@@ -237,6 +237,11 @@ def prepare(
         _check_save_init(save_init, checkpoint, sampling)
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
     tok = None if tokenizer is None else load_tokenizer(tokenizer)  # before the model: a missing file is refused at once
+    if checkpoint is not None and save_init is None and is_sentence_encoder(checkpoint):
+        raise ValueError(
+            f"--checkpoint {checkpoint} holds a sentence encoder (BERT), which encodes text but does not generate "
+            f"it; generate needs a GPT (multihead inspect --checkpoint {checkpoint} shows its heads)"
+        )
     found = None if checkpoint is None or save_init is not None else run_checkpoint(checkpoint)
     if found is not None:
         step_dir, run_tok, step = found

@@ -4,8 +4,8 @@
 (``run_dir``). Calibration batches are windows of the run's training tokens
 (or of ``--calibration-data`` text); the validation loss is the run's own,
 on its fixed validation batches, as ``multihead train`` reports it. The
-outputs (the model, the run's tokenizer.json, report.json) are each
-written atomically.
+outputs (the model, the run's tokenizer.json, report.json) are written
+into a staging folder and moved into place together (``staged_output``).
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ import torch
 
 from ..io import write_text_atomic
 from .run_dir import run_checkpoint
+from .staged_output import write_folder
 
 __all__ = [
-    "CALIBRATION_BATCH_SIZE", "CALIBRATION_SEED", "load_gpt", "calibration_windows", "validation", "tokenizer_json",
+    "CALIBRATION_BATCH_SIZE", "CALIBRATION_SEED", "OUTPUT_FILES", "load_gpt", "calibration_windows", "validation", "tokenizer_json",
     "write_outputs",
 ]  # fmt: skip
 
 CALIBRATION_BATCH_SIZE = 16
 CALIBRATION_SEED = 99
+OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.json")  # what convert and prune write
 
 
 def load_gpt(checkpoint: str):
@@ -117,10 +119,15 @@ def tokenizer_json(checkpoint: str, run_dir: Path | None) -> Path:
 def write_outputs(folder: Path, save: Callable[[Path], object], report: dict, tokenizer_file: Path | None) -> None:
     """Write the model (``save(folder)``), a copy of ``tokenizer_file`` (a BPE
     run's or a Hugging Face folder's tokenizer.json) as tokenizer.json, and
-    report.json into ``folder``. A checkpoint folder with its tokenizer.json
-    beside config.json is read whole by ``--checkpoint`` (``run_dir``)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    save(folder)
-    if tokenizer_file is not None:
-        write_text_atomic(folder / "tokenizer.json", tokenizer_file.read_text(encoding="utf-8"))
-    write_text_atomic(folder / "report.json", json.dumps(report, indent=2) + "\n")
+    report.json into ``folder``, as a whole (``staged_output.write_folder``:
+    a staging folder, moved into place at the end). A checkpoint
+    folder with its tokenizer.json beside config.json is read whole by
+    ``--checkpoint`` (``run_dir``)."""
+
+    def write(staging: Path) -> None:
+        save(staging)
+        if tokenizer_file is not None:
+            write_text_atomic(staging / "tokenizer.json", tokenizer_file.read_text(encoding="utf-8"))
+        write_text_atomic(staging / "report.json", json.dumps(report, indent=2) + "\n")
+
+    write_folder(folder, write, OUTPUT_FILES)

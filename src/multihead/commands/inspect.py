@@ -1,7 +1,8 @@
 """``multihead inspect "TEXT"``: what every head of a real model attends to.
 
 Loads the pretrained MiniLM encoder (default), a GPT checkpoint (or the
-run directory of ``multihead train``, with its own tokenizer) or any local
+run directory of ``multihead train``, with its own tokenizer), a sentence
+encoder saved by ``multihead prune`` or ``convert`` (``--checkpoint``) or any local
 Hugging Face model folder (``hf``: config.json, weights and tokenizer.json,
 run on multihead attention through ``multihead.hf``), runs the
 text through it while capturing every head's exact weights, scores each head
@@ -19,7 +20,7 @@ With ``importance`` every head also gets an ablation score
 column of the printed table and ``"importance"`` among its scores in
 heads.json and heads.html.
 
-A pruned GPT checkpoint (``multihead prune``: layers with fewer heads than
+A pruned GPT or encoder (``multihead prune``: layers with fewer heads than
 ``num_heads``) is shown with every head it had (``tools.head_slots``): the
 removed heads as "pruned" rows and grey cells, the kept ones with their
 index before pruning, read from the report.json beside the checkpoint when
@@ -55,7 +56,7 @@ from .checking import checking
 from .imports import add_import_argument, import_modules
 from .inspect_report import Inspection, report
 from .paths import input_file, output_folder
-from .run_dir import run_checkpoint
+from .run_dir import is_sentence_encoder, run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
 __all__ = [
@@ -90,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=MODELS, help=f"packaged model (default {MODELS[0]} unless --checkpoint)")
     parser.add_argument(
         "--checkpoint", metavar="PATH",
-        help="a GPT checkpoint, or the run directory of 'multihead train', to inspect instead of --model",
+        help="a GPT checkpoint, the run directory of 'multihead train', or a folder prune or convert wrote",
     )  # fmt: skip
     parser.add_argument(
         "--tokenizer", metavar="FILE", help="tokenizer.json for a --checkpoint whose vocabulary is not bytes"
@@ -138,17 +139,26 @@ def _check_out(out: str) -> Path:
     return output_folder("--out", out, OUTPUT_FILES)
 
 
-def _run_minilm(text: str, truncate: bool):
-    from ..models.minilm import load_minilm
+def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer: str | None = None):
+    """The packaged MiniLM, or the sentence encoder saved in ``folder`` (what prune and convert write)."""
+    from ..models.minilm import load_minilm, load_sentence_encoder
 
-    model = load_minilm()
-    enc = encode_text(model.tokenizer, text, model.max_seq_length, model=_MINILM, truncate=truncate)
+    if folder is None:
+        model, name, slots, extra = load_minilm(), _MINILM, None, []
+    else:
+        if tokenizer is not None:
+            raise ValueError(f"--checkpoint {folder} is a sentence encoder with its own tokenizer.json; "
+                             f"--tokenizer {tokenizer} cannot replace it")  # fmt: skip
+        model, name = load_sentence_encoder(folder), f"sentence encoder {Path(folder).name}"
+        slots, extra = _pruned_slots(model.encoder.config, Path(folder) / "report.json")
+    enc = encode_text(model.tokenizer, text, model.max_seq_length, model=name, truncate=truncate)
     ids = torch.tensor([enc.ids])  # (1, T)
     with torch.no_grad(), capture(model.encoder) as record:
         model.encoder(ids, attention_mask=torch.ones_like(ids))
-    record.source = _MINILM
-    note = f"; {_MINILM} is an English, uncased model"
-    return record, enc, notices(enc, model=_MINILM, language_note=note), lambda: encoder_importance(model, ids), None
+    record.source = name
+    note = f"; {_MINILM} is an English, uncased model" if folder is None else ""
+    found = [*notices(enc, model=name, language_note=note), *extra]
+    return record, enc, found, lambda: encoder_importance(model, ids), slots
 
 
 def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
@@ -326,7 +336,7 @@ def capture_text(
     if hf is not None:
         record, enc, notes, scorer, slots = _run_hf(text, hf, truncate)
         visible = _visible(record, len(enc.ids))
-    elif checkpoint is not None:
+    elif checkpoint is not None and not is_sentence_encoder(checkpoint):
         record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
         if importance and len(enc.ids) < 2:
@@ -334,8 +344,8 @@ def capture_text(
                 f"--importance on a GPT measures the LM loss of predicting the text's next tokens: "
                 f"the text has {len(enc.ids)} token, give at least 2"
             )
-    else:
-        record, enc, notes, scorer, slots = _run_minilm(text, truncate)
+    else:  # the packaged MiniLM, or a sentence encoder that prune or convert wrote
+        record, enc, notes, scorer, slots = _run_minilm(text, truncate, checkpoint, tokenizer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     record.query_tokens = list(enc.tokens)
     if layer is not None:

@@ -9,9 +9,12 @@ data, removes the lowest ``L*H - keep`` of them with ``tools.prune.prune_heads``
 (``keep = max(L, round(FRACTION * N))`` of the model's N heads; one ranking over all layers,
 skipping a head whose removal would leave its layer empty:
 ``tools.fidelity.keep_heads``), saves the pruned model into ``--out``
-(atomically) and prints a report, also written to ``--out/report.json``.
+(the folder whole: ``staged_output``) and prints a report, also written to
+``--out/report.json``.
 
-``--model minilm-l6`` (the pretrained all-MiniLM-L6-v2): Shakespeare's works
+``--model minilm-l6`` (the pretrained all-MiniLM-L6-v2), or a ``--checkpoint``
+folder holding a sentence encoder (what prune and convert write for MiniLM
+or a BERT; ``model_sources``): Shakespeare's works
 sorted by title, even positions for calibration and odd ones held out
 (``encoder_inputs``). Calibration: ``--calibration-lines`` pairs (line,
 next line) drawn with seed ``SEED``; "gradient" scores the in-batch next-line contrastive
@@ -19,7 +22,7 @@ loss (cross-entropy of 20 * cos, padding excluded, rows normalised per
 layer), "ablation" the drift 1 - cos to the unpruned embeddings of the
 pairs' first lines. Fidelity: mean cosine and top-10 neighbour agreement on
 ``--heldout-lines`` (default ``HELDOUT_LINES``) held-out lines. Saved with
-``save_sentence_encoder`` (read back with ``load_sentence_encoder``).
+``save_sentence_encoder``.
 
 ``--hf DIR`` (a local Hugging Face folder, ``prune_hf``): model_type "bert"
 is pruned as MiniLM (the same lines, losses and fidelity; the folder's
@@ -44,9 +47,18 @@ in ``tools.objectives``. ``--recover-steps N`` then distils the pruned model
 towards the unpruned one on the calibration data (``recovery_option``); the
 report gives the fidelity before and after.
 
-Speed-up: the median over ``TIMED_PASSES`` alternating timed forward passes
-of the unpruned and the pruned model on the same held-out batch, as the
-ratio unpruned / pruned.
+Speed-up: ``tools.timing.measure_speedup`` of one forward pass of the
+unpruned and the pruned model on the same held-out batch, ``TIMED_PASSES``
+alternating rounds: the median per-round ratio with its minimum and
+maximum, or "below measurement noise" where that range holds 1.0. The
+report also gives the KV-cache bytes per token before and after
+(``tools.flops.kv_cache_size``, at the model's dtype).
+
+The folder is written whole (``staged_output``: a staging folder, moved
+into place at the end); Ctrl-C or SIGTERM leaves no part
+of it, prints one line and exits with 130 or 143. Whatever it holds opens
+with ``--checkpoint`` in every command and with
+``multihead.models.load_model``.
 
 Mistakes are refused before anything is written: FRACTION outside (0, 1],
 an unknown method, not exactly one of --model, --checkpoint and --hf, an
@@ -59,13 +71,10 @@ imported first (a checkpoint of a kind from the user's own package).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from ..tools.objectives import (
@@ -78,41 +87,37 @@ from ..tools.objectives import (
     gpt_scores,
 )
 from .checking import checking
-from .encoder_inputs import SEED, shakespeare_lines
+from .encoder_inputs import HELDOUT_LINES, SEED, shakespeare_lines
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
+    OUTPUT_FILES,
     calibration_windows,
-    load_gpt,
-    tokenizer_json,
     validation,
     write_outputs,
 )
 from .imports import add_import_argument, import_modules
+from .model_sources import MODELS, check_sources, family, load_source
 from .paths import output_folder
 from .recovery_option import add_recover_steps, check_recover_steps, describe, recover_model
+from .staged_output import interruptible
 
 __all__ = [
     "add_arguments", "run", "Pruning", "prepare", "prune", "MODELS", "METHODS", "SEED", "HELDOUT_LINES",
     "DEFAULT_CALIBRATION_LINES", "TIMED_PASSES",
 ]  # fmt: skip
 
-_Sources = tuple[str | None, str | None, str | None]
-
-MODELS = ("minilm-l6",)
-HELDOUT_LINES = 500
 DEFAULT_CALIBRATION_LINES = 256
 TIMED_PASSES = 7
 BATCH_SIZE = 64
-OUTPUT_FILES = ("config.json", "model.safetensors", "report.json", "tokenizer.json")
 DESCRIPTION = (
     "Score every attention head on calibration data, remove the lowest-scoring ones (one ranking over "
     "all layers, at least one head left per layer), save the pruned model into --out and report the "
     f"heads removed, parameters, fidelity (MiniLM, BERT: {HELDOUT_LINES} held-out Shakespeare lines; a run: "
     "its validation loss; GPT-2: the loss on Shakespeare's validation text) and the measured forward "
-    "speed-up. The model is saved in multihead's own format (per-layer head counts), with its "
-    "tokenizer.json: read it back with load_sentence_encoder, load_checkpoint or --checkpoint. "
-    "See docs/surgery.md."
+    "speed-up with its spread. The folder is written whole or not at all, in multihead's own format "
+    "(per-layer head counts) with its tokenizer.json: every command's --checkpoint opens it, and "
+    "multihead.models.load_model in Python. See docs/surgery.md."
 )
 
 
@@ -120,7 +125,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The description and flags of ``multihead prune``."""
     parser.description = DESCRIPTION
     parser.add_argument("--model", metavar="NAME", help=f"a pretrained model: {', '.join(MODELS)}")
-    parser.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint or a multihead train run directory")
+    parser.add_argument(
+        "--checkpoint", metavar="PATH",
+        help="a GPT checkpoint, a multihead train run directory, or a folder prune or convert wrote",
+    )  # fmt: skip
     parser.add_argument(
         "--hf", metavar="DIR",
         help="a local Hugging Face folder (config.json, model.safetensors, tokenizer.json) of model_type bert or gpt2",
@@ -130,11 +138,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for the pruned model and report.json")
     parser.add_argument(
         "--calibration-lines", type=int, default=DEFAULT_CALIBRATION_LINES, metavar="N",
-        help=f"MiniLM: calibration line pairs; GPT: windows, 16 per batch (default {DEFAULT_CALIBRATION_LINES})",
+        help=f"encoders: calibration line pairs; GPT: windows, 16 per batch (default {DEFAULT_CALIBRATION_LINES})",
     )  # fmt: skip
     parser.add_argument(
         "--heldout-lines", type=int, metavar="N",
-        help=f"MiniLM, BERT: held-out lines of the fidelity (default {HELDOUT_LINES})",
+        help=f"encoders (MiniLM, BERT): held-out lines of the fidelity (default {HELDOUT_LINES})",
     )  # fmt: skip
     parser.add_argument(
         "--gate-penalties", type=_floats, metavar="P,P,...",
@@ -158,26 +166,22 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """``multihead prune``: check the options, load the model and its data, then score, prune and report."""
-    with checking():
-        import_modules(args.imports)
-        job = prepare(
-            method=args.method, keep=args.keep, out=args.out, model=args.model, checkpoint=args.checkpoint,
-            hf=args.hf, calibration_lines=args.calibration_lines, heldout_lines=args.heldout_lines,
-            gate_penalties=args.gate_penalties, gate_steps=args.gate_steps, recover_steps=args.recover_steps,
-        )  # fmt: skip
-    prune(job)
-    return 0
+
+    def body() -> int:
+        with checking():
+            import_modules(args.imports)
+            job = prepare(
+                method=args.method, keep=args.keep, out=args.out, model=args.model, checkpoint=args.checkpoint,
+                hf=args.hf, calibration_lines=args.calibration_lines, heldout_lines=args.heldout_lines,
+                gate_penalties=args.gate_penalties, gate_steps=args.gate_steps, recover_steps=args.recover_steps,
+            )  # fmt: skip
+        prune(job)
+        return 0
+
+    return interruptible("multihead prune", args.out, body)
 
 
-def _check_options(sources: _Sources, method: str, keep: float, lines: int, heldout: int | None) -> None:
-    model, checkpoint, hf = sources
-    if sum(v is not None for v in sources) != 1:
-        raise ValueError(
-            f"give exactly one of --model, --checkpoint and --hf "
-            f"(got --model {model}, --checkpoint {checkpoint} and --hf {hf})"
-        )
-    if model is not None and model not in MODELS:
-        raise ValueError(f"--model {model}: unknown model; valid: {', '.join(MODELS)}")
+def _check_options(method: str, keep: float, lines: int, heldout: int | None) -> None:
     if method not in METHODS:
         raise ValueError(f"--method {method}: unknown method; valid: {', '.join(METHODS)}")
     if not 0 < keep <= 1:
@@ -186,9 +190,6 @@ def _check_options(sources: _Sources, method: str, keep: float, lines: int, held
         raise ValueError(f"--calibration-lines {lines}: give a number >= 2")
     if heldout is not None and heldout < 2:
         raise ValueError(f"--heldout-lines {heldout}: give a number >= 2 (neighbours are ranked among them)")
-    if heldout is not None and checkpoint is not None:
-        raise ValueError(f"--heldout-lines {heldout} is for encoders (--model, a BERT --hf); a GPT checkpoint "
-                         "is measured on its run's validation batches")  # fmt: skip
 
 
 def _check_gates(method: str, penalties: tuple[float, ...] | None, steps: int | None) -> None:
@@ -220,20 +221,6 @@ def _target(model):
 
 
 # ------------------------------------------------------------------ measuring
-def _speedup(before: Callable[[], object], after: Callable[[], object]) -> tuple[float, float, float]:
-    """(median seconds unpruned, median seconds pruned, ratio), alternating passes after one warm-up each."""
-    times: tuple[list[float], list[float]] = ([], [])
-    with torch.no_grad():
-        before(), after()
-        for _ in range(TIMED_PASSES):
-            for i, f in enumerate((before, after)):
-                start = time.perf_counter()
-                f()
-                times[i].append(time.perf_counter() - start)
-    b, a = statistics.median(times[0]), statistics.median(times[1])
-    return b, a, b / a
-
-
 def _count(model) -> int:
     return model.num_parameters() if hasattr(model, "num_parameters") else sum(p.numel() for p in model.parameters())
 
@@ -298,61 +285,49 @@ def prepare(
     Raises:
         ValueError: see the module docstring; nothing is written.
     """
-    _check_options((model, checkpoint, hf), method, keep, calibration_lines, heldout_lines)
+    check_sources(model, checkpoint, hf)
+    _check_options(method, keep, calibration_lines, heldout_lines)
     _check_gates(method, gate_penalties, gate_steps)
     check_recover_steps(recover_steps)
     folder = output_folder("--out", out, OUTPUT_FILES)
-    hf_type = None
-    if hf is not None:
-        from . import prune_hf
+    if family(model, checkpoint, hf)[0] == "gpt" and heldout_lines is not None:
+        from .prune_hf import VAL_WINDOWS
 
-        hf_folder, hf_type = prune_hf.check_folder(hf)
-        if hf_type == "gpt2" and heldout_lines is not None:
-            raise ValueError(f"--heldout-lines {heldout_lines} is for encoders; the GPT-2 --hf {hf} is measured "
-                             f"on {prune_hf.VAL_WINDOWS} windows of the Shakespeare validation text")  # fmt: skip
-    if model is not None or hf_type == "bert":
-        if model is not None:
-            from ..models.minilm import load_minilm
-
-            net, source = load_minilm(), f"model {model}"
-            pooling = f"{net.pooling} pooling{', L2-normalised' if net.normalize else ''}"
-        else:
-            from ..hf.folders import load_sentence_encoder_folder
-
-            net, pooling = load_sentence_encoder_folder(hf_folder)
-            source = f"bert model {hf}"
-        _target(net)
+        measured = (f"the GPT-2 --hf {hf} is measured on {VAL_WINDOWS} windows of the Shakespeare validation text"
+                    if hf is not None else "a GPT checkpoint is measured on its run's validation batches")  # fmt: skip
+        raise ValueError(f"--heldout-lines {heldout_lines} is for encoders (--model, a BERT --hf, a sentence-encoder "
+                         f"--checkpoint); {measured}")  # fmt: skip
+    loaded = load_source(model, checkpoint, hf)
+    net = loaded.net
+    _target(net)
+    if loaded.encoder:
         pairs, heldout = shakespeare_lines(net, calibration_lines, HELDOUT_LINES if heldout_lines is None else heldout_lines)
         gates = _gates(method, "encoder", gate_penalties, gate_steps)
-        return Pruning(net, True, source, method, keep, folder, gates, recover_steps, pooling, pairs, heldout)
+        return Pruning(net, True, loaded.source, method, keep, folder, gates, recover_steps, loaded.pooling, pairs,
+                       heldout)  # fmt: skip
     count = max(1, calibration_lines // CALIBRATION_BATCH_SIZE)
-    tokenizer_file = None
-    if hf is not None:
-        from ..hf.folders import load_gpt2_folder
+    if loaded.hf_tokenizer is not None:
+        from . import prune_hf
 
-        net, hf_tokenizer = load_gpt2_folder(hf_folder)
-        source, tokenizer_file = f"gpt2 model {hf}", hf_folder / "tokenizer.json"
-        _target(net)
-        batches = prune_hf.gpt2_calibration(net, hf_tokenizer, count, CALIBRATION_BATCH_SIZE, CALIBRATION_SEED, hf)
-        validate = prune_hf.gpt2_validation(net, hf_tokenizer, CALIBRATION_BATCH_SIZE, hf)
+        batches = prune_hf.gpt2_calibration(net, loaded.hf_tokenizer, count, CALIBRATION_BATCH_SIZE, CALIBRATION_SEED, hf)
+        validate = prune_hf.gpt2_validation(net, loaded.hf_tokenizer, CALIBRATION_BATCH_SIZE, hf)
     else:
-        net, run_dir, tokenizer, source = load_gpt(checkpoint)
-        _target(net)
-        tokenizer = tokenizer if tokenizer is not None and tokenizer.kind != "bytes" else None
-        if tokenizer is not None:
-            tokenizer_file = tokenizer_json(checkpoint, run_dir)
-        data = None if run_dir is not None else "shakespeare"
-        batches = calibration_windows(net, run_dir, tokenizer, data, count)
-        validate = validation(run_dir) if run_dir is not None else None
+        data = None if loaded.run_dir is not None else "shakespeare"
+        batches = calibration_windows(net, loaded.run_dir, loaded.tokenizer, data, count)
+        validate = validation(loaded.run_dir) if loaded.run_dir is not None else None
     gates = _gates(method, "gpt", gate_penalties, gate_steps)
-    return Pruning(net, False, source, method, keep, folder, gates, recover_steps, batches=batches,
-                   validate=validate, tokenizer_file=tokenizer_file)  # fmt: skip
+    return Pruning(net, False, loaded.source, method, keep, folder, gates, recover_steps, batches=batches,
+                   validate=validate, tokenizer_file=loaded.tokenizer_file)  # fmt: skip
 
 
 def prune(job: Pruning, echo: Callable[[str], None] = print) -> dict:
     """Score the heads, remove them, measure, save, print and return the report (as in report.json)."""
+    import torch
+
     from ..tools.fidelity import fidelity, keep_heads
+    from ..tools.flops import kv_cache_size
     from ..tools.prune import prune_heads
+    from ..tools.timing import measure_speedup
 
     net, encoder, gates, pairs, heldout, batches, validate = (
         job.net, job.encoder, job.gates, job.pairs, job.heldout, job.batches, job.validate
@@ -367,9 +342,10 @@ def prune(job: Pruning, echo: Callable[[str], None] = print) -> dict:
     kept = max(L, round(job.keep * total))
     table = keep_heads(scores, kept)
     unpruned = _copy(net)
-    params_before = _count(net)
+    params_before, kv_before = _count(net), kv_cache_size(net)
     prune_heads(net, table)
     net.eval()
+    kv_after = kv_cache_size(net)
     report = {
         "source": job.source,
         "method": job.method,
@@ -378,6 +354,8 @@ def prune(job: Pruning, echo: Callable[[str], None] = print) -> dict:
         "removed": {str(i): sorted(table.get(i, [])) for i in range(L)},
         "layer_heads": [counts[i] - len(table.get(i, [])) for i in range(L)],
         "parameters": [params_before, _count(net)],
+        "kv_cache_bytes_per_token": [kv_before.bytes_per_token, kv_after.bytes_per_token],
+        "kv_cache_dtype": kv_after.dtype,
         "pooling": job.pooling,
         "gates": None if gates is None else {"penalties": list(gates.penalties), "steps": gates.steps, "lr": gates.lr},
         "calibration": None,
@@ -417,8 +395,9 @@ def prune(job: Pruning, echo: Callable[[str], None] = print) -> dict:
         report["fidelity"] = measure(net)
     elif measure is not None:
         report["val_loss"], report["val_batches"] = [measure(unpruned), measure(net)], validate[1]
-    before, after, ratio = _speedup(timed(unpruned), timed(net))
-    report["seconds"], report["speedup"] = [before, after], ratio
+    with torch.no_grad():
+        speed = measure_speedup(timed(unpruned), timed(net), TIMED_PASSES)
+    report["seconds"], report["speedup"] = list(speed.seconds), speed.to_dict()
     write_outputs(job.folder, lambda f: _save(net, f), report, job.tokenizer_file)
     _print(report, job.folder, echo)
     return report
@@ -441,6 +420,13 @@ def _save(model, folder: Path) -> None:
         save_sentence_encoder(model, folder)
 
 
+def speedup_text(entry: dict) -> str:
+    """The report's "speedup" entry in words (``tools.timing.Speedup``'s)."""
+    from ..tools.timing import Speedup
+
+    return str(Speedup(entry["median"], entry["min"], entry["max"], entry["rounds"], (0.0, 0.0), entry["below_noise"]))
+
+
 def _print(report: dict, folder: Path, echo: Callable[[str], None]) -> None:
     total, kept = report["heads"]
     echo(f"{report['source']}: kept {kept} of {total} heads, method {report['method']} ({report['calibration']})")
@@ -449,7 +435,8 @@ def _print(report: dict, folder: Path, echo: Callable[[str], None]) -> None:
         echo(f"  gates trained at penalties {g['penalties']}, {g['steps']} steps each (lr {g['lr']})")
     for layer, heads in report["removed"].items():
         echo(f"  layer {layer}: removed {heads if heads else 'none'}, {report['layer_heads'][int(layer)]} left")
-    rows = [("parameters", *report["parameters"])]
+    rows = [("parameters", *report["parameters"]),
+            (f"KV cache (bytes/token, {report['kv_cache_dtype']})", *report["kv_cache_bytes_per_token"])]  # fmt: skip
     if report["val_loss"] is not None:
         rows.append(("val loss (nats/token)", *(f"{v:.4f}" for v in report["val_loss"])))
     rows.append(("forward (ms, median)", *(f"{1000 * s:.2f}" for s in report["seconds"])))
@@ -457,7 +444,7 @@ def _print(report: dict, folder: Path, echo: Callable[[str], None]) -> None:
     echo(f"  {'':<{width}}  {'before':>12}  {'after':>12}")
     for name, before, after in rows:
         echo(f"  {name:<{width}}  {before!s:>12}  {after!s:>12}")
-    echo(f"  speed-up: {report['speedup']:.2f}x (median of {TIMED_PASSES} alternating passes, same batch)")
+    echo(f"  speed-up: {speedup_text(report['speedup'])}, same batch")
     if report["recovery"] is not None:
         echo(describe(report["recovery"]))
     if report["fidelity"] is not None:
@@ -469,5 +456,5 @@ def _print(report: dict, folder: Path, echo: Callable[[str], None]) -> None:
     if report["val_batches"] is not None:
         echo(f"  (validation: {report['val_batches']})")
     echo(f"wrote {folder.resolve()} ({', '.join(n for n in OUTPUT_FILES if (folder / n).is_file())})")
-    reader = "load_sentence_encoder" if report["fidelity"] is not None else "load_checkpoint or --checkpoint"
-    echo(f"  (multihead's own format, per-layer head counts in config.json: read it back with {reader})")
+    echo(f"  (multihead's own format, per-layer head counts in config.json: open it with --checkpoint {folder} "
+         f"or multihead.models.load_model)")  # fmt: skip

@@ -15,14 +15,17 @@ GPT-2) is accepted too, with no ``--tokenizer``::
       config.json, model.safetensors the checkpoint loaded
       tokenizer.json                 its BPE tokenizer (step: None)
 
-Any other path is left to ``multihead.models.checkpoint.load_checkpoint``.
+A sentence-encoder folder (config.json format "multihead.sentence_encoder",
+what prune and convert write for MiniLM or a BERT) is not a GPT's: it is
+left to the caller (``is_sentence_encoder`` below), as is any
+other path (``multihead.models.checkpoint.load_checkpoint``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["run_checkpoint"]
+__all__ = ["run_checkpoint", "is_sentence_encoder"]
 
 
 def run_checkpoint(path: str) -> tuple[Path, object, int | None] | None:
@@ -70,6 +73,8 @@ def _saved_checkpoint(path: str) -> tuple[Path, object, None] | None:
     folder = Path(path)
     if not all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json")):
         return None
+    if is_sentence_encoder(path):  # its WordPiece tokenizer.json belongs to a BERT: not a GPT's
+        return None
     from tokenizers import Tokenizer
 
     from ..train.tokenizer import BPETokenizer
@@ -85,3 +90,15 @@ def _saved_checkpoint(path: str) -> tuple[Path, object, None] | None:
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return folder, BPETokenizer(tokenizer), None
+
+
+def is_sentence_encoder(path: str) -> bool:
+    """Whether ``path`` is a folder written by ``save_sentence_encoder`` (its config.json's format)."""
+    from ..models.saved import saved_kind
+
+    if not (Path(path) / "config.json").is_file():
+        return False
+    try:
+        return saved_kind(path) == "sentence_encoder"
+    except (OSError, ValueError):
+        return False

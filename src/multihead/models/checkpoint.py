@@ -158,6 +158,10 @@ def _json_config(config_path: Path) -> GPTConfig:
     return _config_from_dict(data["config"], str(config_path))
 
 
+def _few(names: list[str]) -> str:
+    return ", ".join(map(repr, names[:8])) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+
 def _header_config(header: SafetensorsHeader) -> tuple[GPTConfig, dict[str, str] | None] | None:
     """(config, tensor checksums or None) from a weights header; None when it has no config."""
     meta, source = header.metadata, header.path
@@ -173,12 +177,23 @@ def _header_config(header: SafetensorsHeader) -> tuple[GPTConfig, dict[str, str]
         if (
             not isinstance(sums.get("config"), str)
             or not isinstance(tensor_sums, dict)
-            or set(tensor_sums) != set(header.tensors)
             or not all(isinstance(h, str) and _HEX64.fullmatch(h) for h in [sums["config"], *tensor_sums.values()])
         ):
             raise ValueError(
                 f"{source}: the sha256 entry of its header does not list one hex digest for the config "
                 "and for each tensor of the file"
+            )
+        missing = sorted(set(tensor_sums) - set(header.tensors))
+        extra = sorted(set(header.tensors) - set(tensor_sums))
+        if missing:
+            raise ValueError(
+                f"{source} is missing tensor(s) {_few(missing)} that were written with it (the checksums in its "
+                "header list them): the file was changed after it was saved"
+            )
+        if extra:
+            raise ValueError(
+                f"{source}: the sha256 entry of its header does not list tensor(s) {_few(extra)} of the file "
+                "(it lists one hex digest for the config and for each tensor written)"
             )
         if hashlib.sha256(text.encode("utf-8")).hexdigest() != sums["config"]:
             raise ValueError(f"{source} is corrupt: its config does not match the sha256 checksum stored with it")
@@ -335,7 +350,7 @@ def check_state_shapes(model: nn.Module, shapes: Mapping[str, Sequence[int]], so
         ValueError: missing or unexpected names, or shapes that differ.
     """
     expected = dict(model.state_dict())
-    tied = getattr(model, "config", None) is not None and model.config.tie_embeddings
+    tied = getattr(getattr(model, "config", None), "tie_embeddings", False)
     if tied:
         expected.pop("lm_head.weight", None)
     missing = sorted(set(expected) - set(shapes))

@@ -424,27 +424,44 @@ def save_sentence_encoder(model: SentenceEncoder, folder: str | Path) -> Path:
 def load_sentence_encoder(folder: str | Path) -> SentenceEncoder:
     """Read what :func:`save_sentence_encoder` wrote, per-layer head counts included (eval mode).
 
+    The weights are read with ``multihead.io``'s checked reader and must be
+    exactly the config's, by name and shape (a missing tensor is named).
+
     Raises:
         FileNotFoundError: a missing file.
-        ValueError: a config.json of another format, or weights that do not fit.
+        ValueError: a config.json of another format or with invalid fields,
+            a corrupt weights file, or weights that do not fit the config.
     """
-    from safetensors.torch import load_file
     from tokenizers import Tokenizer
+
+    from ..io import read_safetensors_header, read_tensors
+    from .checkpoint import check_state_shapes
 
     folder = Path(folder)
     config = _read_json(folder / "config.json")
     if not isinstance(config, dict) or config.get("format") != SENTENCE_FORMAT:
         raise ValueError(f"{folder / 'config.json'}: not a {SENTENCE_FORMAT} config")
-    encoder = BertEncoder(BertConfig(**config["bert"]))
+    try:
+        encoder = BertEncoder(BertConfig(**config["bert"]))
+        sizes = {k: config[k] for k in ("max_seq_length", "pooling", "normalize")}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{folder / 'config.json'}: invalid {SENTENCE_FORMAT} config ({exc})") from None
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"model file not found: {weights}")
+    with open(weights, "rb") as f:
+        header = read_safetensors_header(f, weights)
+        check_state_shapes(encoder, {k: e.shape for k, e in header.tensors.items()}, str(weights))
+        tensors = read_tensors(f, header)
+    encoder.load_state_dict(tensors)
+    tokenizer_file = folder / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise FileNotFoundError(f"model file not found: {tokenizer_file}")
     try:
-        encoder.load_state_dict(load_file(str(weights)))
-    except RuntimeError as exc:
-        raise ValueError(f"{weights}: the weights do not fit the config ({exc})") from None
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    except Exception as exc:  # tokenizers raises its own exception type for bad files
+        raise ValueError(f"{tokenizer_file}: not a readable tokenizer ({exc})") from None
     return SentenceEncoder(
-        encoder.eval(), tokenizer, max_seq_length=config["max_seq_length"], pooling=config["pooling"],
-        normalize=config["normalize"],
+        encoder.eval(), tokenizer, max_seq_length=sizes["max_seq_length"], pooling=sizes["pooling"],
+        normalize=sizes["normalize"],
     ).eval()

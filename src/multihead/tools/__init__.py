@@ -2,11 +2,13 @@
 draw the views, mask heads and score their importance (gradient,
 ablation, learned gates) on the objectives of a GPT or a sentence
 encoder, prune heads, convert MHA to GQA, distil a converted or pruned
-model back towards the original."""
+model back towards the original, count a model's KV cache and time a
+speed-up with its spread."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .convert_heads import to_gqa
 from .distill import distillation, divergence
+from .flops import KVCacheSize, kv_cache_size
 from .gate_importance import GateSweep, GateTraining, gate_sweep
 from .heads import attention_layers, mask_heads
 from .importance import head_importance
@@ -34,6 +36,7 @@ from .roles import (
     role_legend,
     strongest_links,
 )
+from .timing import Speedup, measure_speedup
 from .token_text import readable_tokens
 from .visualize import write_html, write_json, write_png
 
@@ -72,6 +75,10 @@ __all__ = [
     "GateSweep",
     "distillation",
     "divergence",
+    "kv_cache_size",
+    "KVCacheSize",
+    "measure_speedup",
+    "Speedup",
     "to_gqa",
     "prune_heads",
     "prune_closed_heads",

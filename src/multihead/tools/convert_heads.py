@@ -64,7 +64,10 @@ Rotary positions rotate q and k in fixed channel planes, which a general
 R_h does not commute with, and qk_norm's per-channel gain does not commute
 with a rotation either; "aligned" refuses layers with rope or qk_norm
 ("mean" takes them). A source that already has G0 < H key/value heads
-merges its G0 heads the same way (G must divide G0).
+merges its G0 heads the same way (G must divide G0). A pruned model whose
+layers kept different numbers of query heads (``layer_heads``) is converted
+layer by layer, each to G key/value heads (G must divide every layer's
+count); its per-layer query counts stay.
 """
 
 from __future__ import annotations
@@ -111,15 +114,17 @@ def _check(model: nn.Module, num_kv_heads: int, method: str, calibration) -> lis
     if method not in METHODS:
         raise ValueError(f"unknown method={method!r}; valid methods: {list(METHODS)}")
     H = backbone.config.num_heads
-    if backbone.config.layer_heads is not None or backbone.config.layer_kv_heads is not None:
+    counts = backbone.config.layer_heads
+    if counts is None:
+        if num_kv_heads < 1 or num_kv_heads > H:
+            raise ValueError(f"num_kv_heads must be in [1, num_heads={H}], got num_kv_heads={num_kv_heads}")
+        if H % num_kv_heads:
+            raise ValueError(f"num_kv_heads={num_kv_heads} does not divide num_heads={H}")
+    elif num_kv_heads < 1 or num_kv_heads > min(counts):
         raise ValueError(
-            f"to_gqa needs the same head counts in every layer; the model has layer_heads="
-            f"{backbone.config.layer_heads}, layer_kv_heads={backbone.config.layer_kv_heads} (pruned)"
+            f"num_kv_heads must be in [1, {min(counts)}] (the fewest query heads of a layer: the model's "
+            f"layers have {counts} after pruning), got num_kv_heads={num_kv_heads}"
         )
-    if num_kv_heads < 1 or num_kv_heads > H:
-        raise ValueError(f"num_kv_heads must be in [1, num_heads={H}], got num_kv_heads={num_kv_heads}")
-    if H % num_kv_heads:
-        raise ValueError(f"num_kv_heads={num_kv_heads} does not divide num_heads={H}")
     layers = []
     for i, attn in enumerate(attentions):
         if type(attn) is not MultiHeadAttention or attn.kind not in _FAMILY:
@@ -129,7 +134,10 @@ def _check(model: nn.Module, num_kv_heads: int, method: str, calibration) -> lis
             )
         G0 = attn.num_kv_heads
         if G0 % num_kv_heads:
-            raise ValueError(f"layer {i} has {G0} key/value heads; num_kv_heads={num_kv_heads} must divide it")
+            raise ValueError(
+                f"layer {i} has {G0} key/value heads ({attn.num_heads} query heads); "
+                f"num_kv_heads={num_kv_heads} must divide it"
+            )
         if method == "aligned" and (attn.rope is not None or attn.qk_norm is not None):
             raise ValueError(
                 f"method='aligned' rotates keys, which does not commute with rope or qk_norm; layer {i} has "
@@ -286,9 +294,23 @@ def _generalized_procrustes(data: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------- conversion
 def _new_config(config, G: int):
-    H = config.num_heads
-    kind = "mha" if G == H else "mqa" if G == 1 else "gqa"
-    return dataclasses.replace(config, attention=kind, num_kv_heads=None if kind == "mha" else G)
+    """The config with G key/value heads in every layer.
+
+    Per-layer query counts (a pruned model) stay; G goes into ``num_kv_heads``
+    where it divides ``num_heads``, as a config requires, else into
+    ``layer_kv_heads`` under the smallest divisor of ``num_heads`` above it.
+    """
+    H, counts = config.num_heads, config.layer_heads
+    if counts is None:
+        kind = "mha" if G == H else "mqa" if G == 1 else "gqa"
+        return dataclasses.replace(config, attention=kind, num_kv_heads=None if kind == "mha" else G)
+    if all(h == G for h in counts):
+        return dataclasses.replace(config, attention="mha", num_kv_heads=None, layer_kv_heads=None)
+    kind = "mqa" if G == 1 else "gqa"
+    if H % G == 0:
+        return dataclasses.replace(config, attention=kind, num_kv_heads=G, layer_kv_heads=None)
+    top = min(d for d in range(G, H + 1) if H % d == 0)
+    return dataclasses.replace(config, attention=kind, num_kv_heads=top, layer_kv_heads=[G] * len(counts))
 
 
 @torch.no_grad()
@@ -373,10 +395,10 @@ def to_gqa(model: nn.Module, num_kv_heads: int, *, method: str = "mean", calibra
 
     Args:
         model: a GPT, BertEncoder or SentenceEncoder whose layers are "mha",
-            "gqa" or "mqa", with the same head counts in every layer (left
-            untouched).
-        num_kv_heads: G, dividing the layers' current key/value head count
-            (H for MHA).
+            "gqa" or "mqa" (left untouched); a pruned one with per-layer
+            head counts keeps them.
+        num_kv_heads: G, dividing every layer's current key/value head
+            count (its query heads for MHA).
         method: "mean" (average each group's key and value projections) or
             "aligned" (rotate heads onto each other first; see the module
             docstring).
@@ -400,9 +422,9 @@ def to_gqa(model: nn.Module, num_kv_heads: int, *, method: str = "mean", calibra
         TypeError: another model class, a non-int num_kv_heads, a
             calibration batch of none of the accepted forms.
         ValueError: G outside [1, H], G not dividing the key/value head
-            count, a layer of another attention kind, per-layer head counts,
-            an unknown method, "aligned" without calibration or with
-            rope/qk_norm layers, or calibration given to "mean".
+            count, a layer of another attention kind, an unknown method,
+            "aligned" without calibration or with rope/qk_norm layers, or
+            calibration given to "mean".
     """
     layers = _check(model, num_kv_heads, method, calibration)
     G = num_kv_heads

@@ -26,7 +26,9 @@ Attention FLOPs and KV-cache bytes per token come from each layer's own
     decode FLOPs/token  = cost(T=1, S=context).core_flops       (the last position attends
                           + cost(T=1, S=1).projection_flops      to the cache; only its own
                                                                   token is projected)
-    KV bytes/token      = cost(...).kv_cache_bytes_per_token at 2 bytes per element
+    KV bytes/token      = tools.flops.kv_cache_size(model): cost(...).kv_cache_bytes_per_token
+                          at the model's dtype (float32: 4 bytes per element), as convert and
+                          prune print it
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 
 from ..models.gpt import GPT, GPTConfig
 from ..modules.registry import attention_class, check_kind, list_attention_kinds
+from ..tools.flops import kv_cache_size
 
 __all__ = ["default_kinds", "MATCH_TOLERANCE", "KindPlan", "plan_kind", "parse_kinds"]
 
@@ -62,7 +65,7 @@ class KindPlan:
         mha_parameters: the MHA model's count, the target.
         prefill_flops_per_token, decode_flops_per_token: attention FLOPs over
             all layers (projections included), per token.
-        kv_cache_bytes_per_token: over all layers, at 2 bytes per element.
+        kv_cache_bytes_per_token: over all layers, at the model's dtype (float32).
     """
 
     kind: str
@@ -126,5 +129,5 @@ def plan_kind(base: GPTConfig, kind: str) -> KindPlan:
         mha_parameters=target,
         prefill_flops_per_token=L * prefill.total_flops / T,
         decode_flops_per_token=L * decode_flops,
-        kv_cache_bytes_per_token=L * decode.kv_cache_bytes_per_token,
+        kv_cache_bytes_per_token=kv_cache_size(model).bytes_per_token,
     )

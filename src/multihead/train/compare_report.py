@@ -86,7 +86,7 @@ def _plot(rows: list[dict[str, Any]]) -> bytes:
                     textcoords="offset points", xytext=(4, 4), fontsize=8)  # fmt: skip
     curves.set(xlabel="step", ylabel="validation loss (nats/token)", title="validation loss, mean over seeds")
     curves.legend(fontsize=8)
-    kv.set(xlabel="KV-cache bytes per token (all layers, 2 bytes/element)", ylabel="final validation loss",
+    kv.set(xlabel="KV-cache bytes per token (all layers, float32)", ylabel="final validation loss",
            title="loss against KV-cache size")  # fmt: skip
     fig.tight_layout()
     buf = io.BytesIO()

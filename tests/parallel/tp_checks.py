@@ -13,10 +13,12 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 
 from multihead.models.bert import BertConfig, BertEncoder
 from multihead.models.gpt import GPT, GPTConfig
 from multihead.parallel import full_state_dict, tensor_parallel
+from multihead.parallel.costs import rank_cost
 
 F64 = torch.float64
 
@@ -43,6 +45,8 @@ def check_gpt(mesh, kind, options):
     tp = GPT(config, dtype=F64).eval()
     tp.load_state_dict(ref.state_dict())
     tensor_parallel(tp, mesh)
+    held = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in tp.parameters())
+    assert held == rank_cost(config, mesh.size()).parameters, (held, rank_cost(config, mesh.size()))
     idx = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(1))
     want, got = ref(idx), tp(idx)
     close(got, want, f"{kind} forward")

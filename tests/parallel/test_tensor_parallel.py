@@ -29,9 +29,10 @@ def _torchrun(processes: int, check: str, out: Path) -> list[str]:
 
 
 def test_two_ranks_equal_one_process_for_every_kind_that_splits(tmp_path):
-    """Forward, every parameter's gradient and greedy generation (GPT), forward (BERT), float64."""
+    """Forward, every parameter's gradient and greedy generation (GPT), forward (BERT) in float64;
+    the pretrained MiniLM's embeddings in float32."""
     passed = _torchrun(2, "kinds", tmp_path)
-    for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "bert"):
+    for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "bert", "minilm"):
         assert sum(line.startswith(f"ok {what}") for line in passed) == 2, (what, passed)
 
 

@@ -78,6 +78,16 @@ def check_bert(mesh):
     report("ok bert")
 
 
+def check_minilm(mesh):
+    """The pretrained MiniLM (float32): its sentence embeddings."""
+    from multihead.models.minilm import load_minilm
+
+    ref, tp = load_minilm(), tensor_parallel(load_minilm(), mesh)
+    sentences = ["Heads are independent until the output projection.", "Hi"]
+    torch.testing.assert_close(tp.encode(sentences), ref.encode(sentences))
+    report("ok minilm")
+
+
 def main():
     check = sys.argv[1]
     torch.set_num_threads(1)
@@ -87,6 +97,7 @@ def main():
                               ("collaborative", {"scale": 0.25})]:  # fmt: skip
             check_gpt(mesh, kind, options)
         check_bert(mesh)
+        check_minilm(mesh)
     elif check == "replicated":
         check_gpt(mesh, "gqa", {"num_kv_heads": 2})
         check_gpt(mesh, "mqa", {})

@@ -32,7 +32,7 @@ def test_two_ranks_equal_one_process_for_every_kind_that_splits(tmp_path):
     """Forward, every parameter's gradient and greedy generation (GPT), forward (BERT) in float64;
     the pretrained MiniLM's embeddings in float32."""
     passed = _torchrun(2, "kinds", tmp_path)
-    for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "bert", "minilm"):
+    for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "bert", "minilm", "state mha"):
         assert sum(line.startswith(f"ok {what}") for line in passed) == 2, (what, passed)
 
 
@@ -41,6 +41,7 @@ def test_four_ranks_replicate_key_value_heads_when_the_degree_exceeds_g(tmp_path
     passed = _torchrun(4, "replicated", tmp_path)
     assert sum(line.startswith("ok gpt gqa") for line in passed) == 4
     assert sum(line.startswith("ok gpt mqa") for line in passed) == 4
+    assert sum(line.startswith("ok state gqa") for line in passed) == 4
 
 
 def test_rank_heads_are_contiguous_blocks_and_misfits_are_refused():

@@ -7,6 +7,7 @@ Writes "ok <what>" per passed check to OUT_DIR/rank<r>.txt; any mismatch
 raises (non-zero exit).
 """
 
+import copy
 import os
 import sys
 
@@ -17,7 +18,13 @@ from torch.distributed.tensor import DTensor
 
 from multihead.models.bert import BertConfig, BertEncoder
 from multihead.models.gpt import GPT, GPTConfig
-from multihead.parallel import full_state_dict, tensor_parallel
+from multihead.parallel import (
+    full_optimizer_state,
+    full_state_dict,
+    load_full_optimizer_state,
+    load_full_state_dict,
+    tensor_parallel,
+)
 from multihead.parallel.costs import rank_cost
 
 F64 = torch.float64
@@ -88,6 +95,52 @@ def check_minilm(mesh):
     report("ok minilm")
 
 
+def check_state(mesh, kind, options):
+    """AdamW steps on the split model equal one process's; weights and optimizer state
+    gathered into the one-process layout equal its own, and load back into a fresh split model."""
+    torch.manual_seed(0)
+    config = GPTConfig.from_preset("tiny", vocab_size=50, context_length=16, num_layers=2, attention=kind,
+                                   attention_options=options)  # fmt: skip
+    ref = GPT(config, dtype=F64).train()
+    tp = GPT(config, dtype=F64).train()
+    tp.load_state_dict(ref.state_dict())
+    order = [name for name, _ in ref.named_parameters()]
+    tensor_parallel(tp, mesh)
+    opt_ref, opt_tp = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ref, tp))
+    batches = [torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(s)) for s in range(3)]
+
+    def step(model, optimizer, idx):
+        logits = model(idx[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten()) + model.aux_loss()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    for idx in batches[:2]:
+        step(ref, opt_ref, idx)
+        step(tp, opt_tp, idx)
+    want, got = opt_ref.state_dict(), full_optimizer_state(tp, opt_tp, order)
+    assert got["param_groups"] == want["param_groups"], (got["param_groups"], want["param_groups"])
+    for i, entries in want["state"].items():
+        for key, value in entries.items():
+            close(got["state"][i][key].to(value.dtype), value, f"{kind} optimizer {order[i]} {key}")
+    state = ref.state_dict()
+    for name, value in full_state_dict(tp).items():
+        close(value, state[name], f"{kind} {name} after two steps")
+    torch.manual_seed(7)  # a fresh split model with other weights, then the one-process state loaded into it
+    again = tensor_parallel(GPT(config, dtype=F64).train(), mesh)
+    opt_again = torch.optim.AdamW(again.parameters(), lr=1e-2)
+    load_full_state_dict(again, state)
+    saved = copy.deepcopy(want)  # as read from a file: not ref's live tensors, which its next step changes
+    load_full_optimizer_state(again, opt_again, saved, order)
+    step(ref, opt_ref, batches[2])
+    step(again, opt_again, batches[2])
+    state = ref.state_dict()
+    for name, value in full_state_dict(again).items():
+        close(value, state[name], f"{kind} {name} after a step from the loaded state")
+    report(f"ok state {kind}")
+
+
 def main():
     check = sys.argv[1]
     torch.set_num_threads(1)
@@ -98,9 +151,11 @@ def main():
             check_gpt(mesh, kind, options)
         check_bert(mesh)
         check_minilm(mesh)
+        check_state(mesh, "mha", {})
     elif check == "replicated":
         check_gpt(mesh, "gqa", {"num_kv_heads": 2})
         check_gpt(mesh, "mqa", {})
+        check_state(mesh, "gqa", {"num_kv_heads": 2})
     dist.destroy_process_group()
 
 

@@ -7,8 +7,15 @@
 See docs/parallel.md.
 """
 
-from .gather import full_state_dict
 from .head_shards import rank_heads
 from .plan import tensor_parallel
+from .state import full_optimizer_state, full_state_dict, load_full_optimizer_state, load_full_state_dict
 
-__all__ = ["tensor_parallel", "full_state_dict", "rank_heads"]
+__all__ = [
+    "tensor_parallel",
+    "full_state_dict",
+    "load_full_state_dict",
+    "full_optimizer_state",
+    "load_full_optimizer_state",
+    "rank_heads",
+]

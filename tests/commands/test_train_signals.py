@@ -71,7 +71,10 @@ def stop(tmp_path: Path, signal_name: str, status: int) -> tuple[Path, Path, str
     said = [line for line in stopped.stderr.splitlines() if signal_name in line]
     assert len(said) == 1 and said[0] == stopped.stderr.splitlines()[-1], stopped.stderr
     resume = f"multihead train --out {shlex.quote(str(run))} --resume"
-    assert said[0] == f"multihead train: {signal_name}: stopped after step 5 with a checkpoint in {run}; resume with: {resume}"
+    assert (
+        said[0]
+        == f"multihead train: {signal_name}: stopped after step 5 with a checkpoint in {run}; resume with: {resume}"
+    )
     assert json.loads((run / "checkpoints" / "latest").read_text())["step"] == 5  # not the step-3 one
     assert [r["step"] for r in records(run)] == [1, 2, 3, 4, 5]
     return data, run, said[0]

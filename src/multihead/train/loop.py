@@ -256,7 +256,8 @@ def _schedule_change(state: ckpt.TrainingState, config: TrainConfig) -> str | No
     before, after = learning_rate(state.step, state.config), learning_rate(state.step, config)
     return (
         f"max_steps {state.config.max_steps} -> {config.max_steps} re-stretches the cosine schedule: the learning "
-        f"rate of step {state.step + 1} goes from {before:.3g} to {after:.3g} (see 'Resuming' in docs/training.md)"
+        f"rate of step {state.step + 1} goes from {before:.3g} to {after:.3g} "
+        "(see 'Checkpoints and resume' in docs/training.md)"
     )
 
 

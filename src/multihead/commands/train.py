@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..train.config import DEFAULT_WARMUP, TrainConfig
+from ..train.config import DEFAULT_CONTEXT, DEFAULT_WARMUP, TrainConfig
 from .checking import checking
 from .imports import add_import_argument, import_modules
 from .paths import input_file, output_folder
@@ -91,11 +91,15 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = (
     Flag("data", str, "shakespeare|PATH", "'shakespeare' (the plays, split by play) or a UTF-8 text file"),
-    Flag("tokenizer", str, "bytes|bpe", "UTF-8 bytes (vocab 256) or byte-level BPE learned from the training text"),
+    Flag("tokenizer", str, "bytes|bpe", "UTF-8 bytes (vocab 256) or byte-level BPE learned from the training text",
+         "bytes; with --init-from the folder's"),
     Flag("vocab_size", int, "N", "BPE vocabulary size (>= 257)", "the tokenizer's own"),
-    Flag("preset", str, "NAME", "GPT preset (model size)"),
+    Flag("preset", str, "NAME", "GPT preset (model size)", "mini; with --init-from the folder's model"),
+    Flag("init_from", str, "DIR", "fine-tune a Hugging Face GPT-2 folder (config.json, model.safetensors, "
+         "tokenizer.json): its model, weights, tokenizer and context length", "a fresh model"),
     Flag("attention", str, "KIND", "attention kind of every block"),
-    Flag("context_length", int, "T", "tokens per sequence (at most the preset's)", "the preset's"),
+    Flag("context_length", int, "T", "tokens per sequence (at most the model's)",
+         f"{DEFAULT_CONTEXT}, at most the preset's; with --init-from the folder's"),
     Flag("batch_size", int, "B", "sequences per optimizer step, over all processes and micro-batches"),
     Flag("grad_accum", int, "N", "micro-batches per optimizer step"),
     Flag("max_steps", int, "N", "optimizer steps"),
@@ -112,6 +116,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("eval_batches", int, "N", "validation batches per evaluation"),
     Flag("log_every", int, "N", "a metrics line every N steps"),
     Flag("checkpoint_every", int, "N", "a checkpoint every N steps (and at the end)"),
+    Flag("sample_every", int, "N", "print a short greedy sample every N steps (and at the end)", "never"),
     Flag("seed", int, "S", "seed of the weights, the batches and dropout"),
     Flag("dtype", str, "float32|bfloat16", "compute dtype (bfloat16: autocast, float32 master weights)"),
     Flag("out", str, "DIR", "run directory", "runs/<preset>-<attention>"),
@@ -247,7 +252,7 @@ def resume_values(values: Mapping[str, Any]) -> dict[str, Any]:
 
     out = values.get("out")
     if out is None:  # the default run directory depends on the preset and the attention kind only
-        out = TrainConfig(**{k: values[k] for k in ("preset", "attention") if k in values}).out
+        out = TrainConfig(**{k: values[k] for k in ("preset", "attention", "init_from") if k in values}).out
     latest = latest_checkpoint(out) if Path(out).is_dir() else None
     if latest is None:
         return dict(values)

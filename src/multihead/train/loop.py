@@ -68,14 +68,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import UsageError
+from ..models.checkpoint import read_config as read_model_config
 from ..models.gpt import GPT
 from . import checkpoint as ckpt
 from . import shard
 from .batches import Batches, val_batches
 from .config import TrainConfig, config_differences, learning_rate
 from .interrupt import StopSignals, TrainingInterrupted
+from .pretrained import load_folder_weights
 from .progress import Progress, format_duration
 from .run_files import Metrics, batches_or_error, prepare_data, write_config
+from .sampling import sample_line
 from .world import World, restore_rng, rng_states, training_device
 
 __all__ = ["TrainResult", "train", "check_model", "parameter_groups", "validation_loss", "VAL_SEED"]
@@ -318,6 +321,8 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
                           "elapsed_s": run.elapsed_before + train_time}  # fmt: skip
                 metrics.write({**record, "val_loss": val_loss} if evaluate else record)
             bar.update(n, train_loss, tokens_per_s, val_loss=val_loss if evaluate else None, logged=logged)
+            if config.sample_every and (final or n % config.sample_every == 0):
+                bar.message(sample_line(run.model, tokenizer, val_tokens, n, device))
             if logged:
                 log_time, log_tokens = 0.0, 0
             saved = final or n % config.checkpoint_every == 0
@@ -356,10 +361,17 @@ def _setup(config: TrainConfig, vocab_size: int, state, world: World, device) ->
     """The model (the checkpoint's weights when resuming), sharded or wrapped for
     several processes, its AdamW with the checkpoint's state, and the RNG state."""
     torch.manual_seed(config.seed)  # the same initial weights on every rank
-    model = GPT(config.model_config(vocab_size), device=device)
-    sharded = config.shard and world.size > 1
-    if state is not None:
+    if state is not None:  # the checkpoint's model (an init_from run needs its folder no more)
+        try:
+            model = GPT(read_model_config(state.directory), device=device)
+        except (ValueError, OSError) as e:  # the user's damaged checkpoint
+            raise UsageError(f"cannot resume from {state.directory}: {e}") from e
         ckpt.load_model_weights(model, state.directory)  # the full weights, before any sharding
+    else:
+        model = GPT(config.model_config(vocab_size), device=device)
+        if config.init_from is not None:
+            load_folder_weights(model, config.init_from)
+    sharded = config.shard and world.size > 1
     if sharded:
         shard.shard_model(model, device, world.size)  # before the optimizer: its parameters become DTensors
     optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr,
@@ -392,7 +404,8 @@ def _announce(bar: Progress, run: _Setup, config: TrainConfig, run_dir: Path, to
         bar.message(f"resuming {run_dir} at step {run.start}")
         return
     bar.message(
-        f"training {run.model.num_parameters():,} parameters ({config.preset}, {config.attention}) on "
+        f"training {run.model.num_parameters():,} parameters "
+        f"({config.preset or 'from ' + str(config.init_from)}, {config.attention}) on "
         f"{tokens:,} tokens, {world.size} process(es){' sharded (FSDP2)' if run.sharded else ''}, "
         f"{torch.get_num_threads()} thread(s) each"
     )

@@ -38,7 +38,12 @@ def prepare_data(config: TrainConfig, run_dir: Path, world: World, resume: bool)
     data = run_dir / "data"
     if world.main and not resume:
         corpus = load_corpus(config.data)
-        tokenizer = train_tokenizer(config.tokenizer, corpus.train, config.vocab_size)
+        if config.init_from is not None:
+            from .pretrained import folder_tokenizer
+
+            tokenizer = folder_tokenizer(config.init_from)
+        else:
+            tokenizer = train_tokenizer(config.tokenizer, corpus.train, config.vocab_size)
         splits = {
             name: np.asarray(tokenizer.encode(text)) for name, text in (("train", corpus.train), ("val", corpus.val))
         }

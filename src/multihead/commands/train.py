@@ -303,9 +303,10 @@ def summary(result, config) -> list[str]:
 
 def check_config(config: TrainConfig, *, resume: bool) -> None:
     """Everything ``train`` would refuse that can be known before anything is written:
-    the data file, ``--out``, ``--resume`` with nothing to resume, and the model
-    the options build (the attention kind and its options; built on the meta
-    device, so no memory is used).
+    the data file, ``--out``, ``--resume`` with nothing to resume, and for a
+    fresh run the model the options build (the attention kind and its options,
+    or the ``--init-from`` folder; built on the meta device, so no memory is
+    used; a resumed run builds its checkpoint's).
 
     Raises:
         ValueError, TypeError, OSError: the user's mistake, naming the value.
@@ -313,7 +314,8 @@ def check_config(config: TrainConfig, *, resume: bool) -> None:
     from ..train.loop import check_model
 
     _check_inputs(config, resume=resume)
-    check_model(config)
+    if not resume:  # a resumed run builds its checkpoint's model (init_from's folder may be gone)
+        check_model(config)
 
 
 def resume_command(run_dir: str, imports: list[str]) -> str:

@@ -61,7 +61,19 @@ def test_a_signal_ends_the_run_after_its_step_with_a_checkpoint_and_restores_the
     assert_follows(*metrics)
 
 
+def test_the_same_signal_delivered_twice_at_once_is_one_stop(tmp_path, monkeypatch):
+    # as under torchrun: from the terminal and forwarded by torchrun
+    config = tiny_config(tmp_path)
+    signal_during_steps(monkeypatch, {2: [signal.SIGINT, signal.SIGINT]})
+    with pytest.raises(TrainingInterrupted) as err:
+        train(config, progress=False)
+    assert err.value.step == 2 and latest_checkpoint(config.out).name == "step-000002"
+
+
 def test_a_second_signal_stops_at_once_without_a_checkpoint(tmp_path, monkeypatch):
+    from multihead.train import interrupt
+
+    monkeypatch.setattr(interrupt, "REPEAT_WINDOW_S", 0.0)  # any second signal comes "later"
     before = signal.getsignal(signal.SIGINT)
     config = tiny_config(tmp_path)
     signal_during_steps(monkeypatch, {5: [signal.SIGINT, signal.SIGINT]})

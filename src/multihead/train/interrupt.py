@@ -11,9 +11,13 @@ flag; after each optimizer step the processes agree on it::
 
 so every rank of a torchrun launch stops after the same step, and the
 checkpoint resumes to the very numbers of an uninterrupted run. A second
-signal before that stops at once: ``TrainingInterrupted`` with
-``checkpointed=False`` is raised from the handler (the last checkpoint
-stays, as after a kill). ``multihead train`` turns the exception into one
+signal ``REPEAT_WINDOW_S`` seconds or more after the first stops at once:
+``TrainingInterrupted`` with ``checkpointed=False`` is raised from the
+handler (the last checkpoint stays, as after a kill). One sooner is the same
+stop delivered twice and changes nothing: a Ctrl-C under torchrun reaches
+each worker from the terminal and again from torchrun, which forwards it
+(and kills the workers if they are not done within its shutdown timeout,
+30 s by default). ``multihead train`` turns the exception into one
 line that gives the command resuming the run, and exits with 128 + the
 signal's number (130 for SIGINT, 143 for SIGTERM).
 """
@@ -22,14 +26,16 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["TrainingInterrupted", "StopSignals", "SIGNALS"]
+__all__ = ["TrainingInterrupted", "StopSignals", "SIGNALS", "REPEAT_WINDOW_S"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REPEAT_WINDOW_S = 2.0  # a second signal this soon after the first is the same stop
 
 
 class TrainingInterrupted(Exception):
@@ -72,6 +78,7 @@ class StopSignals:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.signum = 0
+        self._first = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
@@ -90,10 +97,12 @@ class StopSignals:
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
-        if self.signum:  # the second: stop now
+        now = time.monotonic()
+        if not self.signum:
+            self.signum, self._first = signum, now
+        elif now - self._first >= REPEAT_WINDOW_S:  # a second stop: now
             self.restore()
             raise TrainingInterrupted(signum, None, self.run_dir)
-        self.signum = signum
 
     def agreed(self, world, device: torch.device) -> int:
         """The signal some rank got (0: none), the same on every rank (collective)."""

@@ -100,3 +100,28 @@ def test_ctrl_c_checkpoints_the_step_and_the_printed_command_resumes_as_if_unint
         torch.tensor([r["val_loss"] for r in got if "val_loss" in r]),
         torch.tensor([r["val_loss"] for r in want if "val_loss" in r]),
     )
+
+
+def test_the_resume_command_under_torchrun_and_with_imports(monkeypatch):
+    from multihead.commands.train import resume_command
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert resume_command("runs/a b", ["mykinds"]) == "multihead train --out 'runs/a b' --resume --import mykinds"
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert resume_command("runs/x", []) == "torchrun --nproc-per-node 4 -m multihead train --out runs/x --resume"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two machines: the same launch, each
+    assert resume_command("runs/x", []).startswith("multihead train --out runs/x --resume (in the same torchrun")
+
+
+def test_ctrl_c_before_the_first_step_is_one_line_too(tmp_path, monkeypatch, capsys):
+    from multihead.train import run_files
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_files, "load_corpus", interrupted)  # Ctrl-C while the data is read
+    data = write_text(tmp_path / "text.txt")
+    assert main(run_args(data, tmp_path / "run")) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err == "multihead train: interrupted before training began; no checkpoint to resume\n"

@@ -326,7 +326,7 @@ def resume_command(run_dir: str, imports: list[str]) -> str:
     if world <= 1:
         return command
     if world == local:
-        return f"torchrun --nproc-per-node {local} -m {command[len('multihead ') :]}"
+        return f"torchrun --nproc-per-node {local} -m {command}"
     return f"{command} (in the same torchrun launch, {world} processes)"
 
 

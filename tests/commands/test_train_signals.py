@@ -124,4 +124,4 @@ def test_ctrl_c_before_the_first_step_is_one_line_too(tmp_path, monkeypatch, cap
     data = write_text(tmp_path / "text.txt")
     assert main(run_args(data, tmp_path / "run")) == 130
     out, err = capsys.readouterr()
-    assert out == "" and err == "multihead train: interrupted before training began; no checkpoint to resume\n"
+    assert out == "" and err == "multihead train: SIGINT outside the training steps: stopped; no checkpoint to resume\n"

@@ -277,7 +277,7 @@ def _check_warmup(given: Mapping[str, Any], values: Mapping[str, Any]) -> None:
     max_steps = values.get("max_steps", TrainConfig.max_steps)
     if isinstance(max_steps, int) and given["warmup"] >= max_steps:
         raise ValueError(
-            f"--warmup {values['warmup']} must be shorter than the run's {max_steps} steps (--max-steps); "
+            f"--warmup {given['warmup']} must be shorter than the run's {max_steps} steps (--max-steps); "
             f"left out, the warm-up is min({DEFAULT_WARMUP}, max_steps // 10)"
         )
 
@@ -377,8 +377,8 @@ def _interrupted(error: BaseException, config: TrainConfig, imports: list[str]) 
     from ..train.interrupt import TrainingInterrupted
 
     sys.stdout.flush()
-    if isinstance(error, KeyboardInterrupt):  # Ctrl-C before the steps began
-        text, status = "interrupted before training began", 130
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C while no step runs (preparing, or after the last)
+        text, status = "SIGINT outside the training steps: stopped", 130
     else:
         text, status = str(error), error.exit_status
     if isinstance(error, TrainingInterrupted) and error.checkpointed:

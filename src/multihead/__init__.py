@@ -11,7 +11,8 @@ The public API on one screen:
 * ``build_attention(name, ...)`` attention kinds by name: mha, gqa, mqa, moh,
   dcmha, talking_heads, overlapping, collaborative, gated (docs/variants.md),
   and those of installed packages (entry points "multihead.attention_kinds");
-  ``attention_class(name)`` answers what a kind can do
+  ``attention_class(name)`` answers what a kind can do, ``kind_options(name)``
+  which options it takes
 * ``multihead.convert.from_official`` weights from the variants' official code
 * ``multihead.models``     GPT-2 family, encoder-decoder Transformer, BERT/MiniLM
 * ``multihead.tools``      capture attention, head roles, views, head importance,
@@ -40,6 +41,7 @@ from .modules.kv_cache import KVCache
 from .modules.registry import (
     attention_class,
     build_attention,
+    kind_options,
     list_attention_kinds,
     load_entry_point_kinds,
     register_attention,
@@ -70,6 +72,7 @@ __all__ = [
     "build_attention",
     "list_attention_kinds",
     "attention_class",
+    "kind_options",
     "register_attention",
     "UsageError",
     "__version__",

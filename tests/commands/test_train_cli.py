@@ -81,18 +81,20 @@ def test_flags_set_the_fields_of_the_same_name():
         "--warmup", "4", "--weight-decay", "0.05", "--grad-clip", "0.5", "--beta1", "0.8", "--beta2", "0.99",
         "--dropout", "0.1", "--mlp-dim", "200", "--eval-every", "10", "--eval-batches", "2", "--log-every", "5",
         "--checkpoint-every", "20", "--seed", "7", "--dtype", "bfloat16", "--out", "runs/x", "--threads", "1",
-        "--device", "cpu", "--shard",
+        "--device", "cpu", "--shard", "--sample-every", "10",
     ]  # fmt: skip
     want = TrainConfig(
         data="notes.txt", tokenizer="bpe", vocab_size=300, preset="tiny", attention="gqa",
         attention_options={"num_kv_heads": 2}, context_length=64, batch_size=12, grad_accum=3, max_steps=40,
         lr=3e-3, min_lr=1e-5, warmup=4, weight_decay=0.05, grad_clip=0.5, beta1=0.8, beta2=0.99, dropout=0.1,
         mlp_dim=200, eval_every=10, eval_batches=2, log_every=5, checkpoint_every=20, seed=7, dtype="bfloat16", out="runs/x",
-        threads=1, device="cpu", shard=True,
+        threads=1, device="cpu", shard=True, sample_every=10,
     )  # fmt: skip
     values = parse(*argv)
-    assert set(values) == {f.name for f in dataclasses.fields(TrainConfig)}  # every field was given
+    # every field was given but init_from, which takes the model from a folder instead
+    assert set(values) == {f.name for f in dataclasses.fields(TrainConfig)} - {"init_from"}
     assert TrainConfig(**values) == want
+    assert parse("--init-from", "gpt2-folder") == {"init_from": "gpt2-folder"}
 
 
 def test_a_bool_field_is_a_flag_pair():
@@ -195,7 +197,12 @@ EARLY = {
         ["--preset", "tiny", "--context-length", "4096"],
         "context_length=4096 is longer than preset 'tiny' allows (context_length=128)",
     ),
-    "warmup too long": (["--max-steps", "5", "--warmup", "5"], "warmup=5, max_steps=5"),
+    "warmup too long": (["--max-steps", "5", "--warmup", "5"], "--warmup 5 must be shorter than the run's 5 steps"),
+    "misspelt kind option": (
+        ["--attention", "gqa", "--attention-option", "num_kv_head=2"],
+        "attention kind 'gqa' has no option 'num_kv_head' (did you mean 'num_kv_heads'?); its options: ",
+    ),
+    "unknown kind option": (["--data", "text.txt", "--attention-option", "foo=1"], "'mha' has no option 'foo'"),
     "bad dtype": (["--dtype", "float16"], "dtype='float16'"),
     "out is a file": (["--data", "text.txt", "--out", "text.txt"], "--out text.txt: exists and is not a folder"),
     "resume without checkpoint": (

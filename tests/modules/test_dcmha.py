@@ -186,7 +186,7 @@ def test_errors():
         DCMHA(8, 2, dynamic=False, static=False)
     with pytest.raises(ValueError, match="num_kv_heads"):
         build_attention("dcmha", embed_dim=8, num_heads=2, num_kv_heads=1)
-    with pytest.raises(ValueError, match="talking_heads does not take dynamic"):
+    with pytest.raises(TypeError, match="TalkingHeadsAttention does not take dynamic"):
         TalkingHeadsAttention(8, 2, dynamic=True)
     m = DCMHA(8, 2)
     with pytest.raises(ValueError, match="sdpa"):

@@ -13,10 +13,18 @@ dataclass's own default, so the numbers live in one place
 otherwise (``mode=fast``); the flag repeats, one option each time.
 
 With ``--resume`` the fields not given on the command line come from the
-run's own ``config.json`` instead, so ``multihead train --out runs/x --resume
+run's latest checkpoint instead (the config it was trained with, which
+``config.json`` repeats), so ``multihead train --out runs/x --resume
 --max-steps 2000`` continues run x with its settings and a longer schedule; a
 flag that changes what a step computes (``--lr``, ``--preset``, ...) is
-refused by the loop, which compares the config with the checkpoint's.
+refused by the loop, which compares the config with the checkpoint's, and a
+``--max-steps`` below the checkpoint's step is refused here. A longer
+``--max-steps`` stretches the cosine schedule: the loop prints the learning
+rate of the next step before and after.
+
+Ctrl-C (SIGINT) or SIGTERM: the loop finishes its step and writes a
+checkpoint; the command prints one line with the command that resumes and
+exits with 130 (SIGINT) or 143 (SIGTERM).
 
 Everything a user can get wrong is checked before anything is written: the
 configuration (``TrainConfig`` validates itself), the data file, the
@@ -38,14 +46,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..train.config import TrainConfig
+from ..train.config import DEFAULT_CONTEXT, DEFAULT_WARMUP, TrainConfig
 from .checking import checking
 from .imports import add_import_argument, import_modules
 from .paths import input_file, output_folder
 
 __all__ = [
     "FLAGS", "OTHER_FIELDS", "add_arguments", "parse_attention_options", "config_values", "resume_values",
-    "check_config", "run", "summary", "is_rank_zero",
+    "check_config", "run", "summary", "is_rank_zero", "resume_command",
 ]  # fmt: skip
 
 BUILTIN_DATA = "shakespeare"
@@ -83,17 +91,21 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = (
     Flag("data", str, "shakespeare|PATH", "'shakespeare' (the plays, split by play) or a UTF-8 text file"),
-    Flag("tokenizer", str, "bytes|bpe", "UTF-8 bytes (vocab 256) or byte-level BPE learned from the training text"),
+    Flag("tokenizer", str, "bytes|bpe", "UTF-8 bytes (vocab 256) or byte-level BPE learned from the training text",
+         "bytes; with --init-from the folder's"),
     Flag("vocab_size", int, "N", "BPE vocabulary size (>= 257)", "the tokenizer's own"),
-    Flag("preset", str, "NAME", "GPT preset (model size)"),
+    Flag("preset", str, "NAME", "GPT preset (model size)", "mini; with --init-from the folder's model"),
+    Flag("init_from", str, "DIR", "fine-tune a Hugging Face GPT-2 folder (config.json, model.safetensors, "
+         "tokenizer.json): its model, weights, tokenizer and context length", "a fresh model"),
     Flag("attention", str, "KIND", "attention kind of every block"),
-    Flag("context_length", int, "T", "tokens per sequence (at most the preset's)", "the preset's"),
+    Flag("context_length", int, "T", "tokens per sequence (at most the model's)",
+         f"{DEFAULT_CONTEXT}, at most the preset's; with --init-from the folder's"),
     Flag("batch_size", int, "B", "sequences per optimizer step, over all processes and micro-batches"),
     Flag("grad_accum", int, "N", "micro-batches per optimizer step"),
     Flag("max_steps", int, "N", "optimizer steps"),
     Flag("lr", float, "LR", "peak learning rate (after warmup)"),
     Flag("min_lr", float, "LR", "learning rate at the end of the cosine decay"),
-    Flag("warmup", int, "N", "steps of linear warmup"),
+    Flag("warmup", int, "N", "steps of linear warmup", f"min({DEFAULT_WARMUP}, max_steps // 10)"),
     Flag("weight_decay", float, "W", "AdamW weight decay (matrices only)"),
     Flag("grad_clip", float, "C", "clip the gradient norm to C (0 = no clipping)"),
     Flag("beta1", float, "B1", "AdamW beta1"),
@@ -104,6 +116,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("eval_batches", int, "N", "validation batches per evaluation"),
     Flag("log_every", int, "N", "a metrics line every N steps"),
     Flag("checkpoint_every", int, "N", "a checkpoint every N steps (and at the end)"),
+    Flag("sample_every", int, "N", "print a short greedy sample every N steps (and at the end)", "never"),
     Flag("seed", int, "S", "seed of the weights, the batches and dropout"),
     Flag("dtype", str, "float32|bfloat16", "compute dtype (bfloat16: autocast, float32 master weights)"),
     Flag("out", str, "DIR", "run directory", "runs/<preset>-<attention>"),
@@ -223,29 +236,50 @@ def _check_inputs(config, *, resume: bool) -> None:
 
 
 def resume_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` over the saved ``config.json`` of the run they point to (``--resume``).
+    """``values`` over the config of the latest checkpoint of the run they point
+    to (``--resume``).
 
     The run directory is ``values["out"]``, or TrainConfig's default ``out``
-    for the given preset and attention kind. Without a ``config.json``
-    there, ``values`` as they are (the missing checkpoint is refused later,
-    naming the folder).
+    for the given preset and attention kind. Without a checkpoint there,
+    ``values`` as they are (the missing checkpoint is refused later, naming
+    the folder).
 
     Raises:
-        ValueError: an unreadable or invalid ``config.json``.
+        ValueError: a ``--max-steps`` below the checkpoint's step; an
+            unreadable checkpoint pointer or state header.
     """
-    from ..io import read_json_file
+    from ..train.checkpoint import checkpoint_config, latest_checkpoint
 
     out = values.get("out")
     if out is None:  # the default run directory depends on the preset and the attention kind only
-        out = TrainConfig(**{k: values[k] for k in ("preset", "attention") if k in values}).out
-    saved_path = Path(out) / "config.json"
-    if not saved_path.is_file():
+        out = TrainConfig(**{k: values[k] for k in ("preset", "attention", "init_from") if k in values}).out
+    latest = latest_checkpoint(out) if Path(out).is_dir() else None
+    if latest is None:
         return dict(values)
     try:
-        saved = TrainConfig.from_dict(read_json_file(saved_path)).to_dict()
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"--resume: {saved_path} is not a training config ({e})") from None
-    return {**saved, **values, "out": out}
+        step, saved = checkpoint_config(latest)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--resume: cannot read the checkpoint {latest}: {e}") from None
+    max_steps = values.get("max_steps", saved.max_steps)
+    if max_steps < step:
+        raise ValueError(
+            f"--max-steps {max_steps} is below step {step} of the checkpoint in {out}: a resumed run goes on "
+            f"from there (give --max-steps {step} or more)"
+        )
+    return {**saved.to_dict(), **values, "out": out}
+
+
+def _check_warmup(given: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+    """Name ``--warmup`` when the one ``given`` on the command line is not shorter
+    than the run (``values``: the fields the config is built from)."""
+    if given.get("warmup") is None:
+        return
+    max_steps = values.get("max_steps", TrainConfig.max_steps)
+    if isinstance(max_steps, int) and given["warmup"] >= max_steps:
+        raise ValueError(
+            f"--warmup {given['warmup']} must be shorter than the run's {max_steps} steps (--max-steps); "
+            f"left out, the warm-up is min({DEFAULT_WARMUP}, max_steps // 10)"
+        )
 
 
 def summary(result, config) -> list[str]:
@@ -259,29 +293,41 @@ def summary(result, config) -> list[str]:
         )
     else:
         lines.append(f"final val loss: {loss:.4f} nats/token (step {result.steps})")
-    lines.append(f"speed: {result.tokens_per_s:,.0f} tokens/s (training steps, all processes)")
+    if result.steps > result.start:
+        lines.append(f"speed: {result.tokens_per_s:,.0f} tokens/s (training steps, all processes)")
+    else:
+        lines.append(f"speed: no step trained (the checkpoint was already at step {result.steps})")
     lines.append(f"try: multihead generate --checkpoint {shlex.quote(run_dir)} {shlex.quote(TRY_PROMPT)}")
     return lines
 
 
 def check_config(config: TrainConfig, *, resume: bool) -> None:
     """Everything ``train`` would refuse that can be known before anything is written:
-    the data file, ``--out``, ``--resume`` with nothing to resume, and the model
-    the options build (the attention kind and its options; built on the meta
-    device, so no memory is used).
+    the data file, ``--out``, ``--resume`` with nothing to resume, and for a
+    fresh run the model the options build (the attention kind and its options,
+    or the ``--init-from`` folder; built on the meta device, so no memory is
+    used; a resumed run builds its checkpoint's).
 
     Raises:
         ValueError, TypeError, OSError: the user's mistake, naming the value.
     """
-    from ..models.gpt import GPT, GPTConfig
+    from ..train.loop import check_model
 
     _check_inputs(config, resume=resume)
-    model_config = GPTConfig.from_preset(
-        config.preset, vocab_size=config.vocab_size or 256, context_length=config.context_length,
-        attention=config.attention, attention_options=dict(config.attention_options), dropout=config.dropout,
-        mlp_dim=config.mlp_dim,
-    )  # fmt: skip
-    GPT(model_config, device="meta")
+    if not resume:  # a resumed run builds its checkpoint's model (init_from's folder may be gone)
+        check_model(config)
+
+
+def resume_command(run_dir: str, imports: list[str]) -> str:
+    """The command line that resumes ``run_dir`` (under torchrun: the same launch)."""
+    command = shlex.join(["multihead", "train", "--out", str(run_dir), "--resume",
+                          *(a for name in imports for a in ("--import", name))])  # fmt: skip
+    world, local = int(os.environ.get("WORLD_SIZE", "1") or 1), int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return command
+    if world == local:
+        return f"torchrun --nproc-per-node {local} -m {command}"
+    return f"{command} (in the same torchrun launch, {world} processes)"
 
 
 def run(args: argparse.Namespace, *, echo: Callable[[str], None] = print, progress: bool | None = None) -> int:
@@ -293,7 +339,10 @@ def run(args: argparse.Namespace, *, echo: Callable[[str], None] = print, progre
         progress: passed to ``train`` (None: the loop decides).
 
     Returns:
-        The exit status, 0.
+        The exit status: 0, or 128 + the signal's number (130: SIGINT,
+        143: SIGTERM) when a signal stopped the run; then one line on
+        stderr says whether the step was checkpointed and gives the
+        command that resumes.
 
     Raises:
         UsageError: a user mistake (the CLI prints one line and exits with
@@ -301,16 +350,46 @@ def run(args: argparse.Namespace, *, echo: Callable[[str], None] = print, progre
             of another config, a split too short for a batch) is checked
             before anything is written.
     """
+    from ..train.interrupt import TrainingInterrupted
     from ..train.loop import train
 
     with checking():
         import_modules(args.imports)
-        values = config_values(args)
-        config = TrainConfig(**(resume_values(values) if args.resume else values))
+        given = config_values(args)
+        values = resume_values(given) if args.resume else given
+        _check_warmup(given, values)
+        config = TrainConfig(**values)
         check_config(config, resume=args.resume)
-    result = train(config, resume=args.resume, progress=progress)
+    try:
+        result = train(config, resume=args.resume, progress=progress)
+    except (TrainingInterrupted, KeyboardInterrupt) as e:
+        return _interrupted(e, config, args.imports)
     if is_rank_zero():
         for line in summary(result, config):
             echo(line)
     sys.stdout.flush()
     return 0
+
+
+def _interrupted(error: BaseException, config: TrainConfig, imports: list[str]) -> int:
+    """One line on stderr (rank 0) after a signal stopped ``train``; the exit status."""
+    from ..train.checkpoint import latest_checkpoint
+    from ..train.interrupt import TrainingInterrupted
+
+    sys.stdout.flush()
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C while no step runs (preparing, or after the last)
+        text, status = "SIGINT outside the training steps: stopped", 130
+    else:
+        text, status = str(error), error.exit_status
+    if isinstance(error, TrainingInterrupted) and error.checkpointed:
+        text += f"; resume with: {resume_command(str(config.out), imports)}"
+    else:
+        try:
+            latest = latest_checkpoint(config.out)
+        except ValueError:
+            latest = None
+        resume = resume_command(str(config.out), imports)
+        text += f"; resume from {latest.name} with: {resume}" if latest is not None else "; no checkpoint to resume"
+    if is_rank_zero():
+        print(f"multihead train: {text}", file=sys.stderr, flush=True)
+    return status

@@ -86,8 +86,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             ``functional.attention`` accepts).
         forward_options: names of extra keyword arguments of ``forward``
             that go to its ``core`` (e.g. MoH's ``path``).
-        refused_options: shared options the kind does not take (e.g.
-            ("kdim", "vdim") for a kind with one fused projection).
+        refused_options: options it inherits but does not take: shared ones
+            (e.g. ("kdim", "vdim") for a kind with one fused projection) or
+            a parent kind's (``registry.kind_options`` leaves them out).
 
     Capabilities a kind declares (the kind contract test checks them for
     every registered kind; no other file keeps a list of kinds):

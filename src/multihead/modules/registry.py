@@ -37,6 +37,14 @@ module, and that is the only way a name enters the registry: importing
 kind is registered before anything can be built. An unknown name raises
 ValueError listing the known ones; a name registered twice is refused.
 
+A kind's options are the keyword parameters of its builder and class
+``__init__``, followed through ``**options`` up the classes it passes them
+to (a kind's own, then ``AttentionLayer``'s shared ones), less the shared
+ones it names in ``refused_options``: :func:`kind_options` lists them, and
+``build_attention`` refuses a name outside them with a TypeError that lists
+them and suggests the nearest (``num_kv_head`` -> ``num_kv_heads``) before
+the kind sees it.
+
 The decorator goes on the kind's class (built as ``cls(embed_dim=...,
 num_heads=..., **options)``) or on a builder function together with the
 class it builds (``@register_attention("gqa", MultiHeadAttention)``), so
@@ -51,6 +59,8 @@ has that module imported when ``multihead`` is imported
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import warnings
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
@@ -64,6 +74,8 @@ __all__ = [
     "list_attention_kinds",
     "attention_class",
     "check_kind",
+    "kind_options",
+    "check_kind_options",
     "load_entry_point_kinds",
     "total_aux_loss",
     "ENTRY_POINT_GROUP",
@@ -132,13 +144,94 @@ def attention_class(name: str) -> type:
     return _KINDS[check_kind(name)][1]
 
 
+# what the caller of a builder always gives; not an option
+_CALL_ARGUMENTS = ("self", "embed_dim", "num_heads")
+
+
+def _keywords(function: Callable) -> tuple[set[str], bool]:
+    """(the keyword parameter names of ``function``, whether it also takes ``**``)."""
+    names, rest = set(), False
+    for p in inspect.signature(function).parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            rest = True
+        elif p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            names.add(p.name)
+    return names, rest
+
+
+def _all_options(name: str) -> set[str] | None:
+    """Every keyword the kind ``name`` takes, refused ones included; None when
+    a ``**options`` leaves the classes (then any name may be meant)."""
+    builder, cls = _KINDS[check_kind(name)]
+    names: set[str] = set()
+    if not isinstance(builder, type):
+        names, rest = _keywords(builder)
+        if not rest:
+            return names - set(_CALL_ARGUMENTS)
+    for klass in cls.__mro__:
+        if klass is nn.Module or klass is object:
+            return None  # a ** that no class of the kind names: it may use any name itself
+        if "__init__" not in vars(klass):
+            continue
+        own, rest = _keywords(klass.__init__)
+        names |= own
+        if not rest:
+            return names - set(_CALL_ARGUMENTS)
+    return None  # pragma: no cover - every class's MRO ends in object
+
+
+def kind_options(name: str) -> list[str] | None:
+    """The options ``build_attention(name, embed_dim=..., num_heads=..., **options)``
+    takes, sorted: the keyword parameters of the kind's builder and classes
+    (see the module docstring) less its ``refused_options``. None for a kind
+    whose ``**options`` go beyond its classes (any name may be meant).
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    names = _all_options(name)
+    if names is None:
+        return None
+    refused = set(getattr(attention_class(name), "refused_options", ()))
+    return sorted(names - refused)
+
+
+def check_kind_options(name: str, options: Iterable[str]) -> None:
+    """Refuse option names the kind ``name`` does not take (before building it).
+
+    A shared option the kind refuses (``refused_options``) passes here: the
+    kind itself says why it does not take it.
+
+    Raises:
+        ValueError: an unknown kind.
+        TypeError: an unknown option; the message lists the kind's options
+            and suggests the nearest name.
+    """
+    known = _all_options(name)
+    if known is None:
+        return
+    unknown = [key for key in options if key not in known and key not in _CALL_ARGUMENTS]
+    if not unknown:
+        return
+    valid = kind_options(name) or []
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    noun = "option" if len(unknown) == 1 else "options"
+    raise TypeError(f"attention kind {name!r} has no {noun} {', '.join(hints)}; its options: {', '.join(valid)}")
+
+
 def build_attention(name: str, *, embed_dim: int, num_heads: int, **options) -> nn.Module:
     """Build the attention kind ``name``.
 
     Raises:
         ValueError: unknown name (the message lists the known ones) or
             options the kind rejects.
+        TypeError: an option the kind does not take (see
+            :func:`check_kind_options`).
     """
+    check_kind_options(name, options)
     return _KINDS[check_kind(name)][0](embed_dim=embed_dim, num_heads=num_heads, **options)
 
 

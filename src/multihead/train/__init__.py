@@ -9,6 +9,10 @@ Files:
                      recomputable from (seed, step).
     config.py        the flat training configuration.
     loop.py          the training loop (evaluation, logging, resume).
+    run_files.py     the run directory's config.json, token files and metrics.jsonl.
+    interrupt.py     SIGINT / SIGTERM: stop after the step, with a checkpoint.
+    sampling.py      the greedy samples of ``--sample-every``.
+    pretrained.py    ``--init-from``: a Hugging Face GPT-2 folder to fine-tune.
     checkpoint.py    crash-safe training checkpoints.
     shard.py         FSDP2 for ``--shard``: sharding the model, full states
                      gathered for checkpoints and loaded back.
@@ -23,6 +27,7 @@ from .checkpoint import latest_checkpoint, load_training_state
 from .compare import CompareConfig, compare
 from .config import TrainConfig, learning_rate
 from .corpus import Corpus, cache_dir, load_corpus, shakespeare_plays
+from .interrupt import TrainingInterrupted
 from .loop import TrainResult, parameter_groups, train
 from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer_dir, train_tokenizer
 
@@ -45,6 +50,7 @@ __all__ = [
     "learning_rate",
     "train",
     "TrainResult",
+    "TrainingInterrupted",
     "parameter_groups",
     "latest_checkpoint",
     "load_training_state",

@@ -67,6 +67,7 @@ __all__ = [
     "save_training_checkpoint",
     "latest_checkpoint",
     "load_training_state",
+    "checkpoint_config",
     "load_model_weights",
     "check_optimizer_shapes",
     "optimizer_to_tensors",
@@ -268,32 +269,9 @@ def load_training_state(directory: str | os.PathLike) -> TrainingState:
     directory = Path(directory)
     path = directory / STATE_NAME
     with open(path, "rb") as f:
-        header = read_safetensors_header(f, path)
-        meta = header.metadata
-        if meta.get("format") != STATE_FORMAT or meta.get("version") != VERSION:
-            raise ValueError(
-                f"{path} is not a training state (format {meta.get('format')!r} version {meta.get('version')!r}; "
-                f"expected {STATE_FORMAT!r} version {VERSION})"
-            )
-        text = meta.get("state", "")
-        if len(text) > _MAX_STATE_JSON:
-            raise ValueError(f"{path}: its state JSON is {len(text)} characters (at most {_MAX_STATE_JSON})")
-        document = parse_json_object(text, f"{path}: the state in its header")
-        sums = document.get("sha256")
-        if not isinstance(sums, dict) or set(sums) != set(header.tensors):
-            raise ValueError(f"{path}: the sha256 entry does not list exactly the tensors of the file")
-        tensors = read_tensors(f, header, sums)
-    for key in ("step", "tokens_seen", "world_size"):
-        value = document.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{path}: {key} must be a non-negative int, got {value!r}")
+        header, document, config = _read_state_header(f, path)
+        tensors = read_tensors(f, header, document["sha256"])
     elapsed = document.get("elapsed_s")
-    if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
-        raise ValueError(f"{path}: elapsed_s must be a number, got {elapsed!r}")
-    try:
-        config = TrainConfig.from_dict(document.get("config"))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: invalid training config: {e}") from None
     rng, optim = {}, {}
     for name, tensor in tensors.items():
         match = _RNG_KEY.fullmatch(name)
@@ -314,6 +292,50 @@ def load_training_state(directory: str | os.PathLike) -> TrainingState:
         optimizer=optimizer_from_tensors(optim, optimizer_meta, str(path)),
         rng=rng,
     )
+
+
+def checkpoint_config(directory: str | os.PathLike) -> tuple[int, TrainConfig]:
+    """(step, TrainConfig) of a step directory, from the header of its state
+    file alone (no tensor is read).
+
+    Raises:
+        FileNotFoundError: no state file.
+        ValueError: a corrupt header (see :func:`load_training_state`).
+    """
+    path = Path(directory) / STATE_NAME
+    with open(path, "rb") as f:
+        _, document, config = _read_state_header(f, path)
+    return document["step"], config
+
+
+def _read_state_header(f, path: Path):
+    """(safetensors header, state document, TrainConfig), checked; ``f`` is left after the header."""
+    header = read_safetensors_header(f, path)
+    meta = header.metadata
+    if meta.get("format") != STATE_FORMAT or meta.get("version") != VERSION:
+        raise ValueError(
+            f"{path} is not a training state (format {meta.get('format')!r} version {meta.get('version')!r}; "
+            f"expected {STATE_FORMAT!r} version {VERSION})"
+        )
+    text = meta.get("state", "")
+    if len(text) > _MAX_STATE_JSON:
+        raise ValueError(f"{path}: its state JSON is {len(text)} characters (at most {_MAX_STATE_JSON})")
+    document = parse_json_object(text, f"{path}: the state in its header")
+    sums = document.get("sha256")
+    if not isinstance(sums, dict) or set(sums) != set(header.tensors):
+        raise ValueError(f"{path}: the sha256 entry does not list exactly the tensors of the file")
+    for key in ("step", "tokens_seen", "world_size"):
+        value = document.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{path}: {key} must be a non-negative int, got {value!r}")
+    elapsed = document.get("elapsed_s")
+    if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
+        raise ValueError(f"{path}: elapsed_s must be a number, got {elapsed!r}")
+    try:
+        config = TrainConfig.from_dict(document.get("config"))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: invalid training config: {e}") from None
+    return header, document, config
 
 
 def load_model_weights(model: GPT, directory: str | os.PathLike) -> None:

@@ -23,20 +23,26 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .._checks import dropout_probability, non_negative_int, positive_int
-from ..models.gpt import GPT_PRESETS
+from ..models.gpt import GPT_PRESETS, GPTConfig
 from ..modules.registry import check_kind
 
-__all__ = ["TrainConfig", "RESUMABLE_CHANGES", "learning_rate", "config_differences"]
+__all__ = [
+    "TrainConfig", "RESUMABLE_CHANGES", "DEFAULT_WARMUP", "DEFAULT_CONTEXT", "learning_rate", "config_differences",
+]  # fmt: skip
 
 # Fields a resumed run may change: they decide how long to train, how often to
 # report and where to write, never what a step computes (``threads`` only
 # changes the order of float sums, as on another machine; ``shard`` only how
 # the processes hold the model, and its checkpoints are the full model in the
 # same format, so a run may switch between FSDP2 and DDP on resume).
-RESUMABLE_CHANGES = frozenset({"max_steps", "eval_every", "log_every", "checkpoint_every", "out", "threads", "shard"})
+RESUMABLE_CHANGES = frozenset(
+    {"max_steps", "eval_every", "log_every", "checkpoint_every", "sample_every", "out", "threads", "shard"}
+)
 _TOKENIZERS = ("bytes", "bpe")
 _DTYPES = ("float32", "bfloat16")
 _DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_WARMUP = 40  # steps of warm-up of a long run; a short one warms up for a tenth of its steps
+DEFAULT_CONTEXT = 128  # tokens per training sequence, unless the model allows fewer
 
 
 def _float(name: str, value: object, *, low: float = 0.0, include_low: bool = True, high: float = math.inf) -> float:
@@ -59,18 +65,25 @@ class TrainConfig:
         data: "shakespeare" (the plays, split by play) or the path of a UTF-8
             text file (its last lines become the validation split).
         tokenizer: "bytes" (256 ids) or "bpe" (byte-level BPE trained on the
-            training text).
+            training text; with ``init_from``, the folder's). None: "bytes",
+            or "bpe" with ``init_from``.
         vocab_size: BPE vocabulary size (>= 257; None: the tokenizer's
             default); must be None or 256 with "bytes".
 
     Model:
         preset: a name of ``GPT_PRESETS``; its vocab_size is replaced by the
-            tokenizer's.
+            tokenizer's. None: "mini", or no preset with ``init_from``.
+        init_from: a Hugging Face GPT-2 folder to fine-tune
+            (``multihead.train.pretrained``): the model, its weights and its
+            tokenizer come from it, so preset, vocab_size, mlp_dim and
+            attention options cannot be given and the attention is "mha";
+            context_length None takes the folder's n_positions.
         attention: attention kind ("mha", "gqa", "moh", "gated", ...).
         attention_options: further options of that kind (JSON values).
-        context_length: T of the training sequences (128: a short context
-            trains faster per byte on a CPU); None takes the preset's, and a
-            longer one than the preset's is refused.
+        context_length: T of the training sequences; None: DEFAULT_CONTEXT
+            = 128 (a short context trains faster per byte on a CPU), at most
+            the preset's, and with ``init_from`` the folder's n_positions. A
+            longer one than the model's is refused.
         dropout: dropout probability of the model in training mode.
         mlp_dim: the MLP hidden width (None: the preset's, 4 x its width);
             ``multihead compare`` sets it to match parameter counts.
@@ -83,7 +96,9 @@ class TrainConfig:
             divisible by world_size * grad_accum.
         max_steps: optimizer steps of the whole run.
         lr, min_lr: peak and final learning rate (min_lr <= lr).
-        warmup: steps of linear warm-up (< max_steps).
+        warmup: steps of linear warm-up (< max_steps); None: the run's
+            length decides, min(DEFAULT_WARMUP, max_steps // 10) = min(40,
+            max_steps // 10), so a 20-step run warms up for 2.
         weight_decay, grad_clip (max global grad norm; 0 = off), beta1, beta2.
         dtype: "float32", or "bfloat16" (autocast; parameters and optimizer
             state stay float32).
@@ -94,6 +109,8 @@ class TrainConfig:
         log_every: one metrics line every that many steps (and at evaluation
             steps and the end).
         checkpoint_every: a checkpoint every that many steps (and at the end).
+        sample_every: a short greedy sample printed every that many steps
+            (and at the end; ``multihead.train.sampling``); None: none.
         seed: model initialisation, dropout and sampling of the batches.
         out: the run directory (None: ``runs/<preset>-<attention>``).
         threads: torch intra-op threads (None: the machine's cores, divided
@@ -115,7 +132,8 @@ class TrainConfig:
     docs/training.md).
 
     A resumed run may change only the fields in ``RESUMABLE_CHANGES``
-    (max_steps, eval_every, log_every, checkpoint_every, out, threads, shard).
+    (max_steps, eval_every, log_every, checkpoint_every, sample_every, out,
+    threads, shard).
 
     Raises:
         TypeError / ValueError: a field of the wrong type or value; the
@@ -123,18 +141,19 @@ class TrainConfig:
     """
 
     data: str = "shakespeare"
-    tokenizer: str = "bytes"
+    tokenizer: str | None = None
     vocab_size: int | None = None
-    preset: str = "mini"
+    preset: str | None = None
+    init_from: str | None = None
     attention: str = "mha"
     attention_options: dict[str, Any] = field(default_factory=dict)
-    context_length: int | None = 128
+    context_length: int | None = None
     batch_size: int = 32
     grad_accum: int = 1
     max_steps: int = 1600
     lr: float = 5e-3
     min_lr: float = 1e-4
-    warmup: int = 40
+    warmup: int | None = None
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     beta1: float = 0.9
@@ -145,6 +164,7 @@ class TrainConfig:
     eval_batches: int = 20
     log_every: int = 10
     checkpoint_every: int = 400
+    sample_every: int | None = None
     seed: int = 0
     dtype: str = "float32"
     out: str | None = None
@@ -153,7 +173,13 @@ class TrainConfig:
     shard: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("data", "tokenizer", "preset", "attention", "dtype", "device"):
+        if self.init_from is not None:
+            self._check_init_from()
+        if self.tokenizer is None:
+            self.tokenizer = "bpe" if self.init_from is not None else "bytes"
+        if self.preset is None and self.init_from is None:
+            self.preset = "mini"
+        for name in ("data", "tokenizer", "attention", "dtype", "device") + (("preset",) if self.preset else ()):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise TypeError(f"{name} must be a non-empty str, got {name}={value!r}")
@@ -165,14 +191,21 @@ class TrainConfig:
                 raise ValueError(f"the bytes tokenizer has 256 ids, got vocab_size={self.vocab_size}")
             if self.tokenizer == "bpe" and self.vocab_size < 257:
                 raise ValueError(f"a BPE vocabulary needs at least 257 ids, got vocab_size={self.vocab_size}")
-        if self.preset not in GPT_PRESETS:
+        if self.preset is not None and self.preset not in GPT_PRESETS:
             raise ValueError(f"unknown GPT preset preset={self.preset!r}; valid presets: {sorted(GPT_PRESETS)}")
         check_kind(self.attention)
         if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
             raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
-        longest = GPT_PRESETS[self.preset]["context_length"]
+        if self.preset is None:  # init_from: the folder's n_positions, read only when needed
+            if self.context_length is None:
+                from .pretrained import folder_model_config
+
+                self.context_length = folder_model_config(self.init_from).context_length
+            longest = self.context_length  # checked against the folder with the model (check_folder)
+        else:
+            longest = GPT_PRESETS[self.preset]["context_length"]
         if self.context_length is None:
-            self.context_length = longest
+            self.context_length = min(DEFAULT_CONTEXT, longest)
         positive_int("context_length", self.context_length)
         if self.context_length > longest:
             raise ValueError(
@@ -182,8 +215,12 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "max_steps", "eval_every", "eval_batches", "log_every"):
             positive_int(name, getattr(self, name))
         positive_int("checkpoint_every", self.checkpoint_every)
+        if self.sample_every is not None:
+            positive_int("sample_every", self.sample_every)
         if self.mlp_dim is not None:
             positive_int("mlp_dim", self.mlp_dim)
+        if self.warmup is None:
+            self.warmup = min(DEFAULT_WARMUP, self.max_steps // 10)
         non_negative_int("warmup", self.warmup)
         non_negative_int("seed", self.seed)
         if self.batch_size % self.grad_accum != 0:
@@ -209,13 +246,33 @@ class TrainConfig:
         if self.device not in _DEVICES:
             raise ValueError(f"device must be one of {list(_DEVICES)}, got device={self.device!r}")
         if self.out is None:
-            self.out = os.path.join("runs", f"{self.preset}-{self.attention}")
+            model = self.preset or os.path.basename(os.path.normpath(self.init_from)) or "pretrained"
+            self.out = os.path.join("runs", f"{model}-{self.attention}")
         if not isinstance(self.out, str) or not self.out:
             raise TypeError(f"out must be a non-empty str (a directory), got out={self.out!r}")
         if self.threads is not None:
             positive_int("threads", self.threads)
         if not isinstance(self.shard, bool):
             raise TypeError(f"shard must be a bool, got shard={self.shard!r} ({type(self.shard).__name__})")
+
+    def _check_init_from(self) -> None:
+        """What cannot go with ``init_from`` (the folder decides the model and tokenizer)."""
+        if not isinstance(self.init_from, str) or not self.init_from:
+            raise TypeError(f"init_from must be a non-empty str (a folder), got init_from={self.init_from!r}")
+        given = {name: getattr(self, name) for name in ("preset", "vocab_size", "mlp_dim") if getattr(self, name)}
+        if self.attention_options:
+            given["attention_options"] = self.attention_options
+        if given:
+            raise ValueError(
+                f"init_from takes the model and its tokenizer from {self.init_from}; {given} cannot go with it"
+            )
+        if self.tokenizer not in (None, "bpe"):
+            raise ValueError(f"init_from uses the folder's BPE tokenizer; tokenizer={self.tokenizer!r} cannot go with it")
+        if self.attention != "mha":
+            raise ValueError(
+                f"init_from loads GPT-2's multi-head attention: attention must be 'mha', got attention="
+                f"{self.attention!r} (multihead convert turns the trained run into another kind)"
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
@@ -236,6 +293,25 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (``from_dict`` inverts it)."""
         return asdict(self)
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The GPTConfig this run trains, with the tokenizer's ``vocab_size``
+        (with ``init_from``: the folder's model, read from its config.json,
+        whose vocabulary holds the tokenizer's ids).
+
+        Raises:
+            ValueError / TypeError: options the model refuses (building the
+                model checks the attention options themselves).
+        """
+        if self.init_from is not None:  # the folder's model: its vocabulary and positions
+            from .pretrained import check_folder
+
+            folder = check_folder(self.init_from, self.context_length)
+            return GPTConfig.from_dict({**folder.to_dict(), "dropout": self.dropout})
+        return GPTConfig.from_preset(
+            self.preset, vocab_size=vocab_size, context_length=self.context_length, attention=self.attention,
+            attention_options=dict(self.attention_options), dropout=self.dropout, mlp_dim=self.mlp_dim,
+        )  # fmt: skip
 
 
 def config_differences(saved: TrainConfig, given: TrainConfig) -> dict[str, tuple[Any, Any]]:

@@ -15,7 +15,7 @@ n % checkpoint_every == 0; all three at the last step.
 
 Run directory (``config.out``)::
 
-    config.json        the TrainConfig
+    config.json        the TrainConfig (of the latest checkpoint; ``run_files``)
     tokenizer/         the tokenizer (``load_tokenizer_dir``)
     data/train.bin     token files (``write_tokens``)
     data/val.bin
@@ -34,6 +34,9 @@ holds the weights, the optimizer tensors, the step and every rank's torch
 generator, so ``train(config, resume=True)`` after a kill -9 continues with
 the very numbers the uninterrupted run computes (on the same machine and
 thread count); ``metrics.jsonl`` is cut back to the checkpoint's step first.
+SIGINT (Ctrl-C) or SIGTERM ends the run after the current step with a
+checkpoint of it (``multihead.train.interrupt``: every rank stops after the
+same step), so a resume continues as if nothing had happened.
 
 Data parallel: under torchrun (``WORLD_SIZE`` > 1) each process joins the
 process group (gloo on CPU, nccl on CUDA), the model is wrapped in
@@ -51,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import os
 import time
@@ -59,7 +61,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -67,18 +68,20 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import UsageError
-from ..io import write_text_atomic
-from ..models.gpt import GPT, GPTConfig
+from ..models.checkpoint import read_config as read_model_config
+from ..models.gpt import GPT
 from . import checkpoint as ckpt
 from . import shard
-from .batches import Batches, read_tokens, val_batches, write_tokens
+from .batches import Batches, val_batches
 from .config import TrainConfig, config_differences, learning_rate
-from .corpus import load_corpus
+from .interrupt import StopSignals, TrainingInterrupted
+from .pretrained import load_folder_weights
 from .progress import Progress, format_duration
-from .tokenizer import load_tokenizer_dir, train_tokenizer
+from .run_files import Metrics, batches_or_error, prepare_data, write_config
+from .sampling import sample_line
 from .world import World, restore_rng, rng_states, training_device
 
-__all__ = ["TrainResult", "train", "parameter_groups", "validation_loss", "VAL_SEED"]
+__all__ = ["TrainResult", "train", "check_model", "parameter_groups", "validation_loss", "VAL_SEED"]
 
 VAL_SEED = 1234  # the fixed validation batches
 _ADAM_EPS = 1e-8
@@ -93,9 +96,12 @@ class TrainResult:
         val_loss: validation loss (nats per token) after the last step.
         train_loss: language-model loss of the last step (nats per token).
         steps: optimizer steps completed (max_steps).
-        tokens_per_s: training tokens per second of this call (all ranks).
+        tokens_per_s: training tokens per second of this call (all ranks;
+            0 when it trained no step).
         model: the trained GPT (in eval mode, on the training device); a
             sharded run returns an unsharded copy on every rank.
+        start: the step this call started from (the checkpoint's when
+            resuming, else 0); ``steps - start`` steps were trained.
     """
 
     run_dir: Path
@@ -104,6 +110,7 @@ class TrainResult:
     steps: int
     tokens_per_s: float
     model: GPT
+    start: int = 0
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -120,63 +127,6 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
         if p.requires_grad:
             (decay if p.dim() >= 2 and id(p) not in embeddings else rest).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-
-
-# ------------------------------------------------------------------ data
-def _prepare_data(config: TrainConfig, run_dir: Path, world: World, resume: bool):
-    """(tokenizer, train tokens, val tokens); rank 0 builds and writes them on a fresh run."""
-    data = run_dir / "data"
-    if world.main and not resume:
-        corpus = load_corpus(config.data)
-        tokenizer = train_tokenizer(config.tokenizer, corpus.train, config.vocab_size)
-        splits = {
-            name: np.asarray(tokenizer.encode(text)) for name, text in (("train", corpus.train), ("val", corpus.val))
-        }
-        for name, ids in splits.items():
-            _batches_or_error(ids, config, name)  # refuse before anything is written
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir / "config.json", json.dumps(config.to_dict(), indent=2) + "\n")
-        tokenizer.save(run_dir / "tokenizer")
-        data.mkdir(exist_ok=True)
-        for name, ids in splits.items():
-            write_tokens(ids, data / f"{name}.bin")
-    world.barrier()
-    if world.main and resume:
-        write_text_atomic(run_dir / "config.json", json.dumps(config.to_dict(), indent=2) + "\n")
-    return load_tokenizer_dir(run_dir / "tokenizer"), read_tokens(data / "train.bin"), read_tokens(data / "val.bin")
-
-
-def _batches_or_error(tokens: np.ndarray, config: TrainConfig, split: str) -> Batches:
-    try:
-        return Batches(tokens, batch_size=config.batch_size, context_length=config.context_length, seed=config.seed)
-    except ValueError as e:
-        raise UsageError(f"{split} split of data={config.data!r}: {e}") from None
-
-
-# ------------------------------------------------------------------ metrics
-class _Metrics:
-    """``metrics.jsonl``, appended and flushed line by line (rank 0 only)."""
-
-    def __init__(self, path: Path, keep_through: int | None) -> None:
-        self.path = path
-        kept = []
-        if keep_through is not None and path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a kill
-                if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= keep_through:
-                    kept.append(line + "\n")
-        write_text_atomic(path, "".join(kept))  # what an uninterrupted run has at this step
-        self.file = open(path, "a", encoding="utf-8")
-
-    def write(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
 
 
 # ------------------------------------------------------------------ steps
@@ -222,10 +172,15 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
         UsageError: (a ValueError) batch_size not divisible by world_size *
             grad_accum, a split shorter than context_length + 1 tokens,
             ``resume`` without a checkpoint, a checkpoint of another config
-            (the message names the differing fields) or whose optimizer state
-            does not fit the model, a fresh run into a directory that holds
-            a checkpoint.
+            (the message names the differing fields), at a step beyond
+            max_steps, or whose optimizer state does not fit the model, a
+            fresh run into a directory that holds a checkpoint.
+        TypeError / ValueError: attention options the model refuses
+            (checked on the meta device before anything is written).
         OSError: unreadable data (see ``load_corpus``).
+        TrainingInterrupted: SIGINT or SIGTERM stopped the run
+            (``multihead.train.interrupt``): after a checkpoint of the step
+            it was in, or at once on a second signal.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -237,6 +192,8 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
         )
     run_dir = Path(config.out)
     state = _resume_state(config, run_dir, resume)
+    if state is None:
+        check_model(config)
     threads_before = torch.get_num_threads()
     threads = config.threads or max(1, (os.cpu_count() or 1) // world.local_size)
     torch.set_num_threads(threads)
@@ -273,7 +230,38 @@ def _resume_state(config: TrainConfig, run_dir: Path, resume: bool) -> ckpt.Trai
         raise UsageError(
             f"cannot resume {latest}: it was trained with another config, {{field: (saved, given)}} = {diff}"
         )
+    if config.max_steps < state.step:
+        raise UsageError(
+            f"cannot resume {latest} with max_steps={config.max_steps}: the checkpoint is at step {state.step}, "
+            f"and a resumed run goes on from there (max_steps >= {state.step})"
+        )
     return state
+
+
+def check_model(config: TrainConfig, vocab_size: int | None = None) -> None:
+    """Build the run's GPT on the meta device (no memory used), so the attention
+    kind and its options are checked before anything is written.
+
+    Args:
+        vocab_size: the tokenizer's (None: ``config.vocab_size``, else 256; the
+            vocabulary does not change what the options may be).
+
+    Raises:
+        TypeError / ValueError: the model's or the attention kind's refusal.
+    """
+    GPT(config.model_config(vocab_size or config.vocab_size or 256), device="meta")
+
+
+def _schedule_change(state: ckpt.TrainingState, config: TrainConfig) -> str | None:
+    """The line saying how a new max_steps moves the learning rate of the next step."""
+    if state.config.max_steps == config.max_steps or state.step >= config.max_steps:
+        return None
+    before, after = learning_rate(state.step, state.config), learning_rate(state.step, config)
+    return (
+        f"max_steps {state.config.max_steps} -> {config.max_steps} re-stretches the cosine schedule: the learning "
+        f"rate of step {state.step + 1} goes from {before:.3g} to {after:.3g} "
+        "(see 'Checkpoints and resume' in docs/training.md)"
+    )
 
 
 @dataclass
@@ -292,23 +280,28 @@ class _Setup:
 
 
 def _run(config, run_dir, state, world, device, progress) -> TrainResult:
-    tokenizer, train_tokens, val_tokens = _prepare_data(config, run_dir, world, state is not None)
-    batches = _batches_or_error(train_tokens, config, "train")
-    _batches_or_error(val_tokens, config, "val")
+    tokenizer, train_tokens, val_tokens = prepare_data(config, run_dir, world, state is not None)
+    batches = batches_or_error(train_tokens, config, "train")
+    batches_or_error(val_tokens, config, "val")
     val_sets = val_batches(val_tokens, batch_size=config.batch_size, context_length=config.context_length,
                            num_batches=config.eval_batches, seed=VAL_SEED)  # fmt: skip
     run = _setup(config, tokenizer.vocab_size, state, world, device)
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16,
                                  enabled=config.dtype == "bfloat16")  # fmt: skip
-    metrics = _Metrics(run_dir / "metrics.jsonl", run.start) if world.main else None
+    metrics = Metrics(run_dir / "metrics.jsonl", run.start) if world.main else None
     bar = Progress(config.max_steps, run.start, enabled=progress if world.main else False)
     _announce(bar, run, config, run_dir, train_tokens.size, world)
+    change = _schedule_change(state, config) if state is not None else None
+    if change:
+        bar.message(change)
+    stop = StopSignals(run_dir)
     tokens_per_step = config.batch_size * config.context_length
     train_time, log_time, log_tokens = 0.0, 0.0, 0
     val_loss: float | None = None
     train_loss = None
     run.model.train()
     try:
+        stop.__enter__()  # SIGINT / SIGTERM: finish the step, checkpoint, TrainingInterrupted
         for step in range(run.start, config.max_steps):
             t0 = time.perf_counter()
             lr, train_loss, aux_loss, grad_norm = _train_step(run, batches, step, config, world, device, autocast)
@@ -328,18 +321,30 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
                           "elapsed_s": run.elapsed_before + train_time}  # fmt: skip
                 metrics.write({**record, "val_loss": val_loss} if evaluate else record)
             bar.update(n, train_loss, tokens_per_s, val_loss=val_loss if evaluate else None, logged=logged)
+            if config.sample_every and (final or n % config.sample_every == 0):
+                bar.message(sample_line(run.model, tokenizer, val_tokens, n, device))
             if logged:
                 log_time, log_tokens = 0.0, 0
-            if final or n % config.checkpoint_every == 0:
+            saved = final or n % config.checkpoint_every == 0
+            if saved:
                 _save(run, run_dir, n, config, world, device, elapsed_s=run.elapsed_before + train_time)
+            signum = 0 if final else stop.agreed(world, device)  # the same on every rank
+            if signum:
+                if not saved:
+                    _save(run, run_dir, n, config, world, device, elapsed_s=run.elapsed_before + train_time)
+                raise TrainingInterrupted(signum, n, run_dir)
+        stop.restore()
         if val_loss is None:  # nothing left to train: a finished run resumed
             val_loss = validation_loss(run.model, val_sets, config, world, device, autocast)
     finally:
+        stop.restore()
         bar.close()
         if metrics is not None:
             metrics.close()
     speed = (config.max_steps - run.start) * tokens_per_step / train_time if train_time > 0 else 0.0
-    if world.main and progress is not False:
+    if world.main and progress is not False and run.start == config.max_steps:
+        bar.message(f"nothing to train: {run_dir} is already at step {run.start}; val loss {val_loss:.4f}")
+    elif world.main and progress is not False:
         bar.message(
             f"done: {config.max_steps} steps, val loss {val_loss:.4f}, {speed:,.0f} tok/s, "
             f"{format_duration(train_time)} -> {run_dir}"
@@ -349,21 +354,24 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
         run.optimizer.state.clear()
         model = shard.unsharded_copy(model, device)  # collective
     model.eval()
-    return TrainResult(run_dir, val_loss, train_loss, config.max_steps, speed, model)
+    return TrainResult(run_dir, val_loss, train_loss, config.max_steps, speed, model, run.start)
 
 
 def _setup(config: TrainConfig, vocab_size: int, state, world: World, device) -> _Setup:
     """The model (the checkpoint's weights when resuming), sharded or wrapped for
     several processes, its AdamW with the checkpoint's state, and the RNG state."""
     torch.manual_seed(config.seed)  # the same initial weights on every rank
-    gpt_config = GPTConfig.from_preset(
-        config.preset, vocab_size=vocab_size, context_length=config.context_length, attention=config.attention,
-        attention_options=dict(config.attention_options), dropout=config.dropout, mlp_dim=config.mlp_dim,
-    )  # fmt: skip
-    model = GPT(gpt_config, device=device)
-    sharded = config.shard and world.size > 1
-    if state is not None:
+    if state is not None:  # the checkpoint's model (an init_from run needs its folder no more)
+        try:
+            model = GPT(read_model_config(state.directory), device=device)
+        except (ValueError, OSError) as e:  # the user's damaged checkpoint
+            raise UsageError(f"cannot resume from {state.directory}: {e}") from e
         ckpt.load_model_weights(model, state.directory)  # the full weights, before any sharding
+    else:
+        model = GPT(config.model_config(vocab_size), device=device)
+        if config.init_from is not None:
+            load_folder_weights(model, config.init_from)
+    sharded = config.shard and world.size > 1
     if sharded:
         shard.shard_model(model, device, world.size)  # before the optimizer: its parameters become DTensors
     optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr,
@@ -396,7 +404,8 @@ def _announce(bar: Progress, run: _Setup, config: TrainConfig, run_dir: Path, to
         bar.message(f"resuming {run_dir} at step {run.start}")
         return
     bar.message(
-        f"training {run.model.num_parameters():,} parameters ({config.preset}, {config.attention}) on "
+        f"training {run.model.num_parameters():,} parameters "
+        f"({config.preset or 'from ' + str(config.init_from)}, {config.attention}) on "
         f"{tokens:,} tokens, {world.size} process(es){' sharded (FSDP2)' if run.sharded else ''}, "
         f"{torch.get_num_threads()} thread(s) each"
     )
@@ -440,6 +449,7 @@ def _save(run: _Setup, run_dir: Path, n: int, config: TrainConfig, world: World,
             run_dir, step=n, model=run.model, model_state=model_state, optimizer_state=optimizer_state,
             config=config, rng=rng, tokens_seen=run.tokens_seen, elapsed_s=elapsed_s, world_size=world.size,
         )  # fmt: skip
+        write_config(run_dir, config)  # config.json says what the latest checkpoint was trained with
     world.barrier()
 
 

@@ -289,11 +289,13 @@ class TalkingHeadsAttention(DCMHA):
     """
 
     kind = "talking_heads"
+    _FIXED = ("dynamic", "static", "residual", "rank", "dynamic_hidden_dim")  # DCMHA's, set here
+    refused_options = DCMHA.refused_options + _FIXED
 
     def __init__(self, embed_dim: int, num_heads: int, **options) -> None:
-        for name in ("dynamic", "static", "residual", "rank", "dynamic_hidden_dim"):
-            if name in options:
-                raise ValueError(f"talking_heads does not take {name}={options[name]!r} (use 'dcmha')")
+        fixed = {name: options[name] for name in self._FIXED if name in options}
+        if fixed:
+            raise TypeError(f"{type(self).__name__} does not take {', '.join(fixed)} (got {fixed}); use 'dcmha'")
         super().__init__(embed_dim, num_heads, dynamic=False, static=True, residual=False, **options)
 
 

@@ -45,6 +45,7 @@ class Slot:
     param: nn.Parameter
     gather: Callable[[torch.Tensor], torch.Tensor]  # a local tensor shaped like the param -> the full tensor
     distribute: Callable[[torch.Tensor], torch.Tensor]  # the full tensor -> this rank's part (the param's type)
+    share: torch.Tensor | None = None  # head shards: 1 / the ranks holding each local element (float64)
 
 
 def _head_slot(layer: AttentionLayer, name: str, param: nn.Parameter) -> Slot:
@@ -71,7 +72,9 @@ def _head_slot(layer: AttentionLayer, name: str, param: nn.Parameter) -> Slot:
                                       stride=param.stride(), run_check=False)  # fmt: skip
         return mine
 
-    return Slot(param, gather, distribute)
+    holders = torch.bincount(torch.cat([i.reshape(-1) for i in index]))
+    share = (1.0 / holders[index[rank].reshape(-1)].double()).view(index[rank].shape)
+    return Slot(param, gather, distribute, share)
 
 
 def _plain_slot(param: nn.Parameter) -> Slot:

@@ -149,8 +149,10 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
         raise UsageError(f"tensor_parallel={config.tensor_parallel} must divide the number of processes, {world.size}")
     copies = world.size // config.tensor_parallel  # data-parallel copies of the model
     if config.batch_size % (copies * config.grad_accum):
+        copies_text = "world_size" if config.tensor_parallel == 1 else (
+            f"the data-parallel copies (world_size {world.size} / tensor_parallel {config.tensor_parallel})")
         raise UsageError(
-            f"batch_size={config.batch_size} is not divisible by data-parallel copies * grad_accum = "
+            f"batch_size={config.batch_size} is not divisible by {copies_text} * grad_accum = "
             f"{copies} * {config.grad_accum} = {copies * config.grad_accum}"
         )
     run_dir = Path(config.out)

@@ -147,8 +147,8 @@ def one_process_group():
 
 def test_optimizer_state_round_trips_through_parameter_names(one_process_group):
     from multihead.models.gpt import GPT, GPTConfig
-    from multihead.train.loop import parameter_groups
     from multihead.train.shard import full_optimizer_state, load_full_optimizer_state, parameter_names, shard_model
+    from multihead.train.steps import parameter_groups
 
     def model_and_optimizer():
         torch.manual_seed(0)

@@ -125,6 +125,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("threads", int, "N", "CPU threads per process", "the machine's cores shared by its processes"),
     Flag("device", str, "auto|cpu|cuda", "where to train (auto: CUDA when available)"),
     Flag("shard", bool, "", "under torchrun, shard the model over the processes with FSDP2 instead of DDP"),
+    Flag("tensor_parallel", int, "N", "under torchrun, split every layer's heads over N processes (the rest: data parallel)"),
 )
 
 # Fields set by flags of another shape: --attention-option K=V (repeated).

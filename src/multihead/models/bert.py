@@ -350,6 +350,9 @@ class BertEncoder(nn.Module):
     others) added to the task loss by a plain training loop.
     """
 
+    # multihead.parallel: the feed-forward column- then row-parallel (attention is split by heads)
+    tensor_parallel_plan = {"layers.*.intermediate": "colwise", "layers.*.output": "rowwise"}
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         if not isinstance(config, BertConfig):

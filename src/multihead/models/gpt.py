@@ -350,6 +350,9 @@ class GPT(nn.Module):
     to that language-model loss.
     """
 
+    # multihead.parallel: the MLP column- then row-parallel (attention is split by heads)
+    tensor_parallel_plan = {"blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise"}
+
     def __init__(self, config: GPTConfig, *, device: torch.device | str | None = None, dtype=None) -> None:
         super().__init__()
         if not isinstance(config, GPTConfig):

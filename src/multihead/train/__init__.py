@@ -9,6 +9,7 @@ Files:
                      recomputable from (seed, step).
     config.py        the flat training configuration.
     loop.py          the training loop (evaluation, logging, resume).
+    steps.py         AdamW's parameter groups and the validation pass.
     run_files.py     the run directory's config.json, token files and metrics.jsonl.
     interrupt.py     SIGINT / SIGTERM: stop after the step, with a checkpoint.
     sampling.py      the greedy samples of ``--sample-every``.
@@ -16,6 +17,8 @@ Files:
     checkpoint.py    crash-safe training checkpoints.
     shard.py         FSDP2 for ``--shard``: sharding the model, full states
                      gathered for checkpoints and loaded back.
+    tensor_parallel.py  ``--tensor-parallel N``: heads split over N processes
+                     (``multihead.parallel``), data parallel across the rest.
     compare.py       ``multihead compare``: one run per attention kind and seed,
                      each in its own process (compare_plan.py: which models,
                      size-matched, and their costs; compare_report.py: the
@@ -29,7 +32,8 @@ from .compare import CompareConfig, compare
 from .config import TrainConfig, learning_rate
 from .corpus import Corpus, cache_dir, load_corpus, shakespeare_plays
 from .interrupt import TrainingInterrupted
-from .loop import TrainResult, parameter_groups, train
+from .loop import TrainResult, train
+from .steps import parameter_groups
 from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer_dir, train_tokenizer
 
 __all__ = [

@@ -34,10 +34,12 @@ __all__ = [
 # report and where to write, never what a step computes (``threads`` only
 # changes the order of float sums, as on another machine; ``shard`` only how
 # the processes hold the model, and its checkpoints are the full model in the
-# same format, so a run may switch between FSDP2 and DDP on resume).
+# same format, so a run may switch between FSDP2 and DDP on resume;
+# ``tensor_parallel`` likewise).
 RESUMABLE_CHANGES = frozenset(
-    {"max_steps", "eval_every", "log_every", "checkpoint_every", "sample_every", "out", "threads", "shard"}
-)
+    {"max_steps", "eval_every", "log_every", "checkpoint_every", "sample_every", "out", "threads", "shard",
+     "tensor_parallel"}
+)  # fmt: skip
 _TOKENIZERS = ("bytes", "bpe")
 _DTYPES = ("float32", "bfloat16")
 _DEVICES = ("auto", "cpu", "cuda")
@@ -123,6 +125,11 @@ class TrainConfig:
             the whole model either way, so there it changes nothing (as DDP
             is not used with one process either). Checkpoints hold the full
             model in the same format with and without it.
+        tensor_parallel: under torchrun, split every layer's heads (and
+            MLP) over this many processes (``multihead.parallel``); the
+            process count divided by it are data-parallel copies
+            (``multihead.train.tensor_parallel``). 1: none. Checkpoints hold
+            the full model either way.
 
     The defaults train the "mini" preset (4 layers, 128 wide, 0.8M
     parameters) at context 128 on the plays in bytes: 1600 steps of 32 x
@@ -133,7 +140,7 @@ class TrainConfig:
 
     A resumed run may change only the fields in ``RESUMABLE_CHANGES``
     (max_steps, eval_every, log_every, checkpoint_every, sample_every, out,
-    threads, shard).
+    threads, shard, tensor_parallel).
 
     Raises:
         TypeError / ValueError: a field of the wrong type or value; the
@@ -171,6 +178,7 @@ class TrainConfig:
     threads: int | None = None
     device: str = "auto"
     shard: bool = False
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.init_from is not None:
@@ -254,6 +262,7 @@ class TrainConfig:
             positive_int("threads", self.threads)
         if not isinstance(self.shard, bool):
             raise TypeError(f"shard must be a bool, got shard={self.shard!r} ({type(self.shard).__name__})")
+        positive_int("tensor_parallel", self.tensor_parallel)
 
     def _check_init_from(self) -> None:
         """What cannot go with ``init_from`` (the folder decides the model and tokenizer)."""

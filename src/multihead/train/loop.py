@@ -59,7 +59,6 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -80,6 +79,8 @@ from .pretrained import load_folder_weights
 from .progress import Progress, format_duration
 from .run_files import Metrics, batches_or_error, prepare_data, write_config
 from .sampling import sample_line
+from .steps import parameter_groups, validation_loss
+from .tensor_parallel import TensorSplit, check_split, split_model
 from .world import World, restore_rng, rng_states, training_device
 
 __all__ = ["TrainResult", "train", "check_model", "parameter_groups", "validation_loss", "VAL_SEED"]
@@ -114,47 +115,6 @@ class TrainResult:
     start: int = 0
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: [{"params": decayed, "weight_decay": weight_decay},
-    {"params": the rest, "weight_decay": 0.0}].
-
-    Decayed: parameters with 2 or more dimensions that are not embeddings
-    (``nn.Embedding`` weights, also when tied to the LM head). Not decayed:
-    biases, norm gains, 1-D gates, embeddings. Each tied tensor appears once.
-    """
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, rest = [], []
-    for p in model.parameters():  # tied tensors once
-        if p.requires_grad:
-            (decay if p.dim() >= 2 and id(p) not in embeddings else rest).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-
-
-# ------------------------------------------------------------------ steps
-def validation_loss(model: GPT, sets, config: TrainConfig, world: World, device, autocast) -> float:
-    """Mean LM loss (nats per token) over the fixed validation batches, rows
-    split over ranks, in eval mode under no_grad. Every rank runs the same
-    number of forwards (grad_accum per batch), as FSDP2's all-gathers need."""
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)  # (loss sum, token count)
-    rows = config.batch_size // world.size
-    chunk = rows // config.grad_accum
-    with torch.no_grad():
-        for x, y in sets:
-            x, y = x[world.rank * rows : (world.rank + 1) * rows], y[world.rank * rows : (world.rank + 1) * rows]
-            for i in range(0, rows, chunk):
-                xc, yc = x[i : i + chunk].to(device), y[i : i + chunk].to(device)
-                with autocast():
-                    logits = model(xc)  # (b, T, V)
-                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), yc.reshape(-1), reduction="sum")
-                total[0] += loss.double()
-                total[1] += yc.numel()
-    if world.size > 1:
-        dist.all_reduce(total)
-    model.train()
-    return float(total[0] / total[1])
-
-
 # ------------------------------------------------------------------ train
 def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = None) -> TrainResult:
     """Train a GPT as ``config`` says (see the module docstring for the step,
@@ -186,15 +146,30 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     world = World.from_env()
-    if config.batch_size % (world.size * config.grad_accum):
+    if world.size % config.tensor_parallel:
+        raise UsageError(f"tensor_parallel={config.tensor_parallel} must divide the number of processes, {world.size}")
+    copies = world.size // config.tensor_parallel  # data-parallel copies of the model
+    if config.batch_size % (copies * config.grad_accum):
+        copies_text = "world_size" if config.tensor_parallel == 1 else (
+            f"the data-parallel copies (world_size {world.size} / tensor_parallel {config.tensor_parallel})")
         raise UsageError(
-            f"batch_size={config.batch_size} is not divisible by world_size * grad_accum = "
-            f"{world.size} * {config.grad_accum} = {world.size * config.grad_accum}"
+            f"batch_size={config.batch_size} is not divisible by {copies_text} * grad_accum = "
+            f"{copies} * {config.grad_accum} = {copies * config.grad_accum}"
         )
     run_dir = Path(config.out)
     state = _resume_state(config, run_dir, resume)
+    model_config = config.model_config(config.vocab_size or 256) if state is None else None
     if state is None:
         check_model(config)
+    else:
+        try:
+            model_config = read_model_config(state.directory)
+        except (ValueError, OSError) as e:  # the user's damaged checkpoint
+            raise UsageError(f"cannot resume from {state.directory}: {e}") from e
+    try:
+        check_split(model_config, world.size, config.tensor_parallel, config.shard and world.size > 1)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     threads_before = torch.get_num_threads()
     threads = config.threads or max(1, (os.cpu_count() or 1) // world.local_size)
     torch.set_num_threads(threads)
@@ -275,6 +250,7 @@ class _Setup:
     optimizer: torch.optim.Optimizer
     params: list[torch.nn.Parameter]
     sharded: bool
+    split: TensorSplit | None = None  # tensor parallelism (config.tensor_parallel > 1)
     start: int = 0
     tokens_seen: int = 0
     elapsed_before: float = 0.0
@@ -313,7 +289,7 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
             final = n == config.max_steps
             evaluate = final or n % config.eval_every == 0
             if evaluate:
-                val_loss = validation_loss(run.model, val_sets, config, world, device, autocast)
+                val_loss = validation_loss(run.model, val_sets, config, world, device, autocast, _data(run, world))
             logged = evaluate or n % config.log_every == 0
             tokens_per_s = log_tokens / log_time if log_time > 0 else 0.0
             if logged and metrics is not None:
@@ -336,7 +312,7 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
                 raise TrainingInterrupted(signum, n, run_dir)
         stop.restore()
         if val_loss is None:  # nothing left to train: a finished run resumed
-            val_loss = validation_loss(run.model, val_sets, config, world, device, autocast)
+            val_loss = validation_loss(run.model, val_sets, config, world, device, autocast, _data(run, world))
     finally:
         stop.restore()
         bar.close()
@@ -354,6 +330,12 @@ def _run(config, run_dir, state, world, device, progress) -> TrainResult:
     if run.sharded:  # the AdamW state goes first: the full copy then needs 4 bytes per parameter
         run.optimizer.state.clear()
         model = shard.unsharded_copy(model, device)  # collective
+    elif run.split is not None:
+        run.optimizer.state.clear()
+        state = run.split.model_state(model)  # collective
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            model = GPT(model.config, device=device)
+        model.load_state_dict(state)
     model.eval()
     return TrainResult(run_dir, val_loss, train_loss, config.max_steps, speed, model, run.start)
 
@@ -375,22 +357,30 @@ def _setup(config: TrainConfig, vocab_size: int, state, world: World, device) ->
     sharded = config.shard and world.size > 1
     if sharded:
         shard.shard_model(model, device, world.size)  # before the optimizer: its parameters become DTensors
+    whole = [p for g in parameter_groups(model, config.weight_decay) for p in g["params"]]  # one-process order
+    if state is not None:
+        try:
+            ckpt.check_optimizer_shapes(state.optimizer, whole, str(state.directory))
+        except ValueError as e:  # the user's checkpoint; the message names it
+            raise UsageError(str(e)) from e
+    split = None
+    if config.tensor_parallel > 1:  # before the optimizer too: the split layers are new modules
+        split = split_model(model, parameter_groups(model, config.weight_decay), world.size,
+                            config.tensor_parallel, device)  # fmt: skip
     optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr,
                                   betas=(config.beta1, config.beta2), eps=_ADAM_EPS, fused=False)  # fmt: skip
     params = [p for g in optimizer.param_groups for p in g["params"]]
     torch.manual_seed(config.seed + 1 + world.rank)  # dropout and gate noise, per rank
     net: nn.Module = model
-    if world.size > 1 and not sharded:
+    if world.size > 1 and not sharded and split is None:
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    run = _Setup(model, net, optimizer, params, sharded)
+    run = _Setup(model, net, optimizer, params, sharded, split)
     if state is not None:
-        try:
-            ckpt.check_optimizer_shapes(state.optimizer, params, str(state.directory))
-        except ValueError as e:  # the user's checkpoint; the message names it
-            raise UsageError(str(e)) from e
         try:
             if sharded:
                 shard.load_full_optimizer_state(model, optimizer, state.optimizer)
+            elif split is not None:
+                split.load_optimizer_state(model, optimizer, state.optimizer)
             else:
                 optimizer.load_state_dict(state.optimizer)
         except (ValueError, KeyError) as e:
@@ -407,7 +397,8 @@ def _announce(bar: Progress, run: _Setup, config: TrainConfig, run_dir: Path, to
     bar.message(
         f"training {run.model.num_parameters():,} parameters "
         f"({config.preset or 'from ' + str(config.init_from)}, {config.attention}) on "
-        f"{tokens:,} tokens, {world.size} process(es){' sharded (FSDP2)' if run.sharded else ''}, "
+        f"{tokens:,} tokens, {world.size} process(es){' sharded (FSDP2)' if run.sharded else ''}"
+        f"{f' (heads split {run.split.mesh.size(1)} ways x {run.split.dp_size} data-parallel)' if run.split else ''}, "
         f"{torch.get_num_threads()} thread(s) each"
     )
 
@@ -419,10 +410,11 @@ def _train_step(run: _Setup, batches: Batches, step: int, config: TrainConfig, w
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     sums = torch.zeros(2, device=device)  # (LM loss, aux loss) summed over micro-batches
+    rank, size = _data(run, world)
     for micro in range(config.grad_accum):
-        x, y = batches.get(step, micro=micro, grad_accum=config.grad_accum, rank=world.rank, world_size=world.size)
+        x, y = batches.get(step, micro=micro, grad_accum=config.grad_accum, rank=rank, world_size=size)
         x, y = x.to(device), y.to(device)
-        with _gradient_sync(run.net, world, run.sharded, last=micro == config.grad_accum - 1):
+        with _gradient_sync(run.net, world, run.sharded, last=micro == config.grad_accum - 1 or run.split is not None):
             with autocast():
                 logits = run.net(x)  # (b, T, V)
                 lm = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -430,7 +422,12 @@ def _train_step(run: _Setup, batches: Batches, step: int, config: TrainConfig, w
             ((lm + aux) / config.grad_accum).backward()
         sums += torch.stack([lm.detach(), aux.detach()])
     clip = config.grad_clip if config.grad_clip > 0 else math.inf
-    grad_norm = shard.full_value(torch.nn.utils.clip_grad_norm_(run.params, clip))  # sharded: a DTensor
+    if run.split is not None:
+        run.split.sync_gradients(run.params)
+        grad_norm = run.split.clip_grad_norm(run.model, clip)
+        sums[1:] = run.split.whole(sums[1:])  # the aux loss of split heads: each rank holds its heads' part
+    else:
+        grad_norm = shard.full_value(torch.nn.utils.clip_grad_norm_(run.params, clip))  # sharded: a DTensor
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     losses = world.mean(sums / config.grad_accum)
@@ -440,11 +437,15 @@ def _train_step(run: _Setup, batches: Batches, step: int, config: TrainConfig, w
 def _save(run: _Setup, run_dir: Path, n: int, config: TrainConfig, world: World, device, *, elapsed_s: float) -> None:
     """The checkpoint after step n (collective: every rank calls it; rank 0 writes)."""
     rng = rng_states(world, device)
-    # sharded: the full states, gathered to rank 0 (collective)
-    model_state = shard.full_model_state(run.model) if run.sharded else None
-    optimizer_state = (
-        shard.full_optimizer_state(run.model, run.optimizer) if run.sharded else run.optimizer.state_dict()
-    )
+    # sharded or split: the full states, gathered (collective)
+    if run.split is not None:
+        model_state = run.split.model_state(run.model)
+        optimizer_state = run.split.optimizer_state(run.model, run.optimizer)
+    else:
+        model_state = shard.full_model_state(run.model) if run.sharded else None
+        optimizer_state = (
+            shard.full_optimizer_state(run.model, run.optimizer) if run.sharded else run.optimizer.state_dict()
+        )
     if world.main:
         ckpt.save_training_checkpoint(
             run_dir, step=n, model=run.model, model_state=model_state, optimizer_state=optimizer_state,
@@ -452,6 +453,11 @@ def _save(run: _Setup, run_dir: Path, n: int, config: TrainConfig, world: World,
         )  # fmt: skip
         write_config(run_dir, config)  # config.json says what the latest checkpoint was trained with
     world.barrier()
+
+
+def _data(run: _Setup, world: World) -> tuple[int, int]:
+    """(rank, size) of this process among the data-parallel copies (every process without tensor parallelism)."""
+    return (run.split.dp_rank, run.split.dp_size) if run.split is not None else (world.rank, world.size)
 
 
 def _gradient_sync(net: nn.Module, world: World, sharded: bool, *, last: bool):

@@ -1,0 +1,187 @@
+"""``multihead roofline``: where a GPT's prefill and decoding sit against this machine's limits.
+
+    multihead roofline --preset gpt2-small --context 1024
+    multihead roofline --attention gqa --attention-option num_kv_heads=4 --batch 8 --measure --out roof
+
+Prints, per phase, the FLOPs (projections / attention core / MLP / LM head),
+the bytes moved (weights / KV cache read / written / activations), the
+arithmetic intensity, the bound on this machine and the time floor;
+``--measure`` also times the real model (random weights) and prints how far
+each phase is from its floor. With ``--out DIR``: roofline.md, roofline.json
+and roofline.png. The machine's limits are measured on first use and cached
+(``multihead.tools.machine_limits``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..models.gpt import GPT_PRESETS
+from .checking import checking
+from .imports import add_import_argument, import_modules
+from .train import parse_attention_options
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="gpt2-small", help=f"GPT preset: {', '.join(GPT_PRESETS)} (default gpt2-small)")
+    parser.add_argument("--attention", default="mha", metavar="KIND", help="attention kind (default mha)")
+    parser.add_argument("--attention-option", dest="attention_option", action="append", metavar="K=V",
+                        help="option of the attention kind (V read as JSON when it parses); repeat for more")  # fmt: skip
+    parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences (default 1)")
+    parser.add_argument("--context", type=int, default=1024, metavar="T",
+                        help="prompt tokens of the prefill, cached tokens of the decode step (default 1024)")  # fmt: skip
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES), help="weights and activations (default float32)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda when available")
+    parser.add_argument("--measure", action="store_true", help="also time the real model (random weights)")
+    parser.add_argument("--remeasure-limits", action="store_true", help="measure the machine again instead of the cache")
+    parser.add_argument("--out", metavar="DIR", help="write roofline.md, roofline.json and roofline.png here")
+    add_import_argument(parser)
+
+
+@dataclass
+class Job:
+    config: object
+    label: str
+    batch: int
+    context: int
+    dtype: str
+    device: str
+    measure: bool
+    remeasure: bool
+    out: Path | None
+
+
+def prepare(args: argparse.Namespace) -> Job:
+    """Check every argument and build the config (nothing is measured or written).
+
+    Raises:
+        ValueError: unknown preset or kind, bad options, sizes, or a CUDA device that is not there.
+    """
+    import torch
+
+    from ..models.gpt import GPT, GPTConfig
+
+    import_modules(args.imports)
+    if args.preset not in GPT_PRESETS:
+        raise ValueError(f"--preset {args.preset!r}: unknown; valid: {', '.join(GPT_PRESETS)}")
+    options = parse_attention_options(args.attention_option)
+    config = GPTConfig.from_preset(args.preset, attention=args.attention, attention_options=options)
+    GPT(config, device="meta")  # the kind and its options, checked
+    for flag, value in (("--batch", args.batch), ("--context", args.context)):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if args.context + 1 > config.context_length:
+        raise ValueError(f"--context {args.context}: the decode step needs {args.context + 1} positions, "
+                         f"more than the preset's context_length {config.context_length}")  # fmt: skip
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA device")
+    out = None if args.out is None else Path(args.out)
+    if out is not None and out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    label = f"{args.preset}, {args.attention}{' ' + str(options) if options else ''}"
+    return Job(config, label, args.batch, args.context, args.dtype, device, args.measure, args.remeasure_limits, out)
+
+
+def measure(job: Job, repeats: int = 3) -> dict[str, float]:
+    """Best-of-``repeats`` seconds of one prefill forward and one decode step of the real model."""
+    import torch
+
+    from ..models.gpt import GPT
+
+    dtype = getattr(torch, job.dtype)
+    model = GPT(job.config, device=job.device, dtype=dtype).eval()
+    idx = torch.randint(0, job.config.vocab_size, (job.batch, job.context + 1), device=job.device)
+    caches = model.make_kv_caches(job.batch, job.context + 1)
+
+    def sync():
+        if job.device == "cuda":
+            torch.cuda.synchronize()
+
+    def best(fn) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    def decode_step():
+        for cache in caches:
+            cache.length = job.context  # the same step each time
+        model(idx[:, job.context :], kv_caches=caches)
+
+    with torch.no_grad():
+        prefill = best(lambda: model(idx[:, : job.context]))
+        for cache in caches:
+            cache.length = 0
+        model(idx[:, : job.context], kv_caches=caches)  # fill the cache once
+        decode = best(decode_step)
+    return {"prefill": prefill, "decode": decode}
+
+
+def _table(job: Job, costs, limits, measured) -> list[str]:
+    from ..tools.roofline import bound, floor_seconds
+
+    peak, bandwidth = limits.peak_flops[job.dtype], limits.bandwidth
+    lines = [
+        f"{job.label}: batch {job.batch}, context {job.context}, {job.dtype} on {limits.device} ({limits.threads} threads)",
+        f"machine (measured {limits.date}): {peak / 1e9:.1f} GFLOP/s {job.dtype} GEMM, {bandwidth / 1e9:.1f} GB/s copy; "
+        f"ridge point {peak / bandwidth:.1f} FLOP/byte",
+        "",
+        "| phase | GFLOP: proj / core / mlp / lm head | MB moved: weights / kv read / kv written / activations "
+        "| FLOP/byte | bound | floor ms |" + (" measured ms | floor / measured |" if measured else ""),
+        "|---|---|---|---|---|---|" + ("---|---|" if measured else ""),
+    ]
+    for name, c in costs.items():
+        f = " / ".join(f"{v / 1e9:.3g}" for v in c.flops.values())
+        b = " / ".join(f"{v / 1e6:.3g}" for v in c.bytes.values())
+        floor = floor_seconds(c, peak, bandwidth)
+        row = (f"| {name} | {c.total_flops / 1e9:.3g}: {f} | {c.total_bytes / 1e6:.4g}: {b} | {c.intensity:.3g} "
+               f"| {bound(c, peak, bandwidth)} | {floor * 1e3:.3g} |")  # fmt: skip
+        if measured:
+            row += f" {measured[name] * 1e3:.3g} | {floor / measured[name]:.2f} |"
+        lines.append(row)
+    kv = costs["decode"].kv_cache_bytes_per_token
+    lines += ["", f"KV cache: {kv:,} bytes per token of one sequence ({job.dtype}, all {job.config.num_layers} layers)"]
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    with checking():
+        job = prepare(args)
+    from ..io import write_text_atomic
+    from ..tools.machine_limits import machine_limits
+    from ..tools.roofline import phase_costs
+
+    nbytes = DTYPE_BYTES[job.dtype]
+    costs = phase_costs(job.config, batch=job.batch, context=job.context, bytes_per_element=nbytes)
+    print(f"measuring this machine's {job.dtype} GEMM peak and copy bandwidth (cached after the first time) ...",
+          flush=True)  # fmt: skip
+    limits = machine_limits(job.device, [job.dtype], remeasure=job.remeasure)
+    measured = measure(job) if job.measure else None
+    lines = _table(job, costs, limits, measured)
+    print("\n".join(lines))
+    if job.out is not None:
+        from ..tools.roofline_plot import plot_roofline
+
+        job.out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(job.out / "roofline.md", "\n".join(lines) + "\n")
+        record = {"model": job.label, "config": job.config.to_dict(), "batch": job.batch, "context": job.context,
+                  "dtype": job.dtype, "limits": asdict(limits), "measured_s": measured,
+                  "phases": {n: {**asdict(c), "intensity": c.intensity} for n, c in costs.items()}}  # fmt: skip
+        write_text_atomic(job.out / "roofline.json", json.dumps(record, indent=2) + "\n")
+        plot_roofline(job.out / "roofline.png", costs, limits, job.dtype, measured, title=lines[0])
+        print(f"wrote {job.out / 'roofline.md'}, roofline.json and roofline.png")
+    return 0

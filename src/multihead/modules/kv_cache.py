@@ -34,7 +34,6 @@ from .._checks import positive_int
 __all__ = ["KVCache", "DynamicKVCache"]
 
 
-
 class KVCache(nn.Module):
     """Preallocated keys and values for one attention layer.
 

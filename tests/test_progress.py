@@ -87,3 +87,14 @@ def test_a_piped_command_writes_lines_not_carriage_returns():
     lines = done.stderr.splitlines()
     assert "\r" not in done.stderr and len(lines) == 10 and max(map(len, lines)) < 80, done.stderr
     assert lines[-1].startswith("head importance 500/500 | " + "x" * 20)
+
+
+def test_a_unit_reported_again_gets_no_second_line():
+    """A display that polls (compare follows a run's metrics) repeats units; the log does not."""
+    log = io.StringIO()
+    bar = ProgressBar(4, desc="[1/2] mha seed 0", stream=log)
+    for n in (1, 1, 2, 4, 4, 4):
+        bar.update(n, "loss 1.0")
+    assert [line.split(" |")[0] for line in log.getvalue().splitlines()] == [
+        "[1/2] mha seed 0 1/4", "[1/2] mha seed 0 2/4", "[1/2] mha seed 0 4/4"
+    ]

@@ -71,6 +71,7 @@ COMMANDS = (
         "multihead compare                                   # every kind, 2 seeds, about 18 minutes",
         "multihead compare --attention mha,gqa,mqa --seeds 0 --max-steps 300 --out runs/compare",
         "multihead compare --quick --attention mha,moh --out /tmp/compare",
+        "multihead compare --attention mha,gqa --attention-option gqa:num_kv_heads=1 --max-steps 300 --out runs/mqa-as-gqa",
         "multihead compare --import mykinds --attention mha,my_kind --max-steps 300 --out runs/mine")),
     Command("convert", "convert a GPT checkpoint's attention to grouped-query attention (GQA/MQA)", (
         "multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini-mha --out runs/mini-gqa2",

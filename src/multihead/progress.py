@@ -7,7 +7,7 @@ A bar is drawn only when the stream is a terminal; anywhere else the display
 writes plain lines, each complete with its newline, so a log never holds one
 long line of carriage returns. Plain lines come at intervals: when another
 tenth of the total is done or ``LINE_SECONDS`` have passed since the last line,
-and at the last unit (a caller that knows better passes ``line=True/False``).
+and once at the last unit (a caller that knows better passes ``line=True/False``).
 The ETA is (time since the start) / (units done) x (units left).
 """
 
@@ -55,6 +55,7 @@ class ProgressBar:
         self.done = initial
         self._start = self._last_line = time.perf_counter()
         self._next_tenth = initial + max(1, total // 10)
+        self._lined = initial  # the last unit that got a plain line
         self._tqdm: Any = None
         self._rich: Any = None
         if enabled and getattr(self.stream, "isatty", lambda: False)():
@@ -111,8 +112,10 @@ class ProgressBar:
             return
         now = time.perf_counter()
         if line is None:
-            line = self.done >= self.total or self.done >= self._next_tenth or now - self._last_line >= LINE_SECONDS
+            moved = self.done != self._lined and (self.done >= self.total or self.done >= self._next_tenth)
+            line = moved or now - self._last_line >= LINE_SECONDS
         if line:
+            self._lined = self.done
             while self._next_tenth <= self.done:
                 self._next_tenth += max(1, self.total // 10)
             self._last_line = now

@@ -54,6 +54,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import UsageError
-from ..io import write_text_atomic
+from ..io import write_atomic, write_text_atomic
 from ..models.gpt import GPT, GPTConfig
 from . import checkpoint as ckpt
 from . import shard
@@ -123,15 +124,20 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
 
 
 # ------------------------------------------------------------------ data
-def _prepare_data(config: TrainConfig, run_dir: Path, world: World, resume: bool):
-    """(tokenizer, train tokens, val tokens); rank 0 builds and writes them on a fresh run."""
+def _prepare_data(config: TrainConfig, run_dir: Path, world: World, resume: bool, data_from: Path | None = None):
+    """(tokenizer, train tokens, val tokens); rank 0 builds and writes them on a fresh run
+    (``data_from``: links to the token files another run directory holds, see ``train``)."""
     data = run_dir / "data"
     if world.main and not resume:
-        corpus = load_corpus(config.data)
-        tokenizer = train_tokenizer(config.tokenizer, corpus.train, config.vocab_size)
-        splits = {
-            name: np.asarray(tokenizer.encode(text)) for name, text in (("train", corpus.train), ("val", corpus.val))
-        }
+        if data_from is None:
+            corpus = load_corpus(config.data)
+            tokenizer = train_tokenizer(config.tokenizer, corpus.train, config.vocab_size)
+            splits = {
+                name: np.asarray(tokenizer.encode(text)) for name, text in (("train", corpus.train), ("val", corpus.val))
+            }
+        else:
+            tokenizer = load_tokenizer_dir(data_from / "tokenizer")
+            splits = {name: read_tokens(data_from / "data" / f"{name}.bin") for name in ("train", "val")}
         for name, ids in splits.items():
             _batches_or_error(ids, config, name)  # refuse before anything is written
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -139,11 +145,27 @@ def _prepare_data(config: TrainConfig, run_dir: Path, world: World, resume: bool
         tokenizer.save(run_dir / "tokenizer")
         data.mkdir(exist_ok=True)
         for name, ids in splits.items():
-            write_tokens(ids, data / f"{name}.bin")
+            if data_from is None:
+                write_tokens(ids, data / f"{name}.bin")
+            else:
+                _link_file(data_from / "data" / f"{name}.bin", data / f"{name}.bin")
     world.barrier()
     if world.main and resume:
         write_text_atomic(run_dir / "config.json", json.dumps(config.to_dict(), indent=2) + "\n")
     return load_tokenizer_dir(run_dir / "tokenizer"), read_tokens(data / "train.bin"), read_tokens(data / "val.bin")
+
+
+def _link_file(source: Path, target: Path) -> None:
+    """``target`` becomes a hard link to ``source`` (one copy on disk), replaced atomically;
+    a copy where the file system has no hard links."""
+    staged = target.with_name(f".{target.name}.{os.getpid()}.link")
+    staged.unlink(missing_ok=True)
+    try:
+        os.link(source, staged)
+    except OSError:
+        write_atomic(target, lambda path: shutil.copyfile(source, path))
+        return
+    os.replace(staged, target)
 
 
 def _batches_or_error(tokens: np.ndarray, config: TrainConfig, split: str) -> Batches:
@@ -205,7 +227,9 @@ def validation_loss(model: GPT, sets, config: TrainConfig, world: World, device,
 
 
 # ------------------------------------------------------------------ train
-def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = None) -> TrainResult:
+def train(
+    config: TrainConfig, *, resume: bool = False, progress: bool | None = None, data_from: str | Path | None = None
+) -> TrainResult:
     """Train a GPT as ``config`` says (see the module docstring for the step,
     the run directory and data parallelism).
 
@@ -214,6 +238,10 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
         resume: continue the run in ``config.out`` from its latest checkpoint.
         progress: False silences the progress bar and lines; None/True show
             them on stderr (rank 0 only).
+        data_from: a directory holding ``tokenizer/`` and ``data/{train,val}.bin``
+            made from this config's data, tokenizer and vocab_size (``multihead
+            compare`` tokenizes once for all its runs): a fresh run links its
+            token files to those instead of tokenizing the corpus again.
 
     Returns:
         a :class:`TrainResult`.
@@ -246,7 +274,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
         if world.size > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
             owns_group = True
-        return _run(config, run_dir, state, world, device, progress)
+        return _run(config, run_dir, state, world, device, progress, None if data_from is None else Path(data_from))
     finally:
         if owns_group:
             dist.destroy_process_group()
@@ -291,8 +319,8 @@ class _Setup:
     elapsed_before: float = 0.0
 
 
-def _run(config, run_dir, state, world, device, progress) -> TrainResult:
-    tokenizer, train_tokens, val_tokens = _prepare_data(config, run_dir, world, state is not None)
+def _run(config, run_dir, state, world, device, progress, data_from=None) -> TrainResult:
+    tokenizer, train_tokens, val_tokens = _prepare_data(config, run_dir, world, state is not None, data_from)
     batches = _batches_or_error(train_tokens, config, "train")
     _batches_or_error(val_tokens, config, "val")
     val_sets = val_batches(val_tokens, batch_size=config.batch_size, context_length=config.context_length,

@@ -79,6 +79,10 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in config.items() if k != "out"}))
 
 
+def _shown(value: Any) -> str:
+    return "unset" if value is None else repr(value)
+
+
 def check_continuation(out: Path, config: dict[str, Any], run_dirs: list[Path]) -> int | None:
     """The steps per run of the comparison ``out`` already holds when it was asked with the
     same ``config`` (this command continues it), else None (a fresh comparison).
@@ -92,9 +96,10 @@ def check_continuation(out: Path, config: dict[str, Any], run_dirs: list[Path]) 
         saved = read_json_file(state)
         if _comparable(saved.get("config", {})) != _comparable(config):
             given, old = _comparable(config), _comparable(saved.get("config", {}))
-            diff = {k: (old.get(k), given.get(k)) for k in sorted({*given, *old}) if old.get(k) != given.get(k)}
+            diff = "; ".join(f"{k}: {_shown(old.get(k))} there, {_shown(given.get(k))} here"
+                             for k in sorted({*given, *old}) if old.get(k) != given.get(k))  # fmt: skip
             raise UsageError(
-                f"--out {out} holds another comparison, {{field: (saved, given)}} = {diff}; continue it with "
+                f"--out {out} holds another comparison ({diff}); continue it with "
                 f"its own flags ({saved.get('command', 'see ' + str(state))}) or choose another --out"
             )
         return int(saved["steps"])

@@ -99,7 +99,8 @@ class CompareConfig:
         if not self.kinds or not self.seeds:
             raise ValueError(f"compare needs kinds and seeds, got kinds={self.kinds}, seeds={self.seeds}")
         if self.max_steps is None and not (isinstance(self.budget_minutes, (int, float)) and self.budget_minutes > 0):
-            raise ValueError(f"budget_minutes must be > 0, got budget_minutes={self.budget_minutes!r}")
+            given = "unset" if self.budget_minutes is None else repr(self.budget_minutes)
+            raise ValueError(f"without max_steps, budget_minutes must be a number > 0, got budget_minutes {given}")
         unknown = sorted(set(self.attention_options) - set(self.kinds))
         if unknown:
             raise ValueError(f"attention_options name kinds {unknown} that are not compared (kinds={list(self.kinds)})")

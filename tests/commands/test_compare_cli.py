@@ -153,3 +153,21 @@ def test_help_states_the_comparison_defaults(capsys):
                           ("--seeds S,S", "0,1"), ("--budget-minutes M", "18.0")):  # fmt: skip
         assert re.search(re.escape(flag) + r"(?:(?! --[a-z]).)*?\(default " + re.escape(default), text), (flag, default)
     assert "--attention-option KIND:K=V" in text and "--mlp-dim" not in text and "--shard" not in text
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
+def test_ctrl_c_before_any_run_finished_says_so_and_exits_130(tmp_path):
+    data, out = _text(tmp_path / "text.txt"), tmp_path / "cmp"
+    argv = ["compare", "--quick", "--attention", "mha", "--data", str(data), "--out", str(out)]
+    parent = subprocess.Popen([sys.executable, "-m", "multihead", *argv], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (out / "mha-seed0.log").exists() and parent.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    parent.send_signal(signal.SIGINT)
+    _, err = parent.communicate(timeout=120)
+    assert parent.returncode == 130, err
+    assert err.splitlines()[-1] == (f"multihead compare: stopped by SIGINT; no run had finished in {out}; "
+                                    f"continue with: multihead {' '.join(argv)}")  # fmt: skip
+    assert "Traceback" not in err and _running(out / "mha-seed0" / "compare-run.json") == []
+    assert not (out / "compare.json").exists() and not (out / "mha-seed0" / "compare-result.json").exists()

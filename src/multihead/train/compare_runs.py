@@ -57,22 +57,35 @@ class Interrupted(Exception):
         super().__init__(f"stopped by {self.name}")
 
 
+_held: dict[str, Any] = {"holding": False, "signum": None}  # a signal that arrived while a child was being started
+
+
+def _raise(signum, frame):
+    if _held["holding"]:
+        _held["signum"] = signum
+        return
+    raise Interrupted(signum)
+
+
 @contextmanager
 def interruptible() -> Iterator[None]:
     """SIGINT and SIGTERM raise :class:`Interrupted` inside (main thread only; elsewhere nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def _raise(signum, frame):
-        raise Interrupted(signum)
-
     before = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+def _raise_held() -> None:
+    """Stop holding signals; raise :class:`Interrupted` for one that arrived meanwhile."""
+    signum, _held["holding"], _held["signum"] = _held["signum"], False, None
+    if signum is not None:
+        raise Interrupted(signum)
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -207,8 +220,16 @@ def train_run(
     code = "import sys; from multihead.train.compare_runs import run_child; run_child(sys.argv[1], sys.argv[2:])"
     log = run_dir.with_suffix(".log")
     with open(log, "a" if resume else "w", encoding="utf-8") as f:
-        child = subprocess.Popen([sys.executable, "-c", code, str(spec), *imports], stdout=f, stderr=subprocess.STDOUT)
+        # a signal while the child starts is held until the child is known to the `try` that stops it
+        _held["holding"], _held["signum"] = True, None
         try:
+            child = subprocess.Popen([sys.executable, "-c", code, str(spec), *imports], stdout=f,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
+        except BaseException:
+            _held["holding"] = False
+            raise
+        try:
+            _raise_held()
             while True:
                 pid, status, usage = os.wait4(child.pid, os.WNOHANG)
                 if pid:
@@ -236,12 +257,18 @@ def train_run(
 def run_child(spec: str, imports: list[str] | tuple[str, ...] = ()) -> None:
     """The child process of one run: import ``imports`` (the parent's ``--import``
     modules; ``python -c`` searches the current folder first, as the parent
-    did), train with progress lines into its log, and record the CUDA peak when there is one."""
+    did), train with progress lines into its log, and record the CUDA peak when there is one.
+
+    A Ctrl-C on the terminal reaches the whole process group; the child ignores
+    it and ends when the parent stops it (SIGTERM), so one process decides.
+    """
     import importlib
 
     import torch
 
     from .loop import train
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     for name in imports:
         importlib.import_module(name)

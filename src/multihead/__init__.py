@@ -23,35 +23,59 @@ The public API on one screen:
                            folder (docs/export.md)
 * ``UsageError``           a user's mistake (a ValueError), which the
                            ``multihead`` command prints as one line
+
+Each name is imported on first use, so ``import multihead`` alone imports
+neither torch nor anything else heavy; the kinds of installed packages
+(entry points "multihead.attention_kinds") are loaded with
+``multihead.modules``, which every model and ``build_attention`` import.
 """
 
-from . import convert, functional, models, reference, textbook, tools
-from .errors import UsageError
-from .functional import attention
-from .modules import (
-    DCMHA,
-    AttentionLayer,
-    CollaborativeAttention,
-    GatedHeadAttention,
-    MoHAttention,
-    MultiHeadAttention,
-    OverlappingHeadAttention,
-    TalkingHeadsAttention,
-)
-from .modules.compat.torch_nn import TorchMultiheadAttention
-from .modules.kv_cache import KVCache
-from .modules.registry import (
-    attention_class,
-    build_attention,
-    kind_options,
-    list_attention_kinds,
-    load_entry_point_kinds,
-    register_attention,
-)
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-load_entry_point_kinds()  # kinds of installed packages (entry-point group "multihead.attention_kinds")
+# Every public name is imported on first use (PEP 562), so ``import multihead``
+# and ``multihead --help`` do not pay for torch until a name needs it.
+_SUBMODULES = ("convert", "functional", "models", "reference", "textbook", "tools")
+_NAMES = {
+    "attention": "functional",
+    "UsageError": "errors",
+    "AttentionLayer": "modules",
+    "MultiHeadAttention": "modules",
+    "MoHAttention": "modules",
+    "DCMHA": "modules",
+    "TalkingHeadsAttention": "modules",
+    "OverlappingHeadAttention": "modules",
+    "CollaborativeAttention": "modules",
+    "GatedHeadAttention": "modules",
+    "KVCache": "modules",
+    "TorchMultiheadAttention": "modules",
+    "build_attention": "modules.registry",
+    "list_attention_kinds": "modules.registry",
+    "attention_class": "modules.registry",
+    "register_attention": "modules.registry",
+    "load_entry_point_kinds": "modules.registry",
+    "kind_options": "modules.registry",
+}
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _NAMES:
+        if _NAMES[name].startswith("modules"):  # registers every kind, then those of entry points
+            importlib.import_module(f"{__name__}.modules")
+        value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES, *_NAMES})
+
 
 __all__ = [
     "attention",

@@ -1,27 +1,26 @@
 """The ``multihead`` command: a table of subcommands, each a module of ``multihead.commands``
-with ``add_arguments(parser)`` (flags, description) and ``run(args) -> int``.
+with ``add_arguments(parser)`` (flags, description) and ``run(args) -> int``, imported only
+when it runs (``multihead --help`` and ``--version`` import no torch).
 
-A user mistake is one line on stderr, ``multihead <command>: error: ...``, and exit status 2
-(argparse's own errors print the subcommand's usage above it); ``--debug`` adds the traceback.
-A bug (any other exception during the work, ``commands.checking``) prints its traceback, then
-a line saying it is a bug in multihead and how to report it, and exits with status 1.
+A user mistake, argparse's included, is one line on stderr, ``multihead <command>: error:
+...`` (argparse's end with ``see 'multihead <command> --help'``), and exit status 2;
+``--debug`` adds the traceback. A bug (any other exception during the work,
+``commands.checking``) prints its traceback and a line saying it is a bug in multihead
+and how to report it, and exits with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import platform
 import sys
 import traceback
 from dataclasses import dataclass
 from types import ModuleType
 
-import torch
-
 from . import __version__
-from .commands import compare, convert, export, generate, inspect, prune, textbook, train
 from .commands.checking import environment_error, one_line
-from .commands.train import is_rank_zero
 from .errors import UsageError
 
 __all__ = ["Command", "COMMANDS", "main", "build_parser"]
@@ -29,18 +28,21 @@ __all__ = ["Command", "COMMANDS", "main", "build_parser"]
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: ``module`` has ``add_arguments(parser)`` and ``run(args) -> int``."""
+    """One subcommand; its ``module``, imported on first use, has ``add_arguments`` and ``run``."""
 
     name: str
-    module: ModuleType
     help: str
     examples: tuple[str, ...]  # the first one also goes on ``multihead --help``
 
+    @property
+    def module(self) -> ModuleType:
+        return importlib.import_module(f"{__package__}.commands.{self.name}")
+
 
 COMMANDS = (
-    Command("textbook", textbook, "rebuild the textbook classes with the book's seeds and compare with its numbers", (
+    Command("textbook", "rebuild the textbook classes with the book's seeds and compare with its numbers", (
         "multihead textbook", "multihead textbook --tolerance 1e-7")),
-    Command("inspect", inspect, "show what every head of a real model attends to (table, HTML, PNG, JSON)", (
+    Command("inspect", "show what every head of a real model attends to (table, HTML, PNG, JSON)", (
         'multihead inspect "The law will never be perfect, but its application should be just."',
         'multihead inspect "Its application should be just." --layer 2 --out law-heads',
         "multihead generate --preset tiny --seed 0 --save-init tiny-init",
@@ -48,14 +50,14 @@ COMMANDS = (
         'multihead inspect "To be, or not to be" --checkpoint tiny-init --importance',
         'multihead inspect "The cat sat on the mat." --hf path/to/hf-model-folder --importance',
         'multihead inspect "To be, or not to be" --import mykinds --checkpoint runs/mine')),
-    Command("generate", generate, "sample text from a GPT preset (fresh weights) or a saved checkpoint", (
+    Command("generate", "sample text from a GPT preset (fresh weights) or a saved checkpoint", (
         "multihead generate --preset tiny --max-new-tokens 5 --seed 0",
         'multihead generate --preset mini --prompt "To be, or not" --temperature 0.8 --top-k 40 --seed 1',
         "multihead generate --preset tiny --seed 0 --save-init tiny-init",
         'multihead generate --checkpoint tiny-init --prompt "Hello" --max-new-tokens 20 --top-p 0.9 --seed 0',
         'multihead generate --checkpoint tiny-init "To be" --max-new-tokens 20 --temperature 0',
         'multihead generate --import mykinds --checkpoint tiny-init "To be" --max-new-tokens 5')),
-    Command("train", train, "train a GPT (any attention kind) on Shakespeare or a text file, with checkpoints and resume", (
+    Command("train", "train a GPT (any attention kind) on Shakespeare or a text file, with checkpoints and resume", (
         "multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny",
         "multihead train",
         'multihead generate --checkpoint runs/tiny "To be"',
@@ -64,20 +66,23 @@ COMMANDS = (
         "multihead train --attention gqa --attention-option num_kv_heads=2 --out runs/gqa",
         "multihead train --import mykinds --attention my_kind --out runs/mine",
         "torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --out runs/ddp",
-        "torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --shard --out runs/fsdp")),
-    Command("compare", compare, "train one GPT per attention kind on the same data and budget; table, JSON and plot", (
+        "torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --shard --out runs/fsdp",
+        "torchrun --nproc-per-node 2 -m multihead train --tensor-parallel 2 --out runs/tp")),
+    Command("compare", "train one GPT per attention kind on the same data and budget; table, JSON and plot", (
         "multihead compare                                   # every kind, 2 seeds, about 18 minutes",
         "multihead compare --attention mha,gqa,mqa --seeds 0 --max-steps 300 --out runs/compare",
         "multihead compare --quick --attention mha,moh --out /tmp/compare",
+        "multihead compare --attention mha,gqa --attention-option gqa:num_kv_heads=1 --max-steps 300 --out runs/mqa-as-gqa",
         "multihead compare --import mykinds --attention mha,my_kind --max-steps 300 --out runs/mine")),
-    Command("convert", convert, "convert a GPT checkpoint's attention to grouped-query attention (GQA/MQA)", (
+    Command("convert", "convert the attention of MiniLM, a GPT checkpoint or a HF BERT/GPT-2 to GQA or MQA", (
         "multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini-mha --out runs/mini-gqa2",
+        "multihead convert --to mqa --model minilm-l6 --out minilm-mqa",
         "multihead convert --to gqa --num-kv-heads 2 --method aligned --checkpoint runs/mini-mha --out runs/mini-gqa2a",
         "multihead convert --to gqa --num-kv-heads 1 --method aligned --checkpoint tiny-init "
         "--calibration-data a.txt --out mqa",
         'multihead generate --checkpoint runs/mini-gqa2 "To be"',
         "multihead convert --import mykinds --to gqa --num-kv-heads 1 --checkpoint runs/mine --out runs/mine-mqa")),
-    Command("prune", prune, "remove the least important attention heads of MiniLM, a GPT checkpoint or a HF BERT/GPT-2", (
+    Command("prune", "remove the least important attention heads of MiniLM, a GPT checkpoint or a HF BERT/GPT-2", (
         "multihead prune --model minilm-l6 --method ablation --keep 0.5 --out minilm-half",
         "multihead prune --model minilm-l6 --method gradient --keep 0.75 --calibration-lines 1024 --out minilm-75",
         "multihead prune --checkpoint runs/mini-mha --method gradient --keep 0.5 --out runs/mini-pruned",
@@ -85,7 +90,13 @@ COMMANDS = (
         "multihead prune --hf path/to/hf-bert-or-gpt2 --method gradient --keep 0.5 --out pruned",
         'multihead generate --checkpoint runs/mini-pruned "To be"',
         "multihead prune --import mykinds --checkpoint runs/mine --method gradient --keep 0.5 --out runs/mine-pruned")),
-    Command("export", export, "write a GPT or MiniLM as a Hugging Face folder that transformers loads", ("multihead export --checkpoint runs/tiny --hf tiny-hf", "multihead export --model minilm-l6 --hf minilm-hf", 'multihead generate --hf tiny-hf "To be"')))  # fmt: skip
+    Command("export", "write a GPT or MiniLM as a Hugging Face folder that transformers loads", (
+        "multihead export --checkpoint runs/tiny --hf tiny-hf", "multihead export --model minilm-l6 --hf minilm-hf",
+        'multihead generate --hf tiny-hf "To be"')),
+    Command("roofline", "where a GPT's prefill and decoding sit against this machine's measured limits", (
+        "multihead roofline --preset gpt2-small --context 1024",
+        "multihead roofline --attention gqa --attention-option num_kv_heads=4 --batch 8 --measure --out roof")),
+)  # fmt: skip
 
 _BUG = ("multihead: this is a bug in multihead {0} (torch {1}, Python {2}), not a mistake of yours: please report "
         "it to the multihead maintainers with the command line and the traceback above")
@@ -96,17 +107,24 @@ def _epilog(examples) -> str:
     return "examples:\n" + "\n".join(f"  {line}" for line in examples)
 
 
-def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The ``multihead`` parser and the parser of each subcommand, by name."""
-    parser = argparse.ArgumentParser(prog="multihead", epilog=_epilog(c.examples[0] for c in COMMANDS),
-                                     description="Multi-head attention: reference, modules, variants and head tools.",
-                                     formatter_class=_RAW)  # fmt: skip
+class _Parser(argparse.ArgumentParser):
+    """argparse's own mistakes as one line that says where to look (no usage above it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
+def _parsers(load=None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``multihead`` parser and each subcommand's, by name (with flags: those in ``load``, None: all)."""
+    parser = _Parser(prog="multihead", epilog=_epilog(c.examples[0] for c in COMMANDS), formatter_class=_RAW,
+                     description="Multi-head attention: reference, modules, variants and head tools.")  # fmt: skip
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of a mistake too")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subs = {c.name: sub.add_parser(c.name, help=c.help, epilog=_epilog(c.examples), formatter_class=_RAW) for c in COMMANDS}
     for command in COMMANDS:
-        command.module.add_arguments(subs[command.name])
+        if load is None or command.name in load:
+            command.module.add_arguments(subs[command.name])
     return parser, subs
 
 
@@ -123,12 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         SystemExit: 2 after a user mistake, 0 after ``--help`` or ``--version``.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser, subs = _parsers()
+    parser, subs = _parsers(load=[next((a for a in argv if not a.startswith("-")), "")])
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
-        if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        parser.error(f"choose a command: {', '.join(subs)} ('multihead COMMAND --help' shows its options)")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}" if extra else f"choose a command: {', '.join(subs)}")
     sub = subs[args.command]
     if extra:
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -138,12 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if not (isinstance(e, UsageError) or environment_error(e)):
             traceback.print_exc()
-            print(_BUG.format(__version__, torch.__version__, platform.python_version()), file=sys.stderr)
+            torch = getattr(sys.modules.get("torch"), "__version__", "not imported")
+            print(_BUG.format(__version__, torch, platform.python_version()), file=sys.stderr)
             return 1
         if args.debug:
             traceback.print_exc()
         # Under torchrun every process meets the same mistake: rank 0 says it once.
-        sub.exit(2, f"{sub.prog}: error: {one_line(e)}\n" if is_rank_zero() else None)
+        rank_zero = importlib.import_module(f"{__package__}.commands.train").is_rank_zero()
+        sub.exit(2, f"{sub.prog}: error: {one_line(e)}\n" if rank_zero else None)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from .kinds import (
 )
 from .kv_cache import KVCache
 from .norms import QKNorm
+from .registry import load_entry_point_kinds
 from .rope import Rotary
 
 __all__ = [
@@ -37,3 +38,5 @@ __all__ = [
     "QKNorm",
     "Rotary",
 ]
+
+load_entry_point_kinds()  # kinds of installed packages (entry-point group "multihead.attention_kinds")

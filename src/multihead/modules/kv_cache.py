@@ -15,7 +15,8 @@ attributes of an ``nn.Module`` as constants and would recompile at every new
 length (and fail once ``torch._dynamo.config.recompile_limit`` is reached
 under ``fullgraph=True``); ``length`` is therefore read inside the graph as an
 unspecialised int (``torch._dynamo.patch_dynamo_config(
-allow_unspec_int_on_nn_module=True)`` around the read). The first new length
+allow_unspec_int_on_nn_module=True)`` around the read, applied when the
+first cache is built). The first new length
 recompiles once; automatic dynamic shapes then make it symbolic, so one graph
 serves every later step (two compiles in all; one more for a call that fills
 the cache to ``max_len`` exactly, where the view of the whole buffer is
@@ -31,11 +32,6 @@ from torch import nn
 from .._checks import positive_int
 
 __all__ = ["KVCache", "DynamicKVCache"]
-
-# Traceable config patch (recent torch); without it the length is a
-# constant to dynamo and every new length recompiles.
-_patch = getattr(torch._dynamo, "patch_dynamo_config", None)
-_unspecialised = (lambda f: f) if _patch is None else _patch(allow_unspec_int_on_nn_module=True)
 
 
 class KVCache(nn.Module):
@@ -76,6 +72,7 @@ class KVCache(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        _patch_traced_length()
         B = positive_int("batch_size", batch_size)
         G = positive_int("num_kv_heads", num_kv_heads)
         S = positive_int("max_len", max_len)
@@ -101,11 +98,6 @@ class KVCache(nn.Module):
             self._length = value
         else:
             self.__dict__["_length"] = value  # a plain int: skip nn.Module.__setattr__'s lookups
-
-    @_unspecialised
-    def _traced_length(self) -> int:
-        # `+ 0` makes dynamo wrap the attribute here, under the patched config.
-        return self._length + 0
 
     @property
     def batch_size(self) -> int:
@@ -208,3 +200,25 @@ class DynamicKVCache(KVCache):
         k_all, v_all = super().update(k, v)
         self.kw[:, start : self.length] = kw.detach()
         return k_all, v_all, self.kw[:, : self.length]
+
+
+def _length_plus_zero(cache: KVCache) -> int:
+    # `+ 0` makes dynamo wrap the attribute here, under the patched config.
+    return cache._length + 0
+
+
+def _patch_traced_length() -> None:
+    """Give ``KVCache._traced_length`` dynamo's traceable config patch (recent torch;
+    without it the length is a constant to dynamo and every new length recompiles).
+
+    Done when the first cache is built, not at import: importing torch._dynamo
+    takes about a second, which ``import multihead`` should not pay.
+    """
+    if "_traced_length" in KVCache.__dict__:
+        return
+    import torch._dynamo
+
+    patch = getattr(torch._dynamo, "patch_dynamo_config", None)
+    KVCache._traced_length = _length_plus_zero if patch is None else patch(allow_unspec_int_on_nn_module=True)(
+        _length_plus_zero
+    )

@@ -33,8 +33,9 @@ modules with :func:`total_aux_loss`; a training loop adds
 
 Kinds register themselves with ``@register_attention(name)`` in their own
 module, and that is the only way a name enters the registry: importing
-``multihead`` imports every kind's module (``multihead.modules``), so every
-kind is registered before anything can be built. An unknown name raises
+``multihead.modules`` (which ``multihead.build_attention`` and every model
+import) imports every kind's module, so every kind is registered before
+anything can be built. An unknown name raises
 ValueError listing the known ones; a name registered twice is refused.
 
 A kind's options are the keyword parameters of its builder and class
@@ -53,8 +54,9 @@ class it builds (``@register_attention("gqa", MultiHeadAttention)``), so
 
 Kinds from outside the package: a distribution that declares an entry point
 in the group ``multihead.attention_kinds`` (any name, pointing at a module)
-has that module imported when ``multihead`` is imported
-(:func:`load_entry_point_kinds`); the module registers its kinds as above.
+has that module imported when ``multihead.modules`` is imported (every model,
+``multihead.build_attention`` and the commands import it;
+:func:`load_entry_point_kinds`); the module registers its kinds as above.
 """
 
 from __future__ import annotations

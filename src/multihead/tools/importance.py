@@ -89,9 +89,9 @@ import torch
 from torch import nn
 
 from ..modules.base import AttentionLayer
+from ..progress import progress_bar
 from .gate_importance import GateTraining, gate_sweep
 from .heads import eval_mode, mask_heads
-from .progress import progress_bar
 from .scoring import check_all_ran, check_scalar_loss, score_table, scored_inputs
 
 __all__ = ["head_importance", "METHODS", "NORMALIZATIONS", "ABSOLUTE_MODES"]

@@ -41,11 +41,11 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from ..progress import progress_bar
 from ..train.config import TrainConfig, learning_rate
 from ..train.loop import parameter_groups
 from .distill import OBJECTIVES, check_objective, divergence
 from .heads import eval_mode
-from .progress import progress_bar
 
 __all__ = ["recover", "OBJECTIVES"]
 

@@ -1,11 +1,12 @@
 """``multihead compare``: train one GPT per attention kind on the same data and budget.
 
-    for kind in kinds:                      (compare_plan: options, size-matched MLP, costs)
+    data tokenized once into OUT/       (compare_runs.prepare_shared_data)
+    for kind in kinds:                  (compare_plan: options, size-matched MLP, costs)
         for seed in seeds:
             a child process runs train(TrainConfig(attention=kind, seed=seed, ...))
-            into OUT/<kind>-seed<seed>/    (its own metrics.jsonl, checkpoints, train.log)
+            into OUT/<kind>-seed<seed>/    (its own metrics.jsonl, checkpoint; output in OUT/<kind>-seed<seed>.log)
             peak memory = the child's peak resident set (CPU) or peak CUDA allocation
-    OUT/compare.json, compare.md, compare.png        (compare_report)
+        OUT/compare.json, compare.md, compare.png   rewritten with every finished kind (compare_report)
 
 Every run sees the same tokens: the same preset, data, tokenizer, batch
 size, context and number of steps. ``--budget-minutes`` turns a wall-clock
@@ -13,20 +14,18 @@ budget into that number of steps: each kind's training step is timed here
 for a few steps first, and the steps are those that fit the budget for all
 runs together (with 25 % headroom for evaluation, data preparation and the
 processes' start-up). Each run is a child process so its peak memory is its
-own (``os.wait4`` resource usage).
+own (``os.wait4`` resource usage). A comparison stopped by SIGINT/SIGTERM
+keeps its finished runs; the same command continues with the others
+(``compare_runs``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import importlib
-import json
 import math
 import os
 import platform
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +34,22 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from ..io import read_json_file, write_text_atomic
 from ..models.gpt import GPT, GPTConfig
+from ..progress import ProgressBar, format_duration
 from .compare_plan import KindPlan, default_kinds, plan_kind
 from .compare_report import summarize_kind, write_reports
+from .compare_runs import (
+    Interrupted,
+    check_continuation,
+    interruptible,
+    kept_result,
+    prepare_shared_data,
+    save_state,
+    train_run,
+)
 from .config import TrainConfig
 
-__all__ = ["CompareConfig", "compare", "plan_comparison", "steps_for_budget"]
+__all__ = ["CompareConfig", "compare", "plan_comparison", "continued_steps", "steps_for_budget", "DEFAULT_TRAIN", "EVAL_POINTS"]
 
 HEADROOM = 0.75  # share of the budget the timed training steps may take
 # The shared setting by default: a model that learns in a few hundred steps
@@ -71,6 +79,10 @@ class CompareConfig:
         imports: modules each run's process imports before it trains: those
             that register kinds of ``kinds`` (``multihead compare --import``;
             this process must have imported them too).
+        attention_options: per kind, options over its class's
+            ``comparison_options`` (``--attention-option KIND:K=V``).
+        smoke_test: a run that only shows every kind trains (``--quick``): the
+            reports say so and leave out the speed, which a few steps cannot measure.
     """
 
     kinds: tuple[str, ...] = dataclasses.field(default_factory=default_kinds)
@@ -80,12 +92,18 @@ class CompareConfig:
     out: str = "runs/compare"
     train: dict[str, Any] = dataclasses.field(default_factory=dict)
     imports: tuple[str, ...] = ()
+    attention_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    smoke_test: bool = False
 
     def __post_init__(self) -> None:
         if not self.kinds or not self.seeds:
             raise ValueError(f"compare needs kinds and seeds, got kinds={self.kinds}, seeds={self.seeds}")
         if self.max_steps is None and not (isinstance(self.budget_minutes, (int, float)) and self.budget_minutes > 0):
-            raise ValueError(f"budget_minutes must be > 0, got budget_minutes={self.budget_minutes!r}")
+            given = "unset" if self.budget_minutes is None else repr(self.budget_minutes)
+            raise ValueError(f"without max_steps, budget_minutes must be a number > 0, got budget_minutes {given}")
+        unknown = sorted(set(self.attention_options) - set(self.kinds))
+        if unknown:
+            raise ValueError(f"attention_options name kinds {unknown} that are not compared (kinds={list(self.kinds)})")
 
 
 def _train_config(config: CompareConfig, plan: KindPlan, seed: int, steps: int, out: Path) -> TrainConfig:
@@ -150,51 +168,6 @@ def steps_for_budget(budget_s: float, step_seconds: list[float], runs_per_kind: 
     return steps
 
 
-def _run(train_config: TrainConfig, log: Path, imports: tuple[str, ...] = ()) -> int:
-    """Train in a child process (which imports ``imports`` first); return its peak memory in bytes."""
-    run_dir = Path(train_config.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec = write_text_atomic(run_dir / "compare-run.json", json.dumps(train_config.to_dict()))
-    code = "import sys; from multihead.train.compare import run_child; run_child(sys.argv[1], sys.argv[2:])"
-    with open(log, "w", encoding="utf-8") as f:
-        child = subprocess.Popen([sys.executable, "-c", code, str(spec), *imports], stdout=f, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
-        raise RuntimeError(f"training {run_dir.name} failed (exit {child.returncode}): {' '.join(tail)}; see {log}")
-    peak = usage.ru_maxrss * 1024  # Linux reports KiB
-    cuda = run_dir / "compare-cuda-peak.json"
-    if cuda.exists():
-        peak = read_json_file(cuda)["peak_bytes"]
-    return peak
-
-
-def run_child(spec: str, imports: list[str] | tuple[str, ...] = ()) -> None:
-    """The child process of one run: import ``imports`` (the parent's ``--import``
-    modules; ``python -c`` searches the current folder first, as the parent
-    did), train, and record the CUDA peak when there is one."""
-    from .loop import train
-
-    for name in imports:
-        importlib.import_module(name)
-    config = TrainConfig.from_dict(read_json_file(spec))
-    train(config, progress=False)
-    if torch.cuda.is_available():
-        peak = {"peak_bytes": int(torch.cuda.max_memory_allocated())}
-        write_text_atomic(Path(config.out) / "compare-cuda-peak.json", json.dumps(peak))
-
-
-def _read_run(run_dir: Path, seed: int, peak: int) -> dict[str, Any]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
-    curve = [[r["step"], r["val_loss"]] for r in rows if r.get("val_loss") is not None]
-    if not curve:
-        raise RuntimeError(f"{run_dir / 'metrics.jsonl'} has no validation loss")
-    speeds = sorted(r["tokens_per_s"] for r in rows if r.get("tokens_per_s"))
-    return {"seed": seed, "val_loss": curve[-1][1], "curve": curve,
-            "tokens_per_s": speeds[len(speeds) // 2] if speeds else 0.0, "peak_memory_bytes": peak}  # fmt: skip
-
-
 def _cpu() -> str:
     """The CPU model from /proc/cpuinfo, else what ``platform`` says."""
     try:
@@ -217,49 +190,121 @@ def plan_comparison(config: CompareConfig) -> tuple[TrainConfig, GPTConfig, list
     """
     base = TrainConfig.from_dict({**DEFAULT_TRAIN, **config.train})
     model_base = _base_model_config(base)
-    return base, model_base, [plan_kind(model_base, kind) for kind in config.kinds]
+    plans = [plan_kind(model_base, kind, config.attention_options.get(kind)) for kind in config.kinds]
+    return base, model_base, plans
+
+
+
+def _run_dirs(config: CompareConfig) -> list[Path]:
+    return [Path(config.out) / f"{kind}-seed{seed}" for kind in config.kinds for seed in config.seeds]
+
+
+def continued_steps(config: CompareConfig) -> int | None:
+    """The steps per run of the comparison in ``config.out`` that this one continues
+    (the same config asked before), else None.
+
+    Raises:
+        UsageError: ``config.out`` holds another comparison or unknown training runs.
+    """
+    return check_continuation(Path(config.out), dataclasses.asdict(config), _run_dirs(config))
+
+
+def _steps(config: CompareConfig, base: TrainConfig, model_base: GPTConfig, plans: list[KindPlan], say) -> int:
+    if config.max_steps is not None:
+        return config.max_steps
+    say(f"timing one training step of each of {len(plans)} kinds ...")
+    seconds = [_step_seconds(GPTConfig.from_dict({**model_base.to_dict(), "attention": p.kind,
+                                                  "attention_options": p.attention_options,
+                                                  "mlp_dim": p.mlp_dim}), base.batch_size) for p in plans]  # fmt: skip
+    steps = steps_for_budget(60 * config.budget_minutes, seconds, len(config.seeds))
+    say(f"{steps} steps per run fit {config.budget_minutes} minutes for {len(plans) * len(config.seeds)} runs")
+    return steps
 
 
 def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str, Path]:
     """Train every kind for every seed and write the reports; return their paths.
 
+    The reports are rewritten as each kind finishes. Runs that finished in an
+    earlier call with the same config (a comparison stopped by a signal) are
+    kept, not trained again.
+
     Args:
         config: what to run.
         command: the command line, recorded in the reports.
-        echo: where progress lines go (``None``: silent).
+        echo: where progress lines go (``None``: silent); the live progress of
+            each run goes to stderr (``multihead.progress``).
+
+    Raises:
+        Interrupted: SIGINT or SIGTERM (its ``kept`` lists the finished runs).
     """
     say = echo or (lambda *_: None)
-    base, model_base, plans = plan_comparison(config)
-    steps = config.max_steps
-    if steps is None:
-        say(f"timing one training step of each of {len(plans)} kinds ...")
-        batch = base.batch_size
-        seconds = [_step_seconds(GPTConfig.from_dict({**model_base.to_dict(), "attention": p.kind,
-                                                      "attention_options": p.attention_options,
-                                                      "mlp_dim": p.mlp_dim}), batch) for p in plans]  # fmt: skip
-        steps = steps_for_budget(60 * config.budget_minutes, seconds, len(config.seeds))
-        say(f"{steps} steps per run fit {config.budget_minutes} minutes for {len(plans) * len(config.seeds)} runs")
-    out = Path(config.out)
-    rows, total, started = [], len(plans) * len(config.seeds), time.perf_counter()
-    for i, plan in enumerate(plans):
+    out, kept, started = Path(config.out), [], time.perf_counter()
+    with interruptible():
+        try:
+            base, model_base, plans = plan_comparison(config)
+            steps = continued_steps(config)
+            if steps is not None:
+                say(f"continuing the comparison in {out}: {steps} steps per run; finished runs are kept")
+            else:
+                steps = _steps(config, base, model_base, plans, say)
+            save_state(out, dataclasses.asdict(config), steps, command or "multihead compare")
+            prepare_shared_data(base, out)
+            header = {
+                "command": command or "multihead compare",
+                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "machine": f"{_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}",
+                "preset": base.preset,
+                "steps_per_run": steps,
+                "tokens_per_run": steps * base.batch_size * model_base.context_length,
+                "seeds": list(config.seeds),
+                **({"smoke_test": True} if config.smoke_test else {}),
+            }
+            return _train_all(config, plans, steps, header, kept, say, started)
+        except Interrupted as e:
+            e.kept = kept
+            raise
+
+
+def _shower(bar: ProgressBar, start: float, spent: float, trained: int, left: int):
+    """``show(step, metrics)`` for one run: its step and loss, and the ETA of all runs left
+    (``left`` steps from this run's start) at the pace of the runs trained so far."""
+
+    def show(step: int, metrics: dict[str, Any] | None) -> None:
+        done, seconds = trained + step, spent + time.perf_counter() - start
+        eta = seconds / done * (left - step) if done else 0.0
+        loss = f"loss {metrics['train_loss']:.3f}" if metrics else "starting"
+        bar.update(step, f"{loss} | all runs: eta {format_duration(eta)}")
+
+    return show
+
+
+def _train_all(config, plans, steps, header, kept, say, started) -> dict[str, Path]:
+    out, rows, paths = Path(config.out), [], {}
+    total, n = len(plans) * len(config.seeds), 0
+    spent, trained = 0.0, 0  # seconds and steps of the runs trained by this call
+    for plan in plans:
         runs = []
-        for j, seed in enumerate(config.seeds):
-            run_dir = out / f"{plan.kind}-seed{seed}"
-            t = time.perf_counter()
-            peak = _run(_train_config(config, plan, seed, steps, run_dir), run_dir.with_suffix(".log"), config.imports)
-            runs.append(_read_run(run_dir, seed, peak))
-            n = i * len(config.seeds) + j + 1
-            say(f"[{n}/{total}] {plan.kind} seed {seed}: val loss {runs[-1]['val_loss']:.3f} "
-                f"({time.perf_counter() - t:.0f} s)")  # fmt: skip
+        for seed in config.seeds:
+            n += 1
+            run_dir, label = out / f"{plan.kind}-seed{seed}", f"[{n}/{total}] {plan.kind} seed {seed}"
+            result, t = kept_result(run_dir), time.perf_counter()
+            took = "kept from an earlier run"
+            if result is None:
+                bar = ProgressBar(steps, desc=label)
+                show = _shower(bar, t, spent, trained, (total - n + 1) * steps)
+                try:
+                    result = train_run(_train_config(config, plan, seed, steps, run_dir), seed,
+                                       data_from=out, imports=config.imports, show=show)  # fmt: skip
+                finally:
+                    bar.close()
+                spent, trained = spent + time.perf_counter() - t, trained + steps
+                took = f"{time.perf_counter() - t:.0f} s"
+            say(f"{label}: val loss {result['val_loss']:.3f} ({took})")
+            kept.append(run_dir.name)
+            runs.append(result)
         rows.append(summarize_kind(dataclasses.asdict(plan), runs))
-    header = {
-        "command": command or "multihead compare",
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}",
-        "preset": base.preset,
-        "steps_per_run": steps,
-        "tokens_per_run": steps * base.batch_size * model_base.context_length,
-        "seeds": list(config.seeds),
-        "minutes": round((time.perf_counter() - started) / 60, 2),
-    }
-    return write_reports(out, rows, header)
+        minutes = round((time.perf_counter() - started) / 60, 2)
+        paths = write_reports(out, rows, {**header, "kinds_finished": f"{len(rows)} of {len(plans)}", "minutes": minutes})
+    if config.smoke_test:
+        say(f"a smoke test: {steps} steps show that every kind trains; its losses are no comparison and it has no speeds")
+    return paths

@@ -4,7 +4,8 @@ Every kind is trained in the same GPT (same preset, data, tokenizer, seed and
 token budget); only the attention layer changes. Its options are those its
 class declares (``comparison_options(kind, num_heads)``), chosen so each
 kind is what its paper calls it at this width (GQA: half as many key/value
-heads as query heads). The default list (:func:`default_kinds`) is every
+heads as query heads), with the user's own options for that kind over them
+(``multihead compare --attention-option gqa:num_kv_heads=1``). The default list (:func:`default_kinds`) is every
 registered kind, MHA first, but those whose class gives a
 ``comparison_skip`` reason; a kind from the user's own module joins it once
 that module is imported.
@@ -100,9 +101,11 @@ def _model(config: GPTConfig) -> GPT:
         return GPT(config)
 
 
-def plan_kind(base: GPTConfig, kind: str) -> KindPlan:
-    """The size-matched model of ``kind`` for the MHA model ``base`` (see the module docstring)."""
-    options = attention_class(kind).comparison_options(kind, base.num_heads)
+def plan_kind(base: GPTConfig, kind: str, options: dict[str, Any] | None = None) -> KindPlan:
+    """The size-matched model of ``kind`` for the MHA model ``base`` (see the module docstring);
+    ``options`` (``multihead compare --attention-option KIND:K=V``) go over the class's
+    ``comparison_options``."""
+    options = {**attention_class(kind).comparison_options(kind, base.num_heads), **(options or {})}
     mha = _model(GPTConfig.from_dict({**base.to_dict(), "attention": "mha", "attention_options": {}, "mlp_dim": None}))
     target = mha.num_parameters()
     config = GPTConfig.from_dict({**base.to_dict(), "attention": kind, "attention_options": options, "mlp_dim": None})

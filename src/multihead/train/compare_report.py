@@ -1,7 +1,9 @@
 """The files ``multihead compare`` writes: compare.json, compare.md and compare.png.
 
 Each is written to a temporary name and renamed (``multihead.io``), so a
-crash leaves the previous file or the new one. The JSON holds everything the
+crash leaves the previous file or the new one; ``compare`` rewrites them as
+each kind finishes (the header's ``kinds_finished``). A smoke test's reports
+(``header["smoke_test"]``) say so and have no tokens/s. The JSON holds everything the
 other two show: per kind its plan (``compare_plan.KindPlan``), the final
 validation loss of every seed, the validation curves, training tokens/s and
 peak memory.
@@ -18,7 +20,12 @@ from typing import Any
 
 from ..io import write_bytes_atomic, write_text_atomic
 
-__all__ = ["summarize_kind", "write_reports", "markdown_table"]
+__all__ = ["summarize_kind", "write_reports", "markdown_table", "SMOKE_NOTE"]
+
+SMOKE_NOTE = (
+    "**A smoke test** (`--quick`): {steps} steps show that every kind trains. Losses after so few "
+    "steps are no comparison, and no speed is measured; run without --quick for numbers.\n\n"
+)
 
 
 def summarize_kind(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -50,24 +57,28 @@ def _si(x: float) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The comparison as a markdown table, best validation loss first."""
+    """The comparison as a markdown table, best validation loss first (the tokens/s
+    column only when the rows have a speed: a smoke test's have none)."""
+    speed = all("tokens_per_s" in r for r in rows)
     head = (
-        "| kind | val loss (nats/token) | params | MLP width | tokens/s | attn FLOPs/token prefill | "
-        "decode | KV bytes/token | peak memory |\n|---|---|---|---|---|---|---|---|---|\n"
+        f"| kind | val loss (nats/token) | params | MLP width |{' tokens/s |' if speed else ''} "
+        "attn FLOPs/token prefill | decode | KV bytes/token | peak memory |\n"
+        f"|---|---|---|---|{'---|' if speed else ''}---|---|---|---|\n"
     )
     lines = []
     for r in sorted(rows, key=lambda r: r["val_loss_mean"]):
         spread = f" ± {r['val_loss_std']:.3f}" if len(r["val_loss"]) > 1 else ""
+        tokens_per_s = f" {r['tokens_per_s']:.0f} |" if speed else ""
         lines.append(
             f"| {r['kind']} | {r['val_loss_mean']:.3f}{spread} | {_si(r['parameters'])} | "
-            f"{r['mlp_dim'] or '4C'} | {r['tokens_per_s']:.0f} | {_si(r['prefill_flops_per_token'])} | "
+            f"{r['mlp_dim'] or '4C'} |{tokens_per_s} {_si(r['prefill_flops_per_token'])} | "
             f"{_si(r['decode_flops_per_token'])} | {r['kv_cache_bytes_per_token']} | "
             f"{r['peak_memory_bytes'] / 2**20:.0f} MiB |"
         )
     return head + "\n".join(lines) + "\n"
 
 
-def _plot(rows: list[dict[str, Any]]) -> bytes:
+def _plot(rows: list[dict[str, Any]], smoke_test: bool = False) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,7 +95,8 @@ def _plot(rows: list[dict[str, Any]]) -> bytes:
         kv.errorbar(r["kv_cache_bytes_per_token"], r["val_loss_mean"], yerr=r["val_loss_std"] or None, fmt="o")
         kv.annotate(r["kind"], (r["kv_cache_bytes_per_token"], r["val_loss_mean"]),
                     textcoords="offset points", xytext=(4, 4), fontsize=8)  # fmt: skip
-    curves.set(xlabel="step", ylabel="validation loss (nats/token)", title="validation loss, mean over seeds")
+    title = "smoke test: no comparison" if smoke_test else "validation loss, mean over seeds"
+    curves.set(xlabel="step", ylabel="validation loss (nats/token)", title=title)
     curves.legend(fontsize=8)
     kv.set(xlabel="KV-cache bytes per token (all layers, float32)", ylabel="final validation loss",
            title="loss against KV-cache size")  # fmt: skip
@@ -104,13 +116,17 @@ def write_reports(out: Path, rows: list[dict[str, Any]], header: dict[str, Any])
         header: what was run (command, machine, date, preset, steps, tokens per run, ...).
     """
     out.mkdir(parents=True, exist_ok=True)
+    smoke = bool(header.get("smoke_test"))
+    if smoke:  # a few steps measure no speed
+        rows = [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
     bad = [r["kind"] for r in rows if not math.isfinite(r["val_loss_mean"])]
     data = {**header, "kinds": {r["kind"]: r for r in rows}, "non_finite": bad}
     paths = {
         "json": write_text_atomic(out / "compare.json", json.dumps(data, indent=2) + "\n"),
-        "png": write_bytes_atomic(out / "compare.png", _plot(rows)),
+        "png": write_bytes_atomic(out / "compare.png", _plot(rows, smoke)),
     }
     described = "\n".join(f"- {k}: {v}" for k, v in header.items())
-    md = f"# Attention kinds compared\n\n{described}\n\n{markdown_table(rows)}\n![curves](compare.png)\n"
+    note = SMOKE_NOTE.format(steps=header.get("steps_per_run")) if smoke else ""
+    md = f"# Attention kinds compared\n\n{note}{described}\n\n{markdown_table(rows)}\n![curves](compare.png)\n"
     paths["md"] = write_text_atomic(out / "compare.md", md)
     return paths

@@ -116,7 +116,9 @@ class TrainResult:
 
 
 # ------------------------------------------------------------------ train
-def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = None) -> TrainResult:
+def train(
+    config: TrainConfig, *, resume: bool = False, progress: bool | None = None, data_from: str | Path | None = None
+) -> TrainResult:
     """Train a GPT as ``config`` says (see the module docstring for the step,
     the run directory and data parallelism).
 
@@ -125,6 +127,10 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
         resume: continue the run in ``config.out`` from its latest checkpoint.
         progress: False silences the progress bar and lines; None/True show
             them on stderr (rank 0 only).
+        data_from: a directory holding ``tokenizer/`` and ``data/{train,val}.bin``
+            made from this config's data, tokenizer and vocab_size (``multihead
+            compare`` tokenizes once for all its runs): a fresh run links its
+            token files to those instead of tokenizing the corpus again.
 
     Returns:
         a :class:`TrainResult`.
@@ -179,7 +185,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool | None = 
         if world.size > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
             owns_group = True
-        return _run(config, run_dir, state, world, device, progress)
+        return _run(config, run_dir, state, world, device, progress, None if data_from is None else Path(data_from))
     finally:
         if owns_group:
             dist.destroy_process_group()
@@ -256,8 +262,8 @@ class _Setup:
     elapsed_before: float = 0.0
 
 
-def _run(config, run_dir, state, world, device, progress) -> TrainResult:
-    tokenizer, train_tokens, val_tokens = prepare_data(config, run_dir, world, state is not None)
+def _run(config, run_dir, state, world, device, progress, data_from=None) -> TrainResult:
+    tokenizer, train_tokens, val_tokens = prepare_data(config, run_dir, world, state is not None, data_from)
     batches = batches_or_error(train_tokens, config, "train")
     batches_or_error(val_tokens, config, "val")
     val_sets = val_batches(val_tokens, batch_size=config.batch_size, context_length=config.context_length,

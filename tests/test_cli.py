@@ -72,7 +72,7 @@ def test_help_lists_every_command(capsys):
 
 # -- the command table ---------------------------------------------------------------------------------
 
-MODEL_COMMANDS = ("train", "compare", "generate", "inspect", "prune", "convert")
+MODEL_COMMANDS = ("train", "compare", "generate", "inspect", "prune", "convert", "roofline")
 
 
 def test_cli_is_a_table_of_command_modules():
@@ -82,10 +82,13 @@ def test_cli_is_a_table_of_command_modules():
     from multihead import cli
 
     source = Path(cli.__file__).read_text(encoding="utf-8")
-    assert len(source.splitlines()) <= 165
+    lines = source.splitlines()
+    table = lines.index("COMMANDS = ("), lines.index(")  # fmt: skip")
+    assert len(lines) - (table[1] - table[0]) <= 115  # besides the table of commands: a short dispatcher
     functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
     assert not [node.name for f in functions for node in ast.walk(f) if isinstance(node, (ast.Import, ast.ImportFrom))]
-    assert [c.name for c in cli.COMMANDS] == ["textbook", "inspect", "generate", "train", "compare", "convert", "prune", "export"]
+    assert [c.name for c in cli.COMMANDS] == ["textbook", "inspect", "generate", "train", "compare", "convert", "prune", "export",
+                                            "roofline"]
     parsers = cli._parsers()[1]
     for command in cli.COMMANDS:
         module = command.module

@@ -51,6 +51,13 @@ def no_model(monkeypatch):
     import multihead.models.checkpoint as checkpoint
     import multihead.models.gpt as gpt
     import multihead.models.minilm as minilm
+    from multihead import cli
+
+    # Commands import their work on first use: import it now, so that no module
+    # first imported while the patches are on keeps a patched name for later tests.
+    for name in ("multihead.train", "multihead.tools", "multihead.parallel"):
+        importlib.import_module(name)
+    assert all(callable(command.module.run) for command in cli.COMMANDS)
 
     monkeypatch.setattr(minilm, "load_minilm", forbidden)
     monkeypatch.setattr(checkpoint, "load_checkpoint", forbidden)

@@ -95,7 +95,8 @@ COMMANDS = (
         'multihead generate --hf tiny-hf "To be"')),
     Command("roofline", "where a GPT's prefill and decoding sit against this machine's measured limits", (
         "multihead roofline --preset gpt2-small --context 1024",
-        "multihead roofline --attention gqa --attention-option num_kv_heads=4 --batch 8 --measure --out roof")),
+        "multihead roofline --attention gqa --attention-option num_kv_heads=4 --batch 8 --measure --out roof",
+        "multihead roofline --import mykinds --attention my_kind --preset gpt2-small")),
 )  # fmt: skip
 
 _BUG = ("multihead: this is a bug in multihead {0} (torch {1}, Python {2}), not a mistake of yours: please report "

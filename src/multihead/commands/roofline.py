@@ -28,7 +28,17 @@ from .train import parse_attention_options
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+DESCRIPTION = (
+    "Where a GPT's prefill and one decoding step sit against this machine's measured limits: FLOPs by part, "
+    "bytes moved, arithmetic intensity, the bound (compute or memory) and the time floor; --measure also times "
+    "the real model. The limits (GEMM peak per dtype, copy bandwidth) are measured once and cached. "
+    "See docs/roofline.md."
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The description and flags of ``multihead roofline``."""
+    parser.description = DESCRIPTION
     parser.add_argument("--preset", default="gpt2-small", help=f"GPT preset: {', '.join(GPT_PRESETS)} (default gpt2-small)")
     parser.add_argument("--attention", default="mha", metavar="KIND", help="attention kind (default mha)")
     parser.add_argument("--attention-option", dest="attention_option", action="append", metavar="K=V",

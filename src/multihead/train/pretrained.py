@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..hf.folders import model_folder, read_config, read_tokenizer
 from ..models.gpt import GPT, GPTConfig
 from .tokenizer import BPETokenizer
 
@@ -24,8 +23,16 @@ __all__ = ["FOLDER_FILES", "folder_model_config", "folder_tokenizer", "check_fol
 FOLDER_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
+def _folders():
+    """``multihead.hf.folders``, imported when a folder is read: importing ``multihead.hf``
+    registers the transformers bridge, which ``import multihead.train`` must not pay for."""
+    from ..hf import folders
+
+    return folders
+
+
 def _folder(path: str) -> Path:
-    return model_folder(path, FOLDER_FILES, label=f"init_from {path}")
+    return _folders().model_folder(path, FOLDER_FILES, label=f"init_from {path}")
 
 
 def folder_model_config(path: str) -> GPTConfig:
@@ -36,7 +43,7 @@ def folder_model_config(path: str) -> GPTConfig:
             GPT-2's or that this GPT does not implement.
     """
     folder = _folder(path)
-    values = read_config(folder, label=f"init_from {path}")
+    values = _folders().read_config(folder, label=f"init_from {path}")
     if values.get("model_type", "gpt2") != "gpt2":
         raise ValueError(f"init_from {path}: a {values.get('model_type')!r} model, not GPT-2 (model_type 'gpt2')")
     try:
@@ -51,7 +58,7 @@ def folder_tokenizer(path: str) -> BPETokenizer:
     Raises:
         ValueError: an unreadable file, or a tokenizer that is not BPE.
     """
-    tokenizer = read_tokenizer(_folder(path) / "tokenizer.json")
+    tokenizer = _folders().read_tokenizer(_folder(path) / "tokenizer.json")
     if type(tokenizer.model).__name__ != "BPE":
         raise ValueError(f"init_from {path}: a {type(tokenizer.model).__name__} tokenizer, not byte-level BPE")
     tokenizer.no_truncation()

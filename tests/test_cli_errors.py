@@ -359,3 +359,19 @@ def test_a_full_disk_during_the_work_is_one_line(work, capsys, monkeypatch):
     line = refused(capsys, ["generate", "--save-init", "init"])
     assert line == "multihead generate: error: [Errno 28] No space left on device: 'init'"
 
+
+
+def test_a_reader_that_stops_early_is_not_a_bug(capsys, monkeypatch):
+    """``multihead textbook | head -1``: the pipe closes under the writer; exit 141, no bug report."""
+    import io
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    stdout = io.TextIOWrapper(io.FileIO(write_end, "w"), line_buffering=True)
+    monkeypatch.setattr("sys.stdout", stdout)
+    try:
+        assert main(["textbook"]) == 141
+    finally:
+        stdout.close()
+    assert BUG_LINE not in capsys.readouterr().err

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import platform
 import sys
 import traceback
@@ -152,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the command line, for the reports that record it
     try:
         return next(c.module for c in COMMANDS if c.name == args.command).run(args)
+    except BrokenPipeError:  # the reader stopped early (`multihead inspect ... | head`): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 141  # 128 + SIGPIPE, as a shell reports a writer the pipe stopped
     except Exception as e:
         if not (isinstance(e, UsageError) or environment_error(e)):
             traceback.print_exc()

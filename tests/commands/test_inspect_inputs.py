@@ -1,11 +1,11 @@
-"""What ``multihead inspect`` feeds a model (``commands.tokens``) and the folder checks (``commands.paths``)."""
+"""What ``multihead inspect`` feeds a model (``commands.tokens``) and the folder checks (``multihead.paths``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from multihead.commands.paths import input_file, output_folder
 from multihead.commands.tokens import encode_bytes, encode_text, notices
+from multihead.paths import input_file, output_folder
 
 
 @pytest.fixture(scope="module")

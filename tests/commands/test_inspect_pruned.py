@@ -155,3 +155,18 @@ def test_page_greys_the_removed_heads(pruned, tmp_path):
     assert cells == [[p["layer"], p["head"]] for p in data["pruned"]]
     assert rows == ["pruned"] * len(data["pruned"]) and kept == len(data["roles"])
     assert "heads kept" in summary and f"({len(data['pruned'])} pruned)" in summary
+
+
+def test_a_report_without_layer_heads_is_named_without_none(tmp_path):
+    from types import SimpleNamespace
+
+    from multihead.commands.inspect import _pruned_slots
+
+    config = SimpleNamespace(num_heads=4, layer_heads=[2, 4])
+    (tmp_path / "report.json").write_text('{"removed": {"0": [1, 3]}}')
+    slots, notes = _pruned_slots(config, tmp_path / "report.json")
+    assert slots is not None and len(notes) == 1
+    assert "it lists no layer_heads" in notes[0] and "None" not in notes[0]
+    (tmp_path / "report.json").write_text('{"layer_heads": [3, 4], "removed": {}}')
+    _, notes = _pruned_slots(config, tmp_path / "report.json")
+    assert "its layer_heads [3, 4] are not the checkpoint's [2, 4]" in notes[0]

@@ -30,13 +30,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..paths import output_folder
 from ..train.compare import DEFAULT_TRAIN, EVAL_POINTS, CompareConfig, compare, continued_steps, plan_comparison
 from ..train.compare_plan import default_kinds, parse_kinds
 from ..train.compare_runs import Interrupted
 from ..train.config import TrainConfig
 from .checking import checking
 from .imports import add_import_argument, import_modules
-from .paths import output_folder
 from .train import FLAGS, parse_attention_options
 
 __all__ = ["SHARED_FLAGS", "QUICK", "add_arguments", "run", "compare_config", "parse_kind_options"]

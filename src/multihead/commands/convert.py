@@ -60,6 +60,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..paths import output_folder
 from ..tools.convert_heads import METHODS
 from .checking import checking
 from .encoder_inputs import HELDOUT_LINES, shakespeare_lines
@@ -73,7 +74,6 @@ from .gpt_inputs import (
 )
 from .imports import add_import_argument, import_modules
 from .model_sources import MODELS, check_sources, family, load_source
-from .paths import output_folder
 from .recovery_option import add_recover_steps, check_recover_steps, describe, recover_model
 from .staged_output import interruptible
 

@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from ..models.gpt import GPT_PRESETS
+from ..paths import output_folder
 from .checking import checking
 from .imports import add_import_argument, import_modules
-from .paths import output_folder
 from .run_dir import is_sentence_encoder, run_checkpoint
 from .tokens import load_tokenizer
 

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from ..paths import input_file, output_folder
 from ..tools.capture import AttentionRecord, capture
 from ..tools.head_slots import HeadSlots
 from ..tools.objectives import encoder_importance, gpt_importance
@@ -55,7 +56,6 @@ from ..tools.roles import classify_heads
 from .checking import checking
 from .imports import add_import_argument, import_modules
 from .inspect_report import Inspection, report
-from .paths import input_file, output_folder
 from .run_dir import is_sentence_encoder, run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
@@ -214,9 +214,10 @@ def _pruned_slots(config, report_path: Path) -> tuple[HeadSlots | None, list[str
         if report_path.stat().st_size > 1 << 20:  # prune writes a few kilobytes
             raise ValueError(f"{report_path.stat().st_size} bytes, more than a report")
         report = json.loads(report_path.read_text(encoding="utf-8"))
-        if not isinstance(report, dict) or report.get("layer_heads") != list(counts):
-            raise ValueError(f"its layer_heads {report.get('layer_heads') if isinstance(report, dict) else None} "
-                             f"are not the checkpoint's {list(counts)}")  # fmt: skip
+        if not isinstance(report, dict) or "layer_heads" not in report:
+            raise ValueError("it lists no layer_heads")
+        if report["layer_heads"] != list(counts):
+            raise ValueError(f"its layer_heads {report['layer_heads']} are not the checkpoint's {list(counts)}")
         removed = report.get("removed")
         if not isinstance(removed, dict):
             raise ValueError("it has no 'removed' table")

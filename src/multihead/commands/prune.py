@@ -77,6 +77,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..paths import output_folder
 from ..tools.objectives import (
     GATE_PENALTIES,
     GATE_STEPS,
@@ -98,7 +99,6 @@ from .gpt_inputs import (
 )
 from .imports import add_import_argument, import_modules
 from .model_sources import MODELS, check_sources, family, load_source
-from .paths import output_folder
 from .recovery_option import add_recover_steps, check_recover_steps, describe, recover_model
 from .staged_output import interruptible
 

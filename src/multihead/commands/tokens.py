@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .paths import input_file
+from ..paths import input_file
 
 __all__ = ["Encoded", "check_text", "encode_text", "encode_bytes", "notices", "load_tokenizer"]
 

@@ -46,10 +46,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..paths import input_file, output_folder
 from ..train.config import DEFAULT_CONTEXT, DEFAULT_WARMUP, TrainConfig
 from .checking import checking
 from .imports import add_import_argument, import_modules
-from .paths import input_file, output_folder
 
 __all__ = [
     "FLAGS", "OTHER_FIELDS", "add_arguments", "parse_attention_options", "config_values", "resume_values",

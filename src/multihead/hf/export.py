@@ -249,7 +249,7 @@ def check_export_folder(folder: str | os.PathLike, flag: str | None = None) -> P
         ValueError: a file, a folder holding anything else, or a place that
             cannot be written (the message names ``flag`` and the path).
     """
-    from ..commands.paths import output_folder
+    from ..paths import output_folder
 
     label = flag or "folder"
     path = output_folder(label, folder)

@@ -1,4 +1,5 @@
-"""Checks on the files a command reads and the folders it writes, made before any work.
+"""Checks on the files a command (or a library writer such as ``hf.export_hf``) reads
+and the folders it writes, made before any work.
 
 Every check raises ``ValueError`` naming the flag and the path, so the CLI
 prints one line and exits with status 2 before a model is loaded and before

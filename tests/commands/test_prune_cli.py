@@ -192,7 +192,7 @@ def test_mistakes_are_one_line_and_write_nothing(tmp_path):
     assert "every penalty must be a finite float >= 0" in refused(*base, "--method", "gates", "--keep", "0.5",
                                                                   "--gate-penalties", "0.1,-1")  # fmt: skip
     rc, _, err = quietly("prune", *base, "--method", "gates", "--keep", "0.5", "--gate-penalties", "a")
-    assert rc == 2 and err.splitlines()[-1].endswith("give comma-separated numbers such as 0.1,0.3, got 'a'"), err
+    assert rc == 2 and err.splitlines()[-1].endswith("give comma-separated numbers such as 0.1,0.3, got 'a'; see 'multihead prune --help'"), err
     moh = tmp_path / "moh"
     save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32, attention="moh")), moh)
     assert "'moh'" in refused("--checkpoint", str(moh), "--out", str(out), "--method", "gradient", "--keep", "0.5")

@@ -210,7 +210,7 @@ def train_run(
         RuntimeError: the child failed (the message has the last line of its log).
         Interrupted: SIGINT/SIGTERM (the child is stopped first).
     """
-    from .checkpoint import latest_checkpoint
+    from ..models.run_dirs import latest_checkpoint
 
     run_dir = Path(train_config.out)
     run_dir.mkdir(parents=True, exist_ok=True)

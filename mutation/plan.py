@@ -9,7 +9,7 @@ from __future__ import annotations
 FUNCTIONAL = ["tests/functional/test_attention.py", "tests/functional/test_masks.py",
               "tests/functional/test_reliability.py", "tests/functional/test_softmax.py",
               "tests/functional/test_defined_outputs.py", "tests/functional/test_properties.py",
-              "tests/functional/test_precision.py"]  # fmt: skip
+              "tests/functional/test_precision.py", "tests/functional/test_dropout_defaults.py"]  # fmt: skip
 CONTRACT = ["tests/modules/test_contract.py", "tests/modules/test_contract_heads.py"]
 
 PLAN: dict[str, list[str]] = {
@@ -19,7 +19,8 @@ PLAN: dict[str, list[str]] = {
     "src/multihead/functional/math_backend.py": FUNCTIONAL,
     "src/multihead/functional/nonfinite.py": FUNCTIONAL,
     "src/multihead/functional/request.py": FUNCTIONAL,
-    "src/multihead/functional/rope.py": ["tests/functional/test_rope.py", *FUNCTIONAL],
+    "src/multihead/functional/rope.py": ["tests/functional/test_rope.py", "tests/functional/test_rope_edges.py",
+                                         *FUNCTIONAL],
     "src/multihead/functional/sdpa_backend.py": FUNCTIONAL,
     "src/multihead/functional/softmax.py": FUNCTIONAL,
     "src/multihead/modules/kinds/mha.py": ["tests/modules/test_attention.py", "tests/modules/test_attention_calls.py",

@@ -383,3 +383,20 @@ def test_cuda_matches_cpu(backend):
     assert cache.k.device.type == "cuda"
     with pytest.raises(ValueError, match="differ in dtype/device"):
         m(x.cuda(), x)
+
+
+def test_a_key_width_other_than_c_with_values_of_width_c_uses_split_projections():
+    """catches: fusing q|k|v when only one of kdim, vdim equals embed_dim."""
+    m = _module(embed_dim=8, num_heads=2, kdim=6)  # vdim defaults to embed_dim
+    assert not m.fused and m.k_proj.in_features == 6 and m.v_proj.in_features == 8
+    x, key, value = torch.randn(2, 3, 8, dtype=F64), torch.randn(2, 4, 6, dtype=F64), torch.randn(2, 4, 8, dtype=F64)
+    assert m(x, key, value).shape == (2, 3, 8)
+
+
+def test_cost_defaults_and_cache_bytes():
+    """catches: other defaults (batch 1, 2 bytes per element) or a wrong cache formula (2 G D bytes)."""
+    m = _module(embed_dim=16, num_heads=4, num_kv_heads=2)  # D = 4
+    assert m.cost(3) == m.cost(3, batch=1, bytes_per_element=2)
+    assert m.cost(3).kv_cache_bytes_per_token == 2 * 2 * 4 * 2
+    assert m.cost(3, bytes_per_element=4).kv_cache_bytes_per_token == 2 * 2 * 4 * 4
+    assert m.cost(3, batch=2).total_flops == 2 * m.cost(3).total_flops

@@ -10,7 +10,7 @@ FUNCTIONAL = ["tests/functional/test_attention.py", "tests/functional/test_masks
               "tests/functional/test_reliability.py", "tests/functional/test_softmax.py",
               "tests/functional/test_defined_outputs.py", "tests/functional/test_properties.py",
               "tests/functional/test_precision.py", "tests/functional/test_dropout_defaults.py",
-              "tests/functional/test_nonfinite_paths.py"]  # fmt: skip
+              "tests/functional/test_nonfinite_paths.py", "tests/functional/test_sdpa_paths.py"]  # fmt: skip
 CONTRACT = ["tests/modules/test_contract.py", "tests/modules/test_contract_heads.py"]
 
 PLAN: dict[str, list[str]] = {

@@ -17,7 +17,7 @@ import pytest
 import torch
 from support.cli import quietly
 
-from multihead.cli import _parsers, build_parser, main
+from multihead.cli import _parsers, build_parser
 from multihead.commands.train import FLAGS, OTHER_FIELDS, config_values, is_rank_zero, parse_attention_options
 from multihead.models.checkpoint import load_checkpoint
 from multihead.train.config import TrainConfig
@@ -41,19 +41,11 @@ def parse(*argv: str) -> dict:
     return config_values(build_parser().parse_args(["train", *argv]))
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of ``multihead ARGV``; a mistake exits through SystemExit(2)."""
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def refused(capsys, *argv: str, command: str = "train") -> str:
     """Exit 2, nothing on stdout, exactly one line on stderr; return that line."""
-    rc, out, err = cli(capsys, *argv)
+    rc, out, err = quietly(*argv)
     assert rc == 2 and out == "" and "Traceback" not in err, err
     assert len(err.splitlines()) == 1 and err.startswith(f"multihead {command}: error: "), err
     return err.strip()
@@ -227,7 +219,7 @@ def test_mistakes_are_refused_before_anything_is_written(case, work, capsys):
 
 def test_other_ranks_exit_2_without_repeating_the_line(work, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
-    rc, out, err = cli(capsys, "train", "--preset", "gpt2-smal")
+    rc, out, err = quietly("train", "--preset", "gpt2-smal")
     assert rc == 2 and out == "" and err == ""
 
 
@@ -312,20 +304,20 @@ def test_generate_from_a_byte_run_directory(byte_run, capsys):
     run, _ = byte_run
     step_dir = run / "checkpoints" / "step-000005"
     args = ["--max-new-tokens", "20", "--seed", "3"]
-    rc, out, err = cli(capsys, "generate", "--checkpoint", str(run), "To be", *args)
+    rc, out, err = quietly("generate", "--checkpoint", str(run), "To be", *args)
     assert rc == 0 and "step 5" in err and "bytes tokenizer" in err
     # same model, tokenizer, prompt and generator: the very same operations, so the same text
     assert out == reference_generation(run, step_dir, "To be", 20, 3) + "\n"
     assert out.startswith("To be")
     # the step's model file loads as a plain checkpoint (bytes: no tokenizer needed)
-    assert cli(capsys, "generate", "--checkpoint", str(step_dir), "--prompt", "To be", *args)[1] == out
+    assert quietly("generate", "--checkpoint", str(step_dir), "--prompt", "To be", *args)[1] == out
 
 
 def test_generate_from_a_bpe_run_directory(bpe_run, capsys):
     run, out = bpe_run
     assert "bits/byte" not in out and "final val loss:" in out
     step_dir = run / "checkpoints" / "step-000002"
-    rc, text, err = cli(capsys, "generate", "--checkpoint", str(run), "To be", "--max-new-tokens", "8", "--seed", "1")
+    rc, text, err = quietly("generate", "--checkpoint", str(run), "To be", "--max-new-tokens", "8", "--seed", "1")
     assert rc == 0 and "bpe tokenizer" in err, err
     assert text == reference_generation(run, step_dir, "To be", 8, 1) + "\n"
     assert text.startswith("To be")
@@ -333,7 +325,7 @@ def test_generate_from_a_bpe_run_directory(bpe_run, capsys):
     line = refused(capsys, "generate", "--checkpoint", str(step_dir), "--prompt", "To be", command="generate")
     assert "vocab_size is 300" in line
     hf = ["--tokenizer", str(run / "tokenizer" / "tokenizer.json"), "--max-new-tokens", "8", "--seed", "1"]
-    assert cli(capsys, "generate", "--checkpoint", str(step_dir), "--prompt", "To be", *hf)[1] == text
+    assert quietly("generate", "--checkpoint", str(step_dir), "--prompt", "To be", *hf)[1] == text
 
 
 @pytest.mark.parametrize("run_fixture", ["byte_run", "bpe_run"])
@@ -353,7 +345,7 @@ def test_inspect_a_run_directory(run_fixture, request, tmp_path, capsys):
     assert found.token_ids == by_hand.token_ids and len(found.roles) == len(by_hand.roles)
     for a, b in zip(found.record.layers, by_hand.record.layers):
         assert torch.equal(a.weights, b.weights)
-    rc, out, err = cli(capsys, "inspect", "To be", "--checkpoint", str(run), "--out", str(tmp_path / "o"))
+    rc, out, err = quietly("inspect", "To be", "--checkpoint", str(run), "--out", str(tmp_path / "o"))
     assert rc == 0 and (tmp_path / "o" / "heads.json").is_file(), err
     if bpe:
         line = refused(capsys, "inspect", "To be", "--checkpoint", str(run), "--tokenizer",
@@ -365,7 +357,7 @@ def test_resume_continues_with_the_saved_settings(byte_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(byte_run[0], run)
     # only what changes is given: the rest comes from the run's config.json
-    rc, out, err = cli(capsys, "train", "--out", str(run), "--resume", "--max-steps", "7")
+    rc, out, err = quietly("train", "--out", str(run), "--resume", "--max-steps", "7")
     assert rc == 0, err
     assert "(step 7)" in out and json.loads((run / "checkpoints" / "latest").read_text())["step"] == 7
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]

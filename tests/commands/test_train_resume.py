@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from support.cli import quietly
 
-from multihead.cli import main
 from multihead.train import TrainConfig, latest_checkpoint, load_training_state, train
 
 WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
@@ -27,13 +26,6 @@ def write_text(path: Path, lines: int = 400) -> Path:
     return path
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def snapshot(run: Path) -> dict[Path, bytes]:
@@ -78,7 +70,7 @@ def test_the_default_warmup_follows_the_run_length(finished):
 
 def test_a_max_steps_below_the_checkpoint_is_refused_and_nothing_changes(run, capsys):
     before = snapshot(run)
-    rc, out, err = cli(capsys, "train", "--out", str(run), "--resume", "--max-steps", "5")
+    rc, out, err = quietly("train", "--out", str(run), "--resume", "--max-steps", "5")
     assert rc == 2 and out == "" and len(err.splitlines()) == 1, err
     assert f"--max-steps 5 is below step 10 of the checkpoint in {run}" in err
     assert snapshot(run) == before
@@ -86,7 +78,7 @@ def test_a_max_steps_below_the_checkpoint_is_refused_and_nothing_changes(run, ca
 
 def test_resuming_at_the_checkpoint_step_trains_nothing_and_says_so(run, capsys):
     before = snapshot(run)
-    rc, out, err = cli(capsys, "train", "--out", str(run), "--resume")
+    rc, out, err = quietly("train", "--out", str(run), "--resume")
     assert rc == 0, err
     assert "speed: no step trained (the checkpoint was already at step 10)" in out and "tokens/s" not in out
     assert f"nothing to train: {run} is already at step 10" in err and "done:" not in err
@@ -96,7 +88,7 @@ def test_resuming_at_the_checkpoint_step_trains_nothing_and_says_so(run, capsys)
 
 
 def test_a_longer_run_prints_how_the_learning_rate_moves_and_config_json_follows_the_checkpoint(run, capsys):
-    rc, out, err = cli(capsys, "train", "--out", str(run), "--resume", "--max-steps", "20", "--log-every", "1")
+    rc, out, err = quietly("train", "--out", str(run), "--resume", "--max-steps", "20", "--log-every", "1")
     assert rc == 0, err
     c = saved_config(run)
     lr, min_lr, warmup = c["lr"], c["min_lr"], c["warmup"]
@@ -113,7 +105,7 @@ def test_a_longer_run_prints_how_the_learning_rate_moves_and_config_json_follows
 
 def test_resume_takes_the_settings_of_the_checkpoint_not_an_edited_config_json(run, capsys):
     (run / "config.json").write_text(json.dumps({**saved_config(run), "lr": 0.5, "max_steps": 3}))
-    rc, out, err = cli(capsys, "train", "--out", str(run), "--resume", "--max-steps", "12")
+    rc, out, err = quietly("train", "--out", str(run), "--resume", "--max-steps", "12")
     assert rc == 0, err
     assert "(step 12)" in out
     assert saved_config(run) == checkpoint_config(run)

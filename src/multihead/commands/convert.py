@@ -74,8 +74,9 @@ from .gpt_inputs import (
 )
 from .imports import add_import_argument, import_modules
 from .model_sources import MODELS, check_sources, family, load_source
-from .recovery_option import add_recover_steps, check_recover_steps, describe, recover_model
+from .recovery_option import add_recover_steps, check_recover_steps, recover_model
 from .staged_output import interruptible
+from .surgery_report import echo_measurements
 
 __all__ = [
     "add_arguments", "run", "Conversion", "prepare", "convert", "TARGETS", "CALIBRATION_BATCH_SIZE",
@@ -415,16 +416,7 @@ def _print(report: dict, folder: Path, encoder: bool, has_tokenizer: bool, echo:
     echo(f"  {'':<{width}}  {'before':>12}  {'after':>12}")
     for name, before, after in rows:
         echo(f"  {name:<{width}}  {before!s:>12}  {after!s:>12}")
-    if report["recovery"] is not None:
-        echo(describe(report["recovery"]))
-    if report["fidelity"] is not None:
-        f = report["fidelity"]
-        echo(f"  held-out fidelity ({f['lines']} lines): mean cosine {f['mean_cosine']:.4f}, "
-             f"top-10 neighbours kept {f['neighbours_top10']:.3f}")  # fmt: skip
-    if report["pooling"] is not None:
-        echo(f"  (embeddings: {report['pooling']})")
-    if report["val_batches"] is not None:
-        echo(f"  (validation: {report['val_batches']})")
+    echo_measurements(report, echo)
     names = ", ".join(n for n in OUTPUT_FILES if (folder / n).is_file())
     echo(f"wrote {folder.resolve()} ({names})")
     if encoder:

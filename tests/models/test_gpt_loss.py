@@ -108,3 +108,26 @@ def test_load_checkpoint_reads_a_run_directory(tmp_path):
     (empty / "checkpoints").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=r"empty is a training run with no complete checkpoint yet"):
         load_checkpoint(empty)
+
+
+def test_logits_to_keep_computes_the_lm_head_only_where_asked():
+    """The last N positions' logits equal the full forward's; the LM head's product shrinks to N rows."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny", vocab_size=37, context_length=16), dtype=torch.float64).eval()
+    idx = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)
+        with FlopCounterMode(display=False) as counter:
+            last = model(idx, logits_to_keep=1)
+        with FlopCounterMode(display=False) as all_counter:
+            model(idx)
+    torch.testing.assert_close(last, full[:, -1:], rtol=0, atol=1e-12)
+    C, V = model.config.embed_dim, model.config.vocab_size
+    assert all_counter.get_total_flops() - counter.get_total_flops() == 2 * 2 * 8 * C * V  # 8 positions fewer
+    torch.testing.assert_close(model(idx, logits_to_keep=3), full[:, -3:], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="logits_to_keep=1 keeps part of the logits"):
+        model(idx, idx, logits_to_keep=1)
+    with pytest.raises(ValueError, match="logits_to_keep must be >= 0"):
+        model(idx, logits_to_keep=-1)

@@ -5,8 +5,10 @@
       --forward(t0 [B, 1], caches)--> logits --> t1 --> ... (max_new_tokens)
 
 The loop works with any model that has ``config.context_length``,
-``config.vocab_size``, ``forward(idx, *, attention_mask=None, kv_caches=None)
--> logits [B, T, V]`` and ``make_kv_caches(batch_size, max_len)`` (``GPT``).
+``config.vocab_size``, ``forward(idx, *, attention_mask=None, kv_caches=None,
+logits_to_keep=0) -> logits [B, T, V]`` (the last ``logits_to_keep`` positions
+when it is not 0: the loop asks for 1, so a prefill computes the LM head for
+its last position only) and ``make_kv_caches(batch_size, max_len)`` (``GPT``).
 Call ``model.eval()`` first: the loop does not change the model's mode.
 
 Past the model's ``context_length`` the window slides: each step the model
@@ -209,7 +211,7 @@ def generate(
                     cache.reset()
             else:
                 feed = tokens if (caches is None or step == 0) else tokens[:, -1:]
-            logits = model(feed, attention_mask=seen, kv_caches=caches)[:, -1]  # (B, T, V) -> (B, V)
+            logits = model(feed, attention_mask=seen, kv_caches=caches, logits_to_keep=1)[:, -1]  # (B, 1, V) -> (B, V)
             steps.append(logits)
             nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             if eos is not None:

@@ -34,6 +34,7 @@ from .generation import generate as generate_tokens
 from .gpt_inputs import (
     LMOutput,
     check_caches,
+    check_logits_to_keep,
     check_parameter_dtypes,
     check_token_ids,
     loss_of,
@@ -415,6 +416,7 @@ class GPT(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         kv_caches: list[Any] | None = None,
+        logits_to_keep: int = 0,
     ) -> torch.Tensor | LMOutput:
         """Next-token logits for every position, and the loss when given targets or labels.
 
@@ -442,9 +444,14 @@ class GPT(nn.Module):
                 Python int, equal in every block). Every cache is checked
                 before any is written, and a call that fails anyway leaves
                 every cache's length as it was.
+            logits_to_keep: 0 (default) for logits at every position, N for
+                the last N only, as Hugging Face's argument: decoding needs
+                the last position's, and the LM head is the largest product
+                of a step (``generate`` passes 1). Not with targets or labels.
 
         Returns:
-            logits [B, T, vocab_size]; with ``targets`` or ``labels`` an
+            logits [B, T, vocab_size] ([B, N, vocab_size] with
+            ``logits_to_keep=N``); with ``targets`` or ``labels`` an
             ``LMOutput(logits, loss)``: a pair that unpacks as nanoGPT's
             ``logits, loss``, with ``.logits`` and ``.loss`` as Hugging
             Face's outputs (``gpt_inputs.next_token_loss``: the mean
@@ -466,10 +473,11 @@ class GPT(nn.Module):
                 (eager), a sequence longer than ``context_length``, a wrong
                 number of caches, caches of different lengths or batch
                 sizes, or too little room in a cache (all before any cache
-                is written).
+                is written); logits_to_keep negative, or with targets or labels.
         """
         B, T = check_token_ids(idx, self.config.vocab_size)
         want = scored_tokens(targets, labels, B, T, self.config.vocab_size)  # checked before the model runs
+        check_logits_to_keep(logits_to_keep, want is not None)
         check_parameter_dtypes(self)
         past = 0 if kv_caches is None else check_caches(kv_caches, len(self.blocks), B, T)
         key_padding, position_ids = token_positions(
@@ -480,6 +488,8 @@ class GPT(nn.Module):
         with rollback_all_on_error(kv_caches):
             for i, block in enumerate(self.blocks):
                 x = block(x, key_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]  # (B, T, C) -> (B, N, C): the LM head only where asked
         logits = self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, vocab)
         return logits if want is None else LMOutput(logits, loss_of(logits, want))
 

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "LMOutput", "check_caches", "check_parameter_dtypes", "check_token_ids", "loss_of", "next_token_loss", "positions_from_mask", "scored_tokens",
-    "token_positions",
+    "LMOutput", "check_caches", "check_logits_to_keep", "check_parameter_dtypes", "check_token_ids", "loss_of",
+    "next_token_loss", "positions_from_mask", "scored_tokens", "token_positions",
 ]  # fmt: skip
 
 _ID_DTYPES = (torch.int64, torch.int32)  # the index dtypes nn.Embedding accepts
@@ -264,3 +264,18 @@ def loss_of(logits: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     V = logits.shape[-1]
     scores = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     return F.cross_entropy(scores.reshape(-1, V), want.reshape(-1), ignore_index=LABELS_IGNORE)
+
+
+def check_logits_to_keep(value: object, scored: bool) -> None:
+    """``logits_to_keep``: an int >= 0, and 0 when a loss is asked for (it needs every position).
+
+    Raises:
+        TypeError: not an int.
+        ValueError: negative, or positive together with targets or labels.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"logits_to_keep must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"logits_to_keep must be >= 0 (0 = every position), got {value}")
+    if value and scored:
+        raise ValueError(f"logits_to_keep={value} keeps part of the logits; the loss of targets or labels needs all")

@@ -32,7 +32,8 @@ def test_two_ranks_equal_one_process_for_every_kind_that_splits(tmp_path):
     """Forward, every parameter's gradient and greedy generation (GPT), forward (BERT) in float64;
     the pretrained MiniLM's embeddings in float32."""
     passed = _torchrun(2, "kinds", tmp_path)
-    for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "bert", "minilm", "state mha"):
+    for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "gpt moh", "bert", "minilm",
+                 "state mha", "state moh"):
         assert sum(line.startswith(f"ok {what}") for line in passed) == 2, (what, passed)
 
 
@@ -55,17 +56,41 @@ def test_rank_heads_are_contiguous_blocks_and_misfits_are_refused():
 
 @pytest.mark.parametrize("kind", list_attention_kinds())
 def test_each_kind_splits_or_gives_its_own_reason(kind):
+    """Independent heads split, and Mixture-of-Head with its router whole; the others give their reason."""
     cls = attention_class(kind)
     layer = build_attention(kind, embed_dim=16, num_heads=4, **cls.comparison_options(kind, 4))
-    if cls.independent_heads:
+    try:
         plan = shard_map(layer, 2)
-        assert plan.heads == [[0, 1], [2, 3]]
-        for name, index in plan.index.items():  # every original element is held by some rank
-            held = torch.cat([i.reshape(-1) for i in index]).unique()
-            assert held.numel() == plan.shapes[name].numel(), name
-    else:
-        with pytest.raises(ValueError, match=f"{kind!r} attention cannot be split by heads: .+"):
-            shard_map(layer, 2)
+    except ValueError as e:
+        assert not cls.independent_heads and kind != "moh"
+        assert f"{kind!r} attention cannot be split by heads: {cls.head_independence}" in str(e)
+        return
+    assert cls.independent_heads or kind == "moh"
+    assert plan.heads == [[0, 1], [2, 3]]
+    for name, index in plan.index.items():  # every original element is held by some rank
+        held = torch.cat([i.reshape(-1) for i in index]).unique()
+        assert held.numel() == plan.shapes[name].numel(), name
+
+
+@pytest.mark.parametrize("options", [dict(shared_heads=2, routed_heads=2), dict(shared_heads=1, routed_heads=2, num_kv_heads=2),
+                                     dict(shared_heads=3, routed_heads=1)])  # fmt: skip
+@pytest.mark.parametrize("path", ["sparse", "dense"])
+def test_moh_parts_sum_to_the_layer_and_share_its_balance_loss(options, path):
+    """Each part keeps the router whole and its heads' gates; the parts' outputs and aux losses sum to the layer's."""
+    torch.manual_seed(0)
+    m = build_attention("moh", embed_dim=32, num_heads=4, **options).double().train()
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    full, aux = m(x, is_causal=True, path=path), m.aux_loss()
+    parts = [m.tensor_parallel_part(heads) for heads in ([0, 1], [2, 3])]
+    bias = m.out_proj.bias
+    outs = [part(x, is_causal=True, path=path) - bias for part in parts]  # each part's own heads, no bias
+    torch.testing.assert_close(outs[0] + outs[1] + bias, full, rtol=0, atol=1e-12)
+    torch.testing.assert_close(parts[0].aux_loss() + parts[1].aux_loss(), aux, rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match="contiguous blocks of heads, got heads=\\[0, 2\\]"):
+        m.tensor_parallel_part([0, 2])
+    query_norm = build_attention("moh", embed_dim=32, num_heads=4, router="query_norm", shared_heads=1, routed_heads=2)
+    with pytest.raises(ValueError, match="router='query_norm' cannot be split by heads"):
+        query_norm.tensor_parallel_part([0, 1])
 
 
 def test_tensor_parallel_checks_its_arguments():

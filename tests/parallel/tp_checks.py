@@ -147,11 +147,12 @@ def main():
     mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
     if check == "kinds":
         for kind, options in [("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("gated", {}),
-                              ("collaborative", {"scale": 0.25})]:  # fmt: skip
+                              ("collaborative", {"scale": 0.25}), ("moh", {})]:  # fmt: skip
             check_gpt(mesh, kind, options)
         check_bert(mesh)
         check_minilm(mesh)
         check_state(mesh, "mha", {})
+        check_state(mesh, "moh", {})  # training: the balance loss of each rank's part sums to the layer's
     elif check == "replicated":
         check_gpt(mesh, "gqa", {"num_kv_heads": 2})
         check_gpt(mesh, "mqa", {})

@@ -228,6 +228,25 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         keep_q, keep_kv = check_head_selection(heads, kv_heads, self.num_heads, self.num_kv_heads)
         return self.subset_heads(keep_q, keep_kv)
 
+    def tensor_parallel_part(self, heads: list[int]) -> AttentionLayer:
+        """The part of this layer that one tensor-parallel rank computes: the
+        contribution of the query heads ``heads`` (a contiguous block) to the
+        output, so that the parts of a partition of the heads sum to the
+        layer's output (``multihead.parallel``). It only selects: every
+        parameter of the part is elements of this layer's.
+
+        Independent heads split as :meth:`select_heads` keeps them. A kind
+        whose heads are coupled may still say how its heads split (Mixture-of-
+        Head keeps its router whole); the others refuse with their reason.
+
+        Raises:
+            ValueError: a kind whose heads cannot be split (its reason), or
+                a selection ``select_heads`` refuses.
+        """
+        if not self.independent_heads:
+            raise ValueError(f"{self.kind!r} attention cannot be split by heads: {self.head_independence}")
+        return self.select_heads(heads)
+
     # ------------------------------------------------------------------ observers
     @property
     def observed(self) -> bool:

@@ -1,6 +1,6 @@
 """What tensor parallelism costs per rank, from the model's own layers (no formula kept by hand).
 
-Each rank's attention layer is the kind's own cut (``select_heads`` on a
+Each rank's attention layer is the kind's own cut (``tensor_parallel_part`` on a
 layer built on the meta device), so its parameter and key/value-cache sizes
 are those the sharded model really holds, replicated key/value heads
 included. The MLP is split column- then row-wise (its bias after the row
@@ -49,10 +49,8 @@ def rank_cost(config: GPTConfig, degree: int, *, bytes_per_element: int = 2) -> 
     model = GPT(config, device="meta")
     block = model.blocks[0]
     attn = block.attn
-    if not attn.independent_heads:
-        raise ValueError(f"{attn.kind!r} attention cannot be split by heads: {attn.head_independence}")
     heads = rank_heads(attn.num_heads, attn.num_kv_heads, degree, attn.kind)[0]
-    local = attn.select_heads(heads)
+    local = attn.tensor_parallel_part(heads)
     hidden = block.mlp.fc.out_features
     if hidden % degree:
         raise ValueError(f"the MLP width {hidden} is not divisible by the tensor-parallel degree {degree}")

@@ -1,8 +1,9 @@
 """One attention layer split by heads over a tensor-parallel mesh dimension.
 
 Rank r of n keeps query heads [r·H/n, (r+1)·H/n) with the key/value heads
-they read, cut by the kind itself (``layer.select_heads``); a kind whose
-heads are not independent is refused with its own reason. What each rank
+they read, cut by the kind itself (``layer.tensor_parallel_part``: ``select_heads``
+for independent heads; Mixture-of-Head keeps its router whole); a kind that
+cannot split is refused with its own reason. What each rank
 holds:
 
     out_proj              torch's RowwiseParallel (weight Shard(1), bias
@@ -87,9 +88,8 @@ def shard_map(layer: AttentionLayer, degree: int) -> ShardMap:
             counts that do not fit the degree, or a cut that does not only
             select elements.
     """
-    if not layer.independent_heads:
-        raise ValueError(f"{layer.kind!r} attention cannot be split by heads: {layer.head_independence}")
     heads = rank_heads(layer.num_heads, layer.num_kv_heads, degree, layer.kind)
+    layer.tensor_parallel_part(heads[0])  # the kind's refusal, if it cannot split, before any copy
     tagged = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)
     shapes = {}
     with torch.no_grad():
@@ -98,13 +98,13 @@ def shard_map(layer: AttentionLayer, degree: int) -> ShardMap:
             p.copy_(torch.arange(p.numel(), dtype=torch.float64).view(p.shape))  # each element its own number
     index: dict[str, list[torch.Tensor]] = {name: [] for name in shapes}
     for r in range(degree):
-        local = dict(tagged.select_heads(heads[r]).named_parameters())
+        local = dict(tagged.tensor_parallel_part(heads[r]).named_parameters())
         if set(local) != set(shapes):
             raise ValueError(f"{layer.kind!r}: its cut has parameters {sorted(local)}, the layer {sorted(shapes)}")
         for name, p in local.items():
             numbers = p.detach()
             if not bool(((numbers == numbers.round()) & (numbers >= 0) & (numbers < shapes[name].numel())).all()):
-                raise ValueError(f"{layer.kind!r}: its select_heads computes {name} instead of selecting elements")
+                raise ValueError(f"{layer.kind!r}: its tensor_parallel_part computes {name} instead of selecting elements")
             index[name].append(numbers.long())
     return ShardMap(heads, index, shapes)
 
@@ -197,7 +197,7 @@ def shard_layer(layer: AttentionLayer, mesh: DeviceMesh) -> AttentionLayer:
     columns = torch.cat(plan.index["out_proj.weight"], dim=1)  # the ranks' out_proj columns side by side
     if not torch.equal(columns, torch.arange(columns.numel()).view(plan.shapes["out_proj.weight"])):
         raise ValueError(f"{layer.kind!r}: out_proj's columns are not in head order, so they cannot be row-split")
-    local = layer.select_heads(plan.heads[rank])
+    local = layer.tensor_parallel_part(plan.heads[rank])
     for name, p in list(local.named_parameters()):
         if name.startswith("out_proj."):
             continue

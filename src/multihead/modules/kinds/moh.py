@@ -30,6 +30,7 @@ flatten them. The learned router reads the tokens x and is unaffected.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -38,6 +39,7 @@ from torch import nn
 from ..._checks import non_negative_int
 from ..base import AttentionLayer
 from ..cost import AttentionCost, visible_pairs
+from ..head_selection import check_head_selection, head_rows
 from ..projections import fused_qkv, split_heads
 from ..registry import register_attention
 from .moh_paths import check_mask, dense_heads, sparse_heads
@@ -161,6 +163,9 @@ class MoHAttention(AttentionLayer):
             raise ValueError(f"aux_loss_coeff must be a finite float >= 0, got aux_loss_coeff={aux_loss_coeff!r}")
         self.path = self._check_path(path)
         self.shared_heads, self.routed_heads, self.num_candidates = hs, hr, E
+        # a tensor-parallel part (tensor_parallel_part): its heads' span of the full layer's H, and its
+        # share of the load-balance loss; the whole layer: (0, H) and 1
+        self.window, self.aux_share = (0, H), 1.0
         self.router, self.aux_loss_coeff = router, float(aux_loss_coeff)
         factory = self.factory
         self.qkv_proj = nn.Linear(embed_dim, (H + 2 * G) * D, bias=self.qkv_bias, **factory)
@@ -185,7 +190,7 @@ class MoHAttention(AttentionLayer):
         w = self.out_proj.weight
         if self.last_balance_loss is None:
             return torch.zeros((), device=w.device, dtype=w.dtype)
-        return (self.aux_loss_coeff * self.last_balance_loss).to(w.dtype)
+        return (self.aux_loss_coeff * self.aux_share * self.last_balance_loss).to(w.dtype)
 
     @property
     def active_heads(self) -> int:
@@ -217,7 +222,7 @@ class MoHAttention(AttentionLayer):
         hs, hr, E = self.shared_heads, self.routed_heads, self.num_candidates
         B, T, _ = x.shape
         if self.router == "query_norm":
-            gates = x.new_ones(B, T, self.num_heads)
+            gates = x.new_ones(B, T, hs + E)
             if hr == 0 or hr == E:
                 return gates, None, None
             norms = q[:, hs:].detach().norm(dim=-1).transpose(1, 2)  # (B, E, T) -> (B, T, E)
@@ -263,6 +268,11 @@ class MoHAttention(AttentionLayer):
         if self.training and p is not None and B * T:  # chosen is None when hr == E: every head chosen
             every = torch.ones_like(p, dtype=torch.bool) if chosen is None else chosen
             self.last_balance_loss = self.balance_loss(p, every)
+        lo, hi = self.window
+        if (lo, hi) != (0, self.shared_heads + self.num_candidates):  # a part: its heads' gates and choices
+            hs = self.shared_heads
+            gates = gates[..., lo:hi]  # (B, T, H) -> (B, T, H')
+            chosen = None if chosen is None else chosen[..., max(lo, hs) - hs : max(hi, hs) - hs]
         return q, k, v, {"gates": gates, "chosen": chosen}
 
     def core(self, q, k, v, extra, *, attn_mask, backend, return_weights, path=None, **call):
@@ -310,8 +320,51 @@ class MoHAttention(AttentionLayer):
         )
         B, _, T, _ = q.shape
         if path == "sparse" and chosen is not None and not return_weights and B * T * k.shape[2]:
-            return sparse_heads(q, k, v, gates, chosen, attn_mask, core, shared_heads=self.shared_heads), None
+            shared = max(0, min(self.window[1], self.shared_heads) - self.window[0])  # of this part's heads
+            if chosen.shape[-1]:
+                return sparse_heads(q, k, v, gates, chosen, attn_mask, core, shared_heads=shared), None
         return dense_heads(q, k, v, gates, attn_mask, core, return_weights)
+
+    # ------------------------------------------------------------------ tensor parallelism
+    def tensor_parallel_part(self, heads: list[int]) -> MoHAttention:
+        """One tensor-parallel rank's part: query heads ``heads`` (a contiguous block, whole
+        key/value groups or a share of one) with their q/k/v rows and out_proj columns.
+
+        The router stays whole: each part computes every gate from the same
+        tokens and keeps its heads', so the parts' outputs sum to the layer's.
+        Each part reports ``aux_loss()`` times its share of the heads, so the
+        parts' load-balance losses (and their gradients) sum to the layer's.
+
+        Raises:
+            ValueError: heads that are not a contiguous block, a part of a part,
+                or the ``query_norm`` router with a choice to make (it ranks
+                every head's query norm, which a part does not hold).
+        """
+        H, G, D = self.shared_heads + self.num_candidates, self.num_kv_heads, self.head_dim
+        if self.window != (0, H):
+            raise ValueError(f"this MoH layer is already the part of heads {self.window}; split the whole layer")
+        keep_q, keep_kv = check_head_selection(heads, None, H, G)
+        lo, hi = keep_q[0], keep_q[-1] + 1
+        if keep_q != list(range(lo, hi)):
+            raise ValueError(f"MoH splits into contiguous blocks of heads, got heads={keep_q}")
+        if self.router == "query_norm" and 0 < self.routed_heads < self.num_candidates:
+            raise ValueError("the query_norm router ranks every head's query norm, which a part of the heads does "
+                             "not hold: 'moh' with router='query_norm' cannot be split by heads")  # fmt: skip
+        kept, self.last_balance_loss = self.last_balance_loss, None  # a graph's tensor: not copied
+        try:
+            new = copy.deepcopy(self)
+        finally:
+            self.last_balance_loss = kept
+        new._attention_observers.clear()
+        new._head_hooks.clear()
+        device = self.out_proj.weight.device
+        q_rows, kv_rows = head_rows(keep_q, D, device), head_rows(keep_kv, D, device)
+        rows = torch.cat([q_rows, H * D + kv_rows, (H + G) * D + kv_rows])  # qkv_proj rows: [q | k | v]
+        new.qkv_proj = _linear_part(self.qkv_proj, rows, None)
+        new.out_proj = _linear_part(self.out_proj, None, q_rows)
+        new.num_heads, new.num_kv_heads = len(keep_q), len(keep_kv)
+        new.window, new.aux_share = (lo, hi), len(keep_q) / H
+        return new
 
     # ------------------------------------------------------------------ cost
     def cost(
@@ -365,11 +418,28 @@ class MoHAttention(AttentionLayer):
         return ", ".join(parts)
 
 
+def _linear_part(linear: nn.Linear, rows: torch.Tensor | None, columns: torch.Tensor | None) -> nn.Linear:
+    """A Linear holding ``rows`` of ``linear``'s output (bias too) or ``columns`` of its input (bias whole)."""
+    weight = linear.weight.detach()
+    weight = weight[rows] if rows is not None else weight[:, columns]
+    bias = None if linear.bias is None else linear.bias.detach()
+    if bias is not None and rows is not None:
+        bias = bias[rows]
+    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(weight)
+        new.weight.requires_grad_(linear.weight.requires_grad)
+        if bias is not None:
+            new.bias.copy_(bias)
+            new.bias.requires_grad_(linear.bias.requires_grad)
+    return new
+
+
 def load_balancing_loss(model: nn.Module) -> torch.Tensor:
     """aux_loss_coeff · l_aux averaged over the MoH layers of ``model`` that set
     one in their last forward (training mode); 0 when none did. Add it to the
     training loss (the official ``0.01 · sum(losses) / max(len(losses), 1)``)."""
-    terms = [m.aux_loss_coeff * m.last_balance_loss for m in model.modules() if isinstance(m, MoHAttention)
+    terms = [m.aux_loss_coeff * m.aux_share * m.last_balance_loss for m in model.modules() if isinstance(m, MoHAttention)
              and m.last_balance_loss is not None]
     if not terms:
         return torch.zeros(())

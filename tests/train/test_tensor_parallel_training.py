@@ -86,6 +86,13 @@ def test_a_split_run_resumes_in_one_process(tmp_path):
     assert_follows(metrics(tmp_path / "tp" / "run"), metrics(single.run_dir))
 
 
+def test_dropout_draws_the_same_numbers_on_the_ranks_of_one_split_model(tmp_path):
+    """catches: a dropout seeded per process, which drops other entries of the replicated residual
+    stream on each rank (the checkpoint refuses replicated parameters that differ between ranks)."""
+    _torchrun(tmp_path, 2, tiny_config(tmp_path / "tp", tensor_parallel=2, max_steps=3, dropout=0.2))
+    assert load_training_state(tmp_path / "tp" / "run" / "checkpoints" / "step-000003").step == 3
+
+
 @pytest.mark.slow
 def test_two_by_two_tensor_and_data_parallel_follows_one_process(tmp_path):
     _torchrun(tmp_path, 4, tiny_config(tmp_path / "tpdp", tensor_parallel=2))

@@ -116,15 +116,38 @@ def _buffers(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``state_dict()`` of the unsharded model, on every rank (detached tensors)."""
+    """``state_dict()`` of the unsharded model, on every rank (detached tensors).
+
+    Raises:
+        RuntimeError: the copies of a replicated parameter differ between the
+            ranks (the same operations on the same inputs keep them equal: a
+            difference is a bug, e.g. a dropout drawing other numbers on each rank).
+    """
+    table = slots(model, tied=True)
+    _check_replicated(model, table)
     gathered: dict[int, torch.Tensor] = {}
     state = {}
-    for name, slot in slots(model, tied=True).items():
+    for name, slot in table.items():
         if id(slot) not in gathered:
             gathered[id(slot)] = slot.gather(slot.param.detach())
         state[name] = gathered[id(slot)]
     state.update({n: b.detach() for n, b in _buffers(model).items() if n not in state})
     return state
+
+
+def _check_replicated(model: nn.Module, table: dict[str, Slot]) -> None:
+    """Every plain (replicated) parameter is the same on every rank of the split (one all-gather)."""
+    layers = [m for m in model.modules() if hasattr(m, "tensor_parallel_map")]
+    plain = {n: s.param for n, s in table.items() if not isinstance(s.param, DTensor) and s.share is None}
+    if not layers or not plain:
+        return
+    mesh = layers[0].out_proj.weight.device_mesh
+    sums = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().pow(2).sum()]) for p in plain.values()])
+    parts = [torch.empty_like(sums) for _ in range(mesh.size())]
+    dist.all_gather(parts, sums, group=mesh.get_group())
+    differ = [n for i, n in enumerate(plain) if any(not torch.equal(part[i], sums[i]) for part in parts)]
+    if differ:
+        raise RuntimeError(f"replicated parameters differ between tensor-parallel ranks: {differ}")
 
 
 @torch.no_grad()

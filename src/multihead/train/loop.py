@@ -376,7 +376,9 @@ def _setup(config: TrainConfig, vocab_size: int, state, world: World, device) ->
     optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr,
                                   betas=(config.beta1, config.beta2), eps=_ADAM_EPS, fused=False)  # fmt: skip
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    torch.manual_seed(config.seed + 1 + world.rank)  # dropout and gate noise, per rank
+    # dropout and gate noise, per data-parallel copy: the processes of one split model draw the
+    # same numbers, so a dropout on their replicated activations drops the same entries
+    torch.manual_seed(config.seed + 1 + (world.rank if split is None else split.dp_rank))
     net: nn.Module = model
     if world.size > 1 and not sharded and split is None:
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

@@ -30,10 +30,11 @@ def _torchrun(processes: int, check: str, out: Path) -> list[str]:
 
 def test_two_ranks_equal_one_process_for_every_kind_that_splits(tmp_path):
     """Forward, every parameter's gradient and greedy generation (GPT), forward (BERT) in float64;
-    the pretrained MiniLM's embeddings in float32."""
+    the pretrained MiniLM's embeddings in float32; AdamW steps and reloads; with sequence
+    parallelism, forward and gradients (decoding refused)."""
     passed = _torchrun(2, "kinds", tmp_path)
     for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "gpt moh", "bert", "minilm",
-                 "state mha", "state moh"):
+                 "state mha", "state moh", "sequence-parallel gpt gqa"):
         assert sum(line.startswith(f"ok {what}") for line in passed) == 2, (what, passed)
 
 

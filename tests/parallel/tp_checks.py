@@ -44,14 +44,14 @@ def after_unit_step(model):
     torch.optim.SGD(model.parameters(), lr=1.0).step()
 
 
-def check_gpt(mesh, kind, options):
+def check_gpt(mesh, kind, options, sequence_parallel=False):
     torch.manual_seed(0)
     config = GPTConfig.from_preset("tiny", vocab_size=50, context_length=16, num_layers=2, attention=kind,
                                    attention_options=options)  # fmt: skip
     ref = GPT(config, dtype=F64).eval()
     tp = GPT(config, dtype=F64).eval()
     tp.load_state_dict(ref.state_dict())
-    tensor_parallel(tp, mesh)
+    tensor_parallel(tp, mesh, sequence_parallel=sequence_parallel)
     held = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in tp.parameters())
     assert held == rank_cost(config, mesh.size()).parameters, (held, rank_cost(config, mesh.size()))
     idx = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(1))
@@ -65,6 +65,15 @@ def check_gpt(mesh, kind, options):
     assert full.keys() == state.keys(), set(full) ^ set(state)
     for name in state:
         close(full[name], state[name], f"{kind} {name} after a step")
+    if sequence_parallel:  # decoding one token at a time needs a model split without it
+        try:
+            tp.generate(idx[:, :4], 2, temperature=0)
+        except ValueError as e:
+            assert "sequence parallelism over" in str(e), e
+        else:
+            raise AssertionError("decoding with sequence parallelism was not refused")
+        report(f"ok sequence-parallel gpt {kind}")
+        return
     prompt = idx[:, :4]
     assert torch.equal(tp.generate(prompt, 6, temperature=0), ref.generate(prompt, 6, temperature=0)), kind
     report(f"ok gpt {kind} {options}")
@@ -153,6 +162,7 @@ def main():
         check_minilm(mesh)
         check_state(mesh, "mha", {})
         check_state(mesh, "moh", {})  # training: the balance loss of each rank's part sums to the layer's
+        check_gpt(mesh, "gqa", {"num_kv_heads": 2}, sequence_parallel=True)
     elif check == "replicated":
         check_gpt(mesh, "gqa", {"num_kv_heads": 2})
         check_gpt(mesh, "mqa", {})

@@ -353,6 +353,9 @@ class GPT(nn.Module):
 
     # multihead.parallel: the MLP column- then row-parallel (attention is split by heads)
     tensor_parallel_plan = {"blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise"}
+    # with sequence parallelism: the norms work on slices of the sequence, cut at the first
+    # block's input and gathered after the last norm (the LM head sees every position)
+    sequence_parallel_plan = {"norms": ["blocks.*.ln_1", "blocks.*.ln_2", "ln_f"], "slice": "blocks.0", "gather": "ln_f"}
 
     def __init__(self, config: GPTConfig, *, device: torch.device | str | None = None, dtype=None) -> None:
         super().__init__()

@@ -171,14 +171,20 @@ def _summing_hook(rank: int, index: list[torch.Tensor], mesh: DeviceMesh):
     return hook
 
 
-def _replicated_query(mesh: DeviceMesh):
-    """A forward pre-hook: the query as a DTensor copy whose gradient is summed over the ranks."""
+def _replicated_query(mesh: DeviceMesh, sequence_parallel: bool):
+    """A forward pre-hook: the query as a DTensor copy whose gradient is summed over the ranks
+    (with ``sequence_parallel``: gathered from the ranks' slices of the sequence, the gradient
+    reduce-scattered back)."""
 
     def hook(layer: AttentionLayer, args: tuple, kwargs: dict):
         if (len(args) > 1 and args[1] is not None) or kwargs.get("key") is not None:
             raise ValueError("a tensor-parallel attention layer attends over its own input: pass no key/value")
         query = args[0] if args else kwargs["query"]
-        shared = DTensor.from_local(query, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+        if sequence_parallel:  # (B, T/n, C) on each rank -> (B, T, C)
+            whole = DTensor.from_local(query, mesh, [Shard(1)], run_check=False).redistribute(mesh, [Replicate()])
+            shared = whole.to_local(grad_placements=[Partial()])
+        else:
+            shared = DTensor.from_local(query, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
         if args:
             return (shared, *args[1:]), kwargs
         return args, {**kwargs, "query": shared}
@@ -186,8 +192,9 @@ def _replicated_query(mesh: DeviceMesh):
     return hook
 
 
-def shard_layer(layer: AttentionLayer, mesh: DeviceMesh) -> AttentionLayer:
-    """This rank's part of ``layer`` (a new layer; ``layer`` is left as it was).
+def shard_layer(layer: AttentionLayer, mesh: DeviceMesh, sequence_parallel: bool = False) -> AttentionLayer:
+    """This rank's part of ``layer`` (a new layer; ``layer`` is left as it was). With
+    ``sequence_parallel`` its input and output are this rank's slice of the sequence.
 
     Raises:
         ValueError: see :func:`shard_map`.
@@ -210,7 +217,8 @@ def shard_layer(layer: AttentionLayer, mesh: DeviceMesh) -> AttentionLayer:
         if hook is not None:
             getattr(owner, attr).register_hook(hook)
         parametrize.register_parametrization(owner, attr, _Local(), unsafe=True)
-    parallelize_module(local, mesh, {"out_proj": _LocalRowwise()})
-    local.register_forward_pre_hook(_replicated_query(mesh), with_kwargs=True)
+    out = _LocalRowwise(output_layouts=Shard(1)) if sequence_parallel else _LocalRowwise()  # reduce-scatter
+    parallelize_module(local, mesh, {"out_proj": out})
+    local.register_forward_pre_hook(_replicated_query(mesh, sequence_parallel), with_kwargs=True)
     local.tensor_parallel_map = plan
     return local

@@ -12,20 +12,62 @@ What is sharded:
 
 A block then does two all-reduces forward (after the attention's out_proj and
 after the MLP) and two backward (the gradients of their inputs), as Megatron's
-tensor parallelism does. Dropout draws its own masks on each rank: a run with
-dropout follows a one-process run in distribution, not in values.
+tensor parallelism does.
+
+``sequence_parallel=True`` (Megatron's sequence parallelism, for a model that
+declares a ``sequence_parallel_plan``): between the split layers each rank
+holds only its slice of the sequence (T / n tokens), so norms, dropout and
+the residual stream work on 1/n of the activations; each all-reduce becomes
+a reduce-scatter after the layer and an all-gather before the next, the same
+bytes in all. The plan names the norms (torch's SequenceParallel), the module
+whose input is cut into slices and the one whose output is gathered again.
+T must be divisible by n: decoding one token at a time needs a model split
+without it.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from ..modules.base import AttentionLayer
 from .head_shards import shard_layer, shard_map
 
-_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+
+def _style(name: str, sequence_parallel: bool):
+    """torch's style for a declared split; with sequence parallelism the slices of the sequence come in and go out."""
+    if name == "colwise":
+        return ColwiseParallel(input_layouts=Shard(1)) if sequence_parallel else ColwiseParallel()
+    return RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
+
+
+def _slice_sequence(mesh: DeviceMesh):
+    """A forward pre-hook: the whole sequence (the same on every rank) -> this rank's slice."""
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict):
+        x = args[0]
+        if kwargs.get("kv_cache") is not None or x.shape[1] % mesh.size():
+            raise ValueError(
+                f"sequence parallelism over {mesh.size()} ranks needs a sequence divisible by {mesh.size()} and no "
+                f"cache, got {x.shape[1]} tokens{' with a cache' if kwargs.get('kv_cache') is not None else ''}: "
+                "decode with a model split without it"
+            )
+        part = DTensor.from_local(x, mesh, [Replicate()], run_check=False).redistribute(mesh, [Shard(1)])
+        return (part.to_local(), *args[1:]), kwargs  # (B, T, C) -> (B, T/n, C)
+
+    return hook
+
+
+def _gather_sequence(mesh: DeviceMesh):
+    """A forward hook: the ranks' slices -> the whole sequence on every rank."""
+
+    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return DTensor.from_local(output, mesh, [Shard(1)], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+
+    return hook
 
 
 def _check_mesh(mesh: object) -> DeviceMesh:
@@ -48,7 +90,7 @@ def _attention_layers(model: nn.Module) -> list[tuple[str, AttentionLayer]]:
     return found
 
 
-def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def tensor_parallel(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool = False) -> nn.Module:
     """Shard ``model`` over ``mesh`` in place and return it.
 
     Every rank calls this with the same model (same weights: build it with
@@ -59,6 +101,9 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
         model: a GPT, BertEncoder, SentenceEncoder (MiniLM), or one attention
             layer, on the mesh's device.
         mesh: a 1-D DeviceMesh of the tensor-parallel ranks.
+        sequence_parallel: slice the sequence between the split layers
+            (see the module docstring); the model must declare a
+            ``sequence_parallel_plan``.
 
     Returns:
         the sharded model.
@@ -75,6 +120,10 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     layers = _attention_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} contains no multihead attention layer to shard")
+    sequence_plan = getattr(type(model), "sequence_parallel_plan", None)
+    if sequence_parallel and sequence_plan is None:
+        raise ValueError(f"{type(model).__name__} declares no sequence_parallel_plan: split it without "
+                         "sequence_parallel")  # fmt: skip
     for path, layer in layers:  # every check before any change
         try:
             shard_map(layer, mesh.size())
@@ -85,9 +134,15 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     for path, layer in layers:
         parent_path, _, name = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
-        setattr(parent, name, shard_layer(layer, mesh))
+        setattr(parent, name, shard_layer(layer, mesh, sequence_parallel))
     for module in list(model.modules()):
         plan = getattr(type(module), "tensor_parallel_plan", None)
         if plan:
-            parallelize_module(module, mesh, {pattern: _STYLES[style]() for pattern, style in plan.items()})
+            styles = {pattern: _style(style, sequence_parallel) for pattern, style in plan.items()}
+            parallelize_module(module, mesh, styles)
+    if sequence_parallel:
+        norms = {pattern: SequenceParallel(use_local_output=True) for pattern in sequence_plan["norms"]}
+        parallelize_module(model, mesh, norms)
+        model.get_submodule(sequence_plan["slice"]).register_forward_pre_hook(_slice_sequence(mesh), with_kwargs=True)
+        model.get_submodule(sequence_plan["gather"]).register_forward_hook(_gather_sequence(mesh))
     return model

@@ -328,3 +328,33 @@ def test_rope_option_errors_and_conversions_without_them():
     with pytest.raises(ValueError, match="rope and qk_norm"):
         CollaborativeAttention.from_mha(MultiHeadAttention(16, 4, rope=True))
     assert CollaborativeAttention.from_mha(MultiHeadAttention(16, 4)).rope is None
+
+
+def test_compression_keeps_the_largest_singular_values_of_all_heads():
+    """catches: keeping other channels than the largest σ (the error must be Eckart–Young's), a rank
+    bound off by one, and relative_error's edge cases."""
+    from multihead.modules.kinds.collaborative_compress import relative_error, top_singular_channels
+
+    c = CollaborativeAttention.from_mha(random_module(2, embed_dim=12, num_heads=3))
+    A = c.head_products()  # [H, C, kdim]
+    sig = torch.linalg.svdvals(A).reshape(-1).sort(descending=True).values  # every head's σ, largest first
+    for rank in (1, 4, 9):
+        dropped = sig[rank:].pow(2).sum().sqrt() / A.norm()
+        assert abs(c.compress(rank).product_error - float(dropped)) < 1e-10, rank
+    H, n = A.shape[0], min(A.shape[1], A.shape[2])
+    assert top_singular_channels(A, H * n)[0].shape == (H * n, A.shape[1])  # every singular value kept
+    with pytest.raises(ValueError, match=rf"rank must be at most H·min\(C, kdim\) = {H * n}, got rank={H * n + 1}"):
+        top_singular_channels(A, H * n + 1)
+    zero, x = torch.zeros(2, 3, dtype=F64), torch.randn(2, 3, dtype=F64)
+    assert relative_error(zero, zero) == 0.0 and relative_error(zero, x) == float("inf")
+    assert relative_error(x, 2 * x) == pytest.approx(1.0, rel=1e-12) and relative_error(x, x) == 0.0
+    small = x / (10 * x.norm())  # a norm below 1 is still a norm
+    assert relative_error(small, 3 * small) == pytest.approx(2.0, rel=1e-12)
+
+
+def test_a_cache_takes_the_layers_dtype_and_device_unless_told():
+    """catches: a default cache in float32 for a float64 layer."""
+    c = CollaborativeAttention(16, 4).double()
+    assert c.make_kv_cache(2, 5).k.dtype == F64
+    assert c.make_kv_cache(2, 5, dtype=torch.float32).k.dtype == torch.float32
+    assert CollaborativeAttention(16, 4, device="meta").make_kv_cache(2, 5).k.device.type == "meta"

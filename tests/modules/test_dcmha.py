@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -204,3 +206,26 @@ def test_gpt_generates_cached_equals_uncached(kind):
     idx = torch.randint(0, 256, (2, 5))
     a = assert_cached_generation_agrees(model, idx, 6)
     assert np.all(a[:, :5].numpy() == idx.numpy())
+
+
+def test_dynamic_only_cost_matches_the_flop_counter():
+    """catches: static composition counted for a layer without it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    m = DCMHA(16, 4, static=False).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    with FlopCounterMode(display=False) as counter:
+        m(x, backend="math")
+    assert counter.get_total_flops() == m.cost(5, batch=2).total_flops
+
+
+def test_initial_weights_have_the_official_scales():
+    """catches: other initial scales of the composition weights (the official code's: std
+    sqrt(2 / (C + K)), 0.02 / (sqrt(4H) (H + 2)) and 0.05 sqrt(2 / (H + C)))."""
+    torch.manual_seed(0)
+    C, H = 256, 8
+    m = DCMHA(C, H)
+    K = m.dw1.shape[-1]
+    for weight, std in ((m.dw1, math.sqrt(2 / (C + K))), (m.qkw, 0.02 / (math.sqrt(4 * H) * (H + 2))),
+                        (m.dd, 0.05 * math.sqrt(2 / (H + C)))):  # fmt: skip
+        assert abs(float(weight.std()) / std - 1) < 0.1, (tuple(weight.shape), float(weight.std()), std)

@@ -229,3 +229,14 @@ def test_initial_weights_have_the_official_scales():
     for weight, std in ((m.dw1, math.sqrt(2 / (C + K))), (m.qkw, 0.02 / (math.sqrt(4 * H) * (H + 2))),
                         (m.dd, 0.05 * math.sqrt(2 / (H + C)))):  # fmt: skip
         assert abs(float(weight.std()) / std - 1) < 0.1, (tuple(weight.shape), float(weight.std()), std)
+
+
+def test_dropout_acts_in_training_only_and_an_empty_query_gives_an_empty_output():
+    """catches: the composed weights never dropped; a T = 0 call with a row of output."""
+    torch.manual_seed(0)
+    m = DCMHA(16, 4, dropout=0.5).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    kept = m.eval()(x)
+    assert not torch.allclose(m.train()(x), kept)  # half the weights dropped (and the rest doubled)
+    torch.testing.assert_close(m.eval()(x), kept, rtol=0, atol=0)  # eval: no dropout, the same twice
+    assert m(torch.randn(2, 0, 16, dtype=torch.float64)).shape == (2, 0, 16)

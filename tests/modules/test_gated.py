@@ -436,3 +436,16 @@ def test_builder_and_from_attention_pass_rope_and_qk_norm():
     assert off.rope is None and off.qk_norm is None
     on = GatedHeadAttention.from_attention(MultiHeadAttention(24, 4), rope=True, qk_norm=True)
     assert on.rope is not None and on.qk_norm.k_norm.weight.eq(1).all()
+
+
+def test_defaults_gates_start_symmetric_and_the_penalty_coefficient_is_one():
+    """catches: log_alpha started at one value instead of uniform(-b, b); other defaults of cost and
+    concrete_penalty."""
+    torch.manual_seed(0)
+    m = GatedHeadAttention(64, 16)
+    a = m.log_alpha.detach()
+    assert float(a.min()) < 0 < float(a.max()) and a.unique().numel() == a.numel()
+    assert m.cost(4) == m.cost(4, batch=1)
+    model = torch.nn.Sequential(m)
+    torch.testing.assert_close(concrete_penalty(model), concrete_penalty(model, 1.0), rtol=0, atol=0)
+    torch.testing.assert_close(concrete_penalty(model), m.l0_penalty(), rtol=0, atol=0)

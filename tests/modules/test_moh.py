@@ -316,3 +316,12 @@ def test_sparse_equals_dense_with_rope_on_a_cut_group(router):
     assert_paths_agree(a, b)
     (ga,), (gb,) = torch.autograd.grad(a.sum(), x), torch.autograd.grad(b.sum(), x)
     assert_paths_agree(ga, gb)
+
+
+def test_defaults_are_the_papers_and_the_repr_names_grouped_heads():
+    """catches: another load-balance coefficient (0.01) or default split (half shared, half the rest
+    routed, at least one); a repr that hides num_kv_heads."""
+    m = MoHAttention(16, 4)
+    assert (m.aux_loss_coeff, m.shared_heads, m.routed_heads) == (0.01, 2, 1)
+    assert "num_kv_heads" not in repr(m)
+    assert "num_kv_heads=2" in repr(MoHAttention(16, 4, num_kv_heads=2))

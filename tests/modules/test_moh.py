@@ -323,5 +323,6 @@ def test_defaults_are_the_papers_and_the_repr_names_grouped_heads():
     routed, at least one); a repr that hides num_kv_heads."""
     m = MoHAttention(16, 4)
     assert (m.aux_loss_coeff, m.shared_heads, m.routed_heads) == (0.01, 2, 1)
+    assert MoHAttention(16, 4, shared_heads=4).routed_heads == 0  # every head shared: nothing to route
     assert "num_kv_heads" not in repr(m)
     assert "num_kv_heads=2" in repr(MoHAttention(16, 4, num_kv_heads=2))

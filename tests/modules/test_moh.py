@@ -252,6 +252,8 @@ def test_call_errors():
     x = torch.randn(2, 5, 20, dtype=F64)
     with pytest.raises(ValueError, match="attn_mask has shape"):
         m(x, attn_mask=torch.ones(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"attn_mask has shape \(2, 3, 5, 5\)"):  # 4-D, but 3 heads of 4
+        m(x, attn_mask=torch.ones(2, 3, 5, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match="bool"):
         m(x, attn_mask=torch.ones(5, 5, dtype=torch.int64))
     with pytest.raises(ValueError, match="key_mask must be"):

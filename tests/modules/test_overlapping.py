@@ -339,3 +339,8 @@ def test_either_option_switches_the_cache_to_widened_heads(opts):
     steps = [m(x[:, :4], is_causal=True, kv_cache=cache)] + [m(x[:, t : t + 1], is_causal=True, kv_cache=cache)
                                                             for t in (4, 5)]  # fmt: skip
     assert_paths_agree(torch.cat(steps, 1), m(x, is_causal=True))
+
+
+def test_no_overlap_by_default():
+    """catches: another default overlap (0: plain heads unless asked)."""
+    assert OverlappingHeadAttention(16, 4).overlap == 0

@@ -348,3 +348,18 @@ def test_a_pruned_gpt_converts_layer_by_layer_exactly_where_its_heads_agree():
     assert [b.attn.num_kv_heads for b in new.blocks] == [1, 1]
     x = torch.randint(0, 256, (2, 16))
     torch.testing.assert_close(new(x), model(x))
+
+
+def test_a_pruned_gpt_whose_g_does_not_divide_num_heads_lists_its_layers_key_value_heads():
+    """5 heads pruned to [4, 2], converted to G = 2: a config holds num_kv_heads dividing num_heads
+    (5), so each layer's 2 key/value heads go into layer_kv_heads (catches: the wrong branch or list)."""
+    from multihead.models.gpt import GPT, GPTConfig
+    from multihead.tools.prune import prune_heads
+
+    torch.manual_seed(0)
+    config = GPTConfig.from_preset("tiny", embed_dim=40, num_heads=5, context_length=16)
+    model = prune_heads(GPT(config), {0: [4], 1: [0, 1, 2]}).eval()
+    new = to_gqa(model, 2).eval()
+    assert (new.config.attention, new.config.num_kv_heads, new.config.layer_kv_heads) == ("gqa", 5, [2, 2])
+    assert [b.attn.num_kv_heads for b in new.blocks] == [2, 2]
+    assert_cached_generation_agrees(new, torch.randint(0, 256, (1, 4)), 4)

@@ -390,3 +390,17 @@ def test_progress_bar_only_when_asked(capsys):
     assert capsys.readouterr().err == ""
     head_importance(_TwoLayers(), X, _sum_loss, method="ablation", progress=True)
     assert "head importance" in capsys.readouterr().err
+
+
+def test_a_layer_that_ran_but_does_not_reach_the_loss_scores_zero():
+    """catches: a wrong shape for the zero scores of heads whose gates get no gradient."""
+    torch.manual_seed(0)
+    model = _TwoLayers((2, 4)).double()
+
+    def first_only(m, x):
+        out = m.layers[0](x)
+        m.layers[1](x)  # runs (every layer must) but its output is dropped
+        return out.pow(2).sum()
+
+    scores = head_importance(model, [X[0].double()], first_only, normalize=None)
+    assert bool((scores[0, :2] > 0).all()) and bool((scores[1] == 0).all())  # row 0 past head 1: NaN

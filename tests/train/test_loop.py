@@ -206,3 +206,25 @@ def test_errors_name_the_values(tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists()  # refused before anything was written
     with pytest.raises(ValueError, match=r"cannot resume: no checkpoint in .*run"):
         train(tiny_config(tmp_path), resume=True, progress=False)
+
+
+def test_one_step_is_adamw_on_the_lm_loss_plus_the_aux_loss(tmp_path):
+    """A training step written out by hand (MoH: a load-balance term; clipping at 1.0) gives the
+    same weights (catches: the aux loss subtracted, dropped or scaled, another clip or optimizer)."""
+    from multihead.train.batches import Batches, read_tokens
+
+    config = tiny_config(tmp_path, attention="moh", attention_options={"shared_heads": 2}, max_steps=1, warmup=0)
+    result = train(config, progress=False)
+    torch.manual_seed(config.seed)  # as train builds its model
+    model = GPT(config.model_config(256)).train()
+    tokens = read_tokens(result.run_dir / "data" / "train.bin")
+    x, y = Batches(tokens, batch_size=config.batch_size, context_length=config.context_length, seed=config.seed).get(0)
+    optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=learning_rate(0, config),
+                                  betas=(config.beta1, config.beta2), eps=1e-8, fused=False)  # fmt: skip
+    logits = model(x)
+    lm = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    (lm + model.aux_loss()).backward()
+    torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], config.grad_clip)
+    optimizer.step()
+    for (name, p), q in zip(model.named_parameters(), result.model.parameters()):
+        torch.testing.assert_close(q, p, msg=name)

@@ -49,7 +49,7 @@ def assert_follows(got, want):
     differently, and AdamW turns the rounding of near-zero gradients into steps of size lr, so
     the tolerance is 1e-4 relative (a missing gradient sum or a wrong shard is off by 1e-1)."""
     assert [m["step"] for m in got] == [m["step"] for m in want] == [1, 2, 3, 4, 5, 6]
-    for key in ("train_loss", "grad_norm", "lr", "val_loss"):
+    for key in ("train_loss", "aux_loss", "grad_norm", "lr", "val_loss"):
         pairs = [(a[key], b[key]) for a, b in zip(got, want) if key in a or key in b]
         torch.testing.assert_close(torch.tensor([a for a, _ in pairs]), torch.tensor([b for _, b in pairs]),
                                    rtol=1e-4, atol=1e-6, msg=key)  # fmt: skip
@@ -76,6 +76,19 @@ def test_two_processes_splitting_heads_follow_one_process_across_a_resume(tmp_pa
     assert_follows(metrics(tmp_path / "tp" / "run"), metrics(single.run_dir))
     state = load_training_state(tmp_path / "tp" / "run" / "checkpoints" / "step-000006")
     assert state.config.tensor_parallel == 2 and state.world_size == 2
+
+
+def test_mixture_of_head_split_over_two_processes_follows_one_process(tmp_path):
+    """Its load-balance loss too: each rank's part reports its share, summed over the ranks
+    (catches: the aux loss logged as one rank's part)."""
+    moh = dict(attention="moh", attention_options={"shared_heads": 2}, max_steps=3)
+    _torchrun(tmp_path, 2, tiny_config(tmp_path / "tp", tensor_parallel=2, **moh))
+    single = train(tiny_config(tmp_path / "one", **moh), progress=False)
+    got, want = metrics(tmp_path / "tp" / "run"), metrics(single.run_dir)
+    assert [m["step"] for m in got] == [1, 2, 3] and want[0]["aux_loss"] > 0
+    for key in ("train_loss", "aux_loss", "grad_norm"):
+        torch.testing.assert_close(torch.tensor([m[key] for m in got]), torch.tensor([m[key] for m in want]),
+                                   rtol=1e-4, atol=1e-6, msg=key)  # fmt: skip
 
 
 def test_a_split_run_resumes_in_one_process(tmp_path):

@@ -123,3 +123,17 @@ def test_gpt_decoding_step_with_inductor():
         want = model(idx[:, -1:], kv_caches=want_caches)
     torch.testing.assert_close(got, want)
     _assert_same_caches(got_caches, want_caches)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="inductor needs a C++ compiler")
+def test_generate_with_compiled_steps_gives_the_eager_tokens():
+    """``generate(compile_steps=True)``: the one-token steps through inductor, the same greedy tokens and logits."""
+    model = _model(attention="gqa", num_kv_heads=2)
+    idx, _ = _prompt()
+    with torch.no_grad():
+        got, got_logits = model.generate(idx, 6, temperature=0, compile_steps=True, return_logits=True)
+        want, want_logits = model.generate(idx, 6, temperature=0, return_logits=True)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits)
+    with pytest.raises(TypeError, match="compile_steps must be a bool, got 1"):
+        model.generate(idx, 1, compile_steps=1)

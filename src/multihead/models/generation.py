@@ -130,6 +130,7 @@ def generate(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     return_logits: bool = False,
+    compile_steps: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Extend ``idx`` by up to ``max_new_tokens`` tokens.
 
@@ -151,6 +152,11 @@ def generate(
             step (the reference the cached path is tested against).
         return_logits: also return the raw next-token logits of every step
             (before temperature and filtering).
+        compile_steps: run the one-token steps over the static cache through
+            ``torch.compile(fullgraph=True)`` (the prefill and a padded batch's
+            steps stay eager). The first call compiles (seconds); the cache
+            length is a Python int that becomes symbolic, so the steps of a
+            call compile twice in all (``modules.kv_cache``).
 
     Returns:
         tokens [B, T0 + n] with n <= max_new_tokens (n < max_new_tokens only
@@ -175,6 +181,8 @@ def generate(
     if T0 > window:
         raise ValueError(f"prompt length {T0} exceeds context_length={window}; pass its last {window} tokens")
     _temperature(temperature)
+    if not isinstance(compile_steps, bool):
+        raise TypeError(f"compile_steps must be a bool, got {compile_steps!r}")
     if top_k is not None:
         positive_int("top_k", top_k)
     if top_p is not None:
@@ -201,6 +209,9 @@ def generate(
         return (idx, empty) if return_logits else idx
 
     caches = model.make_kv_caches(B, min(window, T0 + max_new_tokens)) if use_cache else None
+    compiled = None
+    if compile_steps and use_cache and mask is None:
+        compiled = torch.compile(lambda feed, kv: model(feed, kv_caches=kv, logits_to_keep=1), fullgraph=True)
     tokens, done, steps = idx, torch.zeros(B, dtype=torch.bool, device=idx.device), []
     with torch.no_grad():
         for step in range(max_new_tokens):
@@ -211,7 +222,10 @@ def generate(
                     cache.reset()
             else:
                 feed = tokens if (caches is None or step == 0) else tokens[:, -1:]
-            logits = model(feed, attention_mask=seen, kv_caches=caches, logits_to_keep=1)[:, -1]  # (B, 1, V) -> (B, V)
+            if compiled is not None and feed.shape[1] == 1:  # a one-token step over the cache
+                logits = compiled(feed, caches)[:, -1]  # (B, 1, V) -> (B, V)
+            else:
+                logits = model(feed, attention_mask=seen, kv_caches=caches, logits_to_keep=1)[:, -1]
             steps.append(logits)
             nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             if eos is not None:

@@ -10,6 +10,7 @@ import torch
 
 from multihead.commands import roofline
 from multihead.errors import UsageError
+from multihead.models.gpt import GPTConfig
 from multihead.tools.machine_limits import device_name
 
 
@@ -57,3 +58,14 @@ def test_table_files_and_measured_points(tmp_path, limits, capsys):
 def test_mistakes_are_one_line(argv, message, limits):
     with pytest.raises(UsageError, match=message):
         roofline.run(_args(*argv))
+
+
+def test_a_split_prints_one_ranks_share_from_the_parallel_accounting(limits, capsys):
+    from multihead.parallel.costs import rank_cost
+
+    assert roofline.run(_args("--preset", "tiny", "--context", "32", "--device", "cpu", "--tensor-parallel", "2")) == 0
+    share = rank_cost(GPTConfig.from_preset("tiny"), 2, bytes_per_element=4)
+    assert (f"split over 2 processes, one rank holds {share.parameters:,} parameters and "
+            f"{share.kv_cache_bytes_per_token:,} KV-cache bytes per token") in capsys.readouterr().out  # fmt: skip
+    with pytest.raises(UsageError, match="degree 8 needs the head count to divide"):
+        roofline.run(_args("--preset", "tiny", "--context", "32", "--tensor-parallel", "8"))

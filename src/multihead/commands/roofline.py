@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measure", action="store_true", help="also time the real model (random weights)")
     parser.add_argument("--remeasure-limits", action="store_true", help="measure the machine again instead of the cache")
     parser.add_argument("--out", metavar="DIR", help="write roofline.md, roofline.json and roofline.png here")
+    parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                        help="also print one rank's share with heads split over N processes (multihead.parallel)")  # fmt: skip
     add_import_argument(parser)
 
 
@@ -65,6 +67,7 @@ class Job:
     measure: bool
     remeasure: bool
     out: Path | None
+    tensor_parallel: int = 1
 
 
 def prepare(args: argparse.Namespace) -> Job:
@@ -98,7 +101,14 @@ def prepare(args: argparse.Namespace) -> Job:
     if out is not None and out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
     label = f"{args.preset}, {args.attention}{' ' + str(options) if options else ''}"
-    return Job(config, label, args.batch, args.context, args.dtype, device, args.measure, args.remeasure_limits, out)
+    if args.tensor_parallel < 1:
+        raise ValueError(f"--tensor-parallel must be at least 1, got {args.tensor_parallel}")
+    if args.tensor_parallel > 1:
+        from ..parallel.costs import rank_cost
+
+        rank_cost(config, args.tensor_parallel)  # the heads, G and the MLP must split that many ways
+    return Job(config, label, args.batch, args.context, args.dtype, device, args.measure, args.remeasure_limits, out,
+               args.tensor_parallel)  # fmt: skip
 
 
 def measure(job: Job, repeats: int = 3) -> dict[str, float]:
@@ -165,6 +175,15 @@ def _table(job: Job, costs, limits, measured) -> list[str]:
         lines.append(row)
     kv = costs["decode"].kv_cache_bytes_per_token
     lines += ["", f"KV cache: {kv:,} bytes per token of one sequence ({job.dtype}, all {job.config.num_layers} layers)"]
+    if job.tensor_parallel > 1:
+        from ..parallel.costs import rank_cost
+
+        share = rank_cost(job.config, job.tensor_parallel, bytes_per_element=DTYPE_BYTES[job.dtype])
+        lines.append(
+            f"split over {job.tensor_parallel} processes, one rank holds {share.parameters:,} parameters and "
+            f"{share.kv_cache_bytes_per_token:,} KV-cache bytes per token; each block all-reduces "
+            f"{share.all_reduce_bytes_per_token:,} bytes per token in a forward (multihead.parallel.costs)"
+        )
     return lines
 
 

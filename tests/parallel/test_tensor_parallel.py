@@ -24,8 +24,10 @@ def _torchrun(processes: int, check: str, out: Path) -> list[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), "--standalone"]
     done = subprocess.run([*command, str(CHECKS), check, str(out)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
-    return [line for r in range(processes) for line in (out / f"rank{r}.txt").read_text().splitlines()]
+    reports = {r: (out / f"rank{r}.txt").read_text() if (out / f"rank{r}.txt").exists() else "" for r in range(processes)}
+    assert done.returncode == 0, f"{reports}\n{done.stdout[-2000:]}{done.stderr[-6000:]}"
+    assert all(text.endswith("done\n") for text in reports.values()), reports
+    return [line for text in reports.values() for line in text.splitlines()]
 
 
 def test_two_ranks_equal_one_process_for_every_kind_that_splits(tmp_path):

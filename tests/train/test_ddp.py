@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import torch
+from support.torchrun import QUIET_EXIT
 from support.training import assert_follows
 from support.training import tiny_config as support_tiny_config
 
@@ -51,7 +52,7 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     # grad_accum 2 under DDP: each rank's 4 rows in two micro-batches of 2 (no_sync on the first)
     parallel = tiny_config(tmp_path / "ddp", grad_accum=2)
     script = tmp_path / "ddp_train.py"
-    script.write_text(SCRIPT, encoding="utf-8")
+    script.write_text(SCRIPT + QUIET_EXIT, encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
     done = subprocess.run(

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 import torch
+from support.torchrun import QUIET_EXIT
 from support.training import assert_follows
 from support.training import tiny_config as support_tiny_config
 
@@ -131,7 +132,7 @@ SCRIPT = textwrap.dedent(
 def test_under_torchrun_every_rank_stops_after_the_same_step(tmp_path, shard):
     parallel = tiny_config(tmp_path / "ddp", shard=shard)
     script = tmp_path / "ddp_train.py"
-    script.write_text(SCRIPT, encoding="utf-8")
+    script.write_text(SCRIPT + QUIET_EXIT, encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
     done = subprocess.run([*command, str(script), json.dumps(parallel.to_dict()), str(tmp_path)],

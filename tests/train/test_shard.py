@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 from safetensors import safe_open
+from support.torchrun import QUIET_EXIT
 from support.training import assert_follows
 from support.training import tiny_config as support_tiny_config
 
@@ -73,7 +74,7 @@ def test_fsdp2_processes_follow_one_process_and_resume_across_modes(tmp_path):
         ({**sharded_then_one, "max_steps": 3}, False),  # resumed below in one process
     ]
     script = tmp_path / "fsdp_train.py"
-    script.write_text(SCRIPT, encoding="utf-8")
+    script.write_text(SCRIPT + QUIET_EXIT, encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
     done = subprocess.run(

@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 import torch
+from support.torchrun import QUIET_EXIT
 from support.training import tiny_config as support_tiny_config
 
 from multihead.models.gpt import GPTConfig
@@ -62,7 +63,7 @@ def metrics(run_dir):
 
 def _torchrun(tmp_path, processes: int, config: TrainConfig) -> None:
     script = tmp_path / "tp_train.py"
-    script.write_text(SCRIPT, encoding="utf-8")
+    script.write_text(SCRIPT + QUIET_EXIT, encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), "--standalone"]
     done = subprocess.run([*command, str(script), json.dumps(config.to_dict())], env=env, capture_output=True,

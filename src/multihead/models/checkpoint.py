@@ -70,6 +70,7 @@ from ..io import (
     write_text_atomic,
 )
 from .gpt import GPT, GPTConfig
+from .quantize import refuse_weight_only
 from .run_dirs import checkpoint_path
 
 __all__ = [
@@ -117,9 +118,11 @@ def save_checkpoint(
 
     Raises:
         TypeError: ``model`` is not a GPT.
+        ValueError: a model with weight-only bf16/int8 layers (``models.quantize``).
     """
     if not isinstance(model, GPT):
         raise TypeError(f"save_checkpoint takes a GPT, got {type(model).__name__}")
+    refuse_weight_only(model, "save")
     config_path, weights_path = checkpoint_paths(path)
     weights_path.parent.mkdir(parents=True, exist_ok=True)
     config_text = json.dumps(model.config.to_dict(), sort_keys=True)

@@ -30,6 +30,7 @@ from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
 from ..modules.head_selection import check_heads
 from ..modules.registry import build_attention, check_kind, total_aux_loss
+from ..modules.weight_only import WeightOnlyEmbedding, WeightOnlyLinear
 from .generation import generate as generate_tokens
 from .gpt_inputs import (
     LMOutput,
@@ -373,8 +374,13 @@ class GPT(nn.Module):
                 nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=std)  # every AttentionLayer has one
 
     def num_parameters(self) -> int:
-        """Parameters counted once (the tied LM head is not counted twice)."""
-        return sum(p.numel() for p in self.parameters())
+        """Parameters counted once (the tied LM head is not counted twice); the
+        stored weights and biases of weight-only layers (``models.quantize``) count too."""
+        tensors = {id(p): p for p in self.parameters()}
+        for m in self.modules():
+            if isinstance(m, (WeightOnlyLinear, WeightOnlyEmbedding)):
+                tensors.update((id(t), t) for t in (m.stored, getattr(m, "bias", None)) if t is not None)
+        return sum(t.numel() for t in tensors.values())
 
     def aux_loss(self) -> torch.Tensor:
         """Sum over blocks of ``block.attn.aux_loss()`` of the last forward: 0-d, with

@@ -54,6 +54,7 @@ from .kv_cache import KVCache
 from .norms import QKNorm
 from .observe import AttentionEvent, Observer
 from .rope import Rotary, query_positions
+from .weight_only import layer_dtype_device
 
 __all__ = ["AttentionLayer"]
 
@@ -362,9 +363,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
 
     def make_kv_cache(self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None):
         """A cache sized for this layer: keys and values (batch_size, G, max_len, D)."""
-        ref = self.out_proj.weight
+        ref_dtype, ref_device = layer_dtype_device(self.out_proj)  # also for weight-only (bf16/int8) projections
         return KVCache(
-            batch_size, self.num_kv_heads, max_len, self.head_dim, dtype=dtype or ref.dtype, device=device or ref.device
+            batch_size, self.num_kv_heads, max_len, self.head_dim, dtype=dtype or ref_dtype, device=device or ref_device
         )
 
     def aux_loss(self) -> torch.Tensor:
@@ -432,7 +433,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
                 written; a call that fails leaves the cache as it was).
         """
         check_call(query, key, value, kv_cache, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim,
-                   dtype=self.out_proj.weight.dtype)  # fmt: skip
+                   dtype=layer_dtype_device(self.out_proj)[0])  # fmt: skip
         refuse_torch_padding(options)
         if options or self.backends is not None:
             self._check_forward_options(backend, options)

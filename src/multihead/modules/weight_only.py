@@ -1,0 +1,180 @@
+"""Weight-only bfloat16 / int8 linear layers and embeddings, for decoding.
+
+Decoding one token reads every weight once for little arithmetic, so its
+speed is the weight bytes over the memory bandwidth. These layers keep the
+weights in fewer bytes and the activations in the model's dtype (float32):
+
+    bf16:  W [N, K] stored as bfloat16                          (2 bytes per weight)
+    int8:  W [N, K] ~ Q [N, K] (int8, |Q| <= 127) * s [N]       (1 byte per weight)
+           s = absmax of each output row / 127, rounded up to a bfloat16 value
+
+    x [..., K] (float32) --to bfloat16--> matrix product with the stored
+    weights (float32 accumulation) --> [..., N] --+ bias (float32)--> float32
+
+The matrix products run on bfloat16 inputs (the compute dtype the kernels
+take): on CPU a one-row product is ``torch.mv`` (bf16) or
+``torch._weight_int8pack_mm`` (int8 weights, bf16 activations, per-channel
+scales; both read only the stored bytes), several rows ``F.linear`` in
+bfloat16 (int8 weights converted per call for more than
+``INT8_KERNEL_ROWS`` rows, where the conversion is spread over the rows).
+On CUDA both formats run ``F.linear`` in bfloat16 (int8 converted per call:
+it saves memory, not time). The scales are bfloat16 values so the int8
+kernel reads them exactly.
+
+Rounding, per weight: bf16 |W - bf16(W)| <= 2^-8 |W|; int8 |W - Q s| <= s / 2.
+The activations are rounded to bfloat16 (relative 2^-8) and so are the
+products' outputs before the bias is added.
+
+These layers are for inference: ``train()`` refuses, and they hold no
+parameters (the stored weights are buffers), so nothing trains them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "WEIGHT_FORMATS",
+    "INT8_KERNEL_ROWS",
+    "WeightOnlyLinear",
+    "WeightOnlyEmbedding",
+    "int8_per_channel",
+    "dequantize",
+    "layer_dtype_device",
+]
+
+WEIGHT_FORMATS = ("fp32", "bf16", "int8")
+INT8_KERNEL_ROWS = 16  # up to this many rows the int8 kernel; more: convert the weights once per call
+
+
+def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 rows with one scale per output row.
+
+    Args:
+        weight: [N, K] floating.
+
+    Returns:
+        (q [N, K] int8 in [-127, 127], scale [N] bfloat16), with
+        |weight - q * scale| <= scale / 2 elementwise; a row of zeros gets scale 1.
+    """
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1) / 127.0  # (N,)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    s16 = scale.to(torch.bfloat16)
+    low = s16.float() < scale  # rounded down: step to the next bfloat16 above, so |w / s| <= 127
+    s16 = torch.where(low, (s16.view(torch.int16) + 1).view(torch.bfloat16), s16)
+    q = torch.round(w / s16.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, s16
+
+
+def dequantize(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The matrix a stored weight stands for: ``stored`` [N, K] (bf16, or int8 with ``scale`` [N]) in ``dtype``."""
+    w = stored.to(dtype)
+    return w if scale is None else w * scale.to(dtype)[:, None]
+
+
+def layer_dtype_device(linear: nn.Module) -> tuple[torch.dtype, torch.device]:
+    """(dtype of the inputs and outputs, device) of ``nn.Linear`` or :class:`WeightOnlyLinear`,
+    without reading a weight that would have to be dequantized."""
+    if isinstance(linear, WeightOnlyLinear):
+        return linear.compute_dtype, linear.stored.device
+    return linear.weight.dtype, linear.weight.device
+
+
+class _InferenceOnly(nn.Module):
+    """Refuses training mode (``model.train()``) with one line."""
+
+    def train(self, mode: bool = True):
+        if mode:
+            raise ValueError(
+                f"this model holds weight-only {self.format} layers, which are for inference: "
+                "train the float32 model and quantize it afterwards"
+            )
+        return super().train(False)
+
+
+class WeightOnlyLinear(_InferenceOnly):
+    """``nn.Linear`` with its weight stored in bfloat16 or int8 (per-output-channel scales).
+
+    Args:
+        linear: the float layer (weight [N, K], optional bias [N]; or an
+            ``nn.Embedding``, whose table is read as [V, K]); not changed.
+        weight_format: "bf16" or "int8".
+
+    Buffers: ``stored`` [N, K] (bfloat16 or int8), ``scale`` [N] (bfloat16, int8
+    only), ``bias`` [N] (the layer's dtype) or None.
+
+    Forward: x [..., K] in the layer's dtype -> [..., N] in that dtype.
+    """
+
+    def __init__(self, linear: nn.Linear, weight_format: str) -> None:
+        super().__init__()
+        if weight_format not in ("bf16", "int8"):
+            raise ValueError(f"weight_format must be 'bf16' or 'int8', got {weight_format!r}")
+        self.format = weight_format
+        self.compute_dtype = linear.weight.dtype
+        self.out_features, self.in_features = linear.weight.shape
+        if weight_format == "bf16":
+            stored, scale = linear.weight.detach().to(torch.bfloat16), None
+        else:
+            stored, scale = int8_per_channel(linear.weight)
+        self.register_buffer("stored", stored.contiguous())
+        self.register_buffer("scale", scale)
+        bias = getattr(linear, "bias", None)  # an nn.Embedding table has none
+        bias = None if bias is None else bias.detach().clone()
+        self.register_buffer("bias", bias)
+        self.training = False
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The matrix this layer multiplies by, [N, K] in the compute dtype (dequantized on each read)."""
+        return dequantize(self.stored, self.scale, self.compute_dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.format}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N] (see the module docstring for the kernels)."""
+        lead = x.shape[:-1]
+        xb = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (..., K) -> (M, K)
+        rows, cpu = xb.shape[0], x.device.type == "cpu"
+        if self.format == "bf16":
+            y = torch.mv(self.stored, xb[0])[None] if cpu and rows == 1 else F.linear(xb, self.stored)
+        elif cpu and rows <= INT8_KERNEL_ROWS:
+            y = torch._weight_int8pack_mm(xb, self.stored, self.scale)  # (M, K) x (N, K)^T * s -> (M, N)
+        else:
+            y = F.linear(xb, self.stored.to(torch.bfloat16)) * self.scale
+        y = y.to(self.compute_dtype) if self.bias is None else torch.add(self.bias, y)  # bf16 + f32 -> f32
+        return y.view(*lead, self.out_features)  # (M, N) -> (..., N)
+
+
+class WeightOnlyEmbedding(_InferenceOnly):
+    """Token embedding whose table is a :class:`WeightOnlyLinear`'s stored rows (tied LM
+    head) or its own; a lookup dequantizes only the rows it reads.
+
+    Forward: ids [...] -> [..., K] in the compute dtype.
+    """
+
+    def __init__(self, table: WeightOnlyLinear) -> None:
+        super().__init__()
+        self.format, self.compute_dtype = table.format, table.compute_dtype
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+        self.register_buffer("stored", table.stored)
+        self.register_buffer("scale", table.scale)
+        self.training = False
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The table, [V, K] in the compute dtype (dequantized on each read)."""
+        return dequantize(self.stored, self.scale, self.compute_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, weights={self.format}"
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(ids, self.stored).to(self.compute_dtype)  # (..., K)
+        if self.scale is None:
+            return rows
+        return rows * F.embedding(ids, self.scale[:, None]).to(self.compute_dtype)  # (..., K) * (..., 1)

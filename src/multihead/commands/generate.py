@@ -10,6 +10,11 @@ model_type "gpt2", model.safetensors, and its tokenizer.json unless
 ``--tokenizer`` gives one) into multihead's ``GPT``
 (``multihead.hf.load_gpt2_folder``; what ``multihead export`` writes too).
 
+``--weights bf16`` or ``int8`` generates with weight-only quantized linear
+layers (``multihead.models.quantize_weights``) and prints, once, the logit
+error against the float32 model over the prompt and its greedy continuation
+(``multihead.tools.logit_error``).
+
 Byte-level models (vocab_size 256) read the prompt as UTF-8 bytes; other
 vocabularies need ``--tokenizer tokenizer.json`` (Hugging Face ``tokenizers``)
 unless a run directory brings its own tokenizer.
@@ -27,6 +32,7 @@ import torch
 from torch import nn
 
 from ..models.gpt import GPT_PRESETS
+from ..modules.weight_only import WEIGHT_FORMATS
 from ..paths import output_folder
 from .checking import checking
 from .imports import add_import_argument, import_modules
@@ -52,7 +58,9 @@ DESCRIPTION = (
     "the tiny and mini presets) read the prompt as UTF-8 bytes; other vocabularies need "
     "--tokenizer tokenizer.json (a run directory brings its tokenizer). A preset's untrained "
     "weights produce noise: they show the decoding machinery (KV cache, temperature, top-k, "
-    "top-p), not a language model. --save-init only saves the model, so the sampling options "
+    "top-p), not a language model. --weights bf16|int8 stores the linear layers' weights in "
+    "fewer bytes for decoding (activations stay float32) and prints the logit error against float32 "
+    "once. --save-init only saves the model, so the sampling options "
     "cannot go with it. A checkpoint of an attention kind from your own package needs --import."
 )
 
@@ -89,6 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer", metavar="FILE", help="Hugging Face tokenizer.json (required when vocab_size is not 256)"
     )
+    parser.add_argument(
+        "--weights", choices=WEIGHT_FORMATS, default="fp32",
+        help="weights of the linear layers while generating: fp32 (default), bf16, or int8 with per-channel "
+        "scales; bf16/int8 print the logit error against fp32 once",
+    )  # fmt: skip
     parser.add_argument("--save-init", metavar="PATH", help="save the freshly initialised preset model to PATH and exit")
     add_import_argument(parser)
 
@@ -104,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         job = prepare(
             preset=args.preset, checkpoint=args.checkpoint, hf=args.hf, prompt=args.prompt if args.text is None else args.text,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            seed=args.seed, tokenizer=args.tokenizer, save_init=args.save_init,
+            seed=args.seed, tokenizer=args.tokenizer, save_init=args.save_init, weights=args.weights,
         )  # fmt: skip
     return generate(job)
 
@@ -187,6 +200,8 @@ class Generation:
     top_p: float | None
     seed: int
     save_init: str | None
+    weights: str = "fp32"
+    reference: nn.Module | None = None  # the float32 model of a bf16/int8 one
 
 
 def prepare(
@@ -202,17 +217,21 @@ def prepare(
     tokenizer: str | None = None,
     save_init: str | None = None,
     hf: str | None = None,
+    weights: str = "fp32",
 ) -> Generation:
     """Check the options, build or load the model and encode the prompt.
 
     None means the default (``DEFAULT_PROMPT``, ``DEFAULT_MAX_NEW_TOKENS``,
     ``DEFAULT_TEMPERATURE``, no top-k/top-p). With ``save_init`` the freshly
-    built preset model is to be saved there and nothing is encoded.
+    built preset model is to be saved there and nothing is encoded. With
+    ``weights`` "bf16" or "int8" the model is quantized
+    (``models.quantize_weights``) and the float32 one kept as the reference.
 
     Raises:
         ValueError: conflicting or invalid options: --preset with
             --checkpoint or --hf; --save-init with --checkpoint, --hf or a sampling option,
-            or a PATH that cannot be written; --top-k or --top-p with
+            or a PATH that cannot be written; --weights other than fp32 with
+            --save-init, or for a model quantize_weights refuses; --top-k or --top-p with
             --temperature 0 (greedy ignores them); sampling values out of
             range; a missing --tokenizer file; a run directory with no
             checkpoint yet, or with --tokenizer (it has its own); an --hf
@@ -227,6 +246,10 @@ def prepare(
     given = [f"{flag} {value}" for flag, value in sources.items() if value is not None]
     if len(given) > 1:
         raise ValueError(f"give one of --preset, --checkpoint and --hf, not several (got {' '.join(given)})")
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"--weights {weights}: must be one of {', '.join(WEIGHT_FORMATS)}")
+    if weights != "fp32" and save_init is not None:
+        raise ValueError(f"--save-init saves the float32 model and generates nothing, so --weights {weights} would be ignored")
     if hf is not None and save_init is not None:
         raise ValueError(f"--save-init writes a freshly initialised preset model; it cannot be combined with --hf {hf}")
     if save_init is not None:
@@ -268,6 +291,11 @@ def prepare(
         model = GPT(config)
         source = f"preset {name!r}, fresh weights (seed {seed})"
     model.eval()
+    reference = None
+    if weights != "fp32":
+        from ..models.quantize import quantize_weights
+
+        reference, model = model, quantize_weights(model, weights)
     ids = None
     if save_init is None:
         prompt = DEFAULT_PROMPT if prompt is None else prompt
@@ -278,7 +306,7 @@ def prepare(
             )
     return Generation(
         model, source, tok, ids, DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
-        DEFAULT_TEMPERATURE if temperature is None else temperature, top_k, top_p, seed, save_init,
+        DEFAULT_TEMPERATURE if temperature is None else temperature, top_k, top_p, seed, save_init, weights, reference,
     )  # fmt: skip
 
 
@@ -322,6 +350,11 @@ def generate(
         echo(str(job.save_init))
         return 0
     info(f"model: {job.source}, {model.num_parameters():,} parameters; prompt {len(job.ids)} tokens")
+    if job.reference is not None:
+        from ..tools.logit_error import logit_error
+
+        err = logit_error(job.reference, model, torch.tensor([job.ids]), job.max_new_tokens)
+        info(f"weights {job.weights}: logit error against fp32 over the prompt and its greedy continuation: {err.line()}")
     generator = torch.Generator().manual_seed(job.seed)
     out = model.generate(
         torch.tensor([job.ids]),

@@ -30,7 +30,7 @@ from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
 from ..modules.head_selection import check_heads
 from ..modules.registry import build_attention, check_kind, total_aux_loss
-from ..modules.weight_only import WeightOnlyEmbedding, WeightOnlyLinear
+from ..modules.weight_only import WeightOnlyEmbedding, WeightOnlyLinear, refuse_training
 from .generation import generate as generate_tokens
 from .gpt_inputs import (
     LMOutput,
@@ -381,6 +381,13 @@ class GPT(nn.Module):
             if isinstance(m, (WeightOnlyLinear, WeightOnlyEmbedding)):
                 tensors.update((id(t), t) for t in (m.stored, getattr(m, "bias", None)) if t is not None)
         return sum(t.numel() for t in tensors.values())
+
+    def train(self, mode: bool = True) -> GPT:
+        """nn.Module's ``train``; refused (ValueError, nothing changed) for a model
+        with weight-only layers (``models.quantize``), which are for inference."""
+        if mode:
+            refuse_training(self)
+        return super().train(mode)
 
     def aux_loss(self) -> torch.Tensor:
         """Sum over blocks of ``block.attn.aux_loss()`` of the last forward: 0-d, with

@@ -14,9 +14,10 @@ weights in fewer bytes and the activations in the model's dtype (float32):
 The matrix products run on bfloat16 inputs (the compute dtype the kernels
 take): on CPU a one-row product is ``torch.mv`` (bf16) or
 ``torch._weight_int8pack_mm`` (int8 weights, bf16 activations, per-channel
-scales; both read only the stored bytes), several rows ``F.linear`` in
-bfloat16 (int8 weights converted per call for more than
-``INT8_KERNEL_ROWS`` rows, where the conversion is spread over the rows).
+scales, for K a multiple of ``INT8_KERNEL_K_MULTIPLE``; both read only the
+stored bytes), several rows ``F.linear`` in bfloat16 (int8 weights
+converted per call for more than ``INT8_KERNEL_ROWS`` rows, where the
+conversion is spread over the rows, or for other K).
 On CUDA both formats run ``F.linear`` in bfloat16 (int8 converted per call:
 it saves memory, not time). The scales are bfloat16 values so the int8
 kernel reads them exactly.
@@ -38,15 +39,18 @@ from torch import nn
 __all__ = [
     "WEIGHT_FORMATS",
     "INT8_KERNEL_ROWS",
+    "INT8_KERNEL_K_MULTIPLE",
     "WeightOnlyLinear",
     "WeightOnlyEmbedding",
     "int8_per_channel",
     "dequantize",
     "layer_dtype_device",
+    "refuse_training",
 ]
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8")
 INT8_KERNEL_ROWS = 16  # up to this many rows the int8 kernel; more: convert the weights once per call
+INT8_KERNEL_K_MULTIPLE = 16  # the CPU int8 kernel reads K in blocks of 16 (other widths give wrong results)
 
 
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,15 +87,25 @@ def layer_dtype_device(linear: nn.Module) -> tuple[torch.dtype, torch.device]:
     return linear.weight.dtype, linear.weight.device
 
 
+def refuse_training(module: nn.Module) -> None:
+    """Raise ValueError (one line) when ``module`` holds weight-only layers: call before any
+    mode changes, so a refused ``train()`` leaves every layer as it was."""
+    for m in module.modules():
+        if isinstance(m, _InferenceOnly):
+            raise ValueError(
+                f"this model holds weight-only {m.format} layers, which are for inference: "
+                "train the float32 model and quantize it afterwards"
+            )
+
+
 class _InferenceOnly(nn.Module):
-    """Refuses training mode (``model.train()``) with one line."""
+    """Refuses training mode (``train()``) with one line."""
+
+    format: str
 
     def train(self, mode: bool = True):
         if mode:
-            raise ValueError(
-                f"this model holds weight-only {self.format} layers, which are for inference: "
-                "train the float32 model and quantize it afterwards"
-            )
+            refuse_training(self)
         return super().train(False)
 
 
@@ -142,10 +156,10 @@ class WeightOnlyLinear(_InferenceOnly):
         rows, cpu = xb.shape[0], x.device.type == "cpu"
         if self.format == "bf16":
             y = torch.mv(self.stored, xb[0])[None] if cpu and rows == 1 else F.linear(xb, self.stored)
-        elif cpu and rows <= INT8_KERNEL_ROWS:
+        elif cpu and rows <= INT8_KERNEL_ROWS and self.in_features % INT8_KERNEL_K_MULTIPLE == 0:
             y = torch._weight_int8pack_mm(xb, self.stored, self.scale)  # (M, K) x (N, K)^T * s -> (M, N)
         else:
-            y = F.linear(xb, self.stored.to(torch.bfloat16)) * self.scale
+            y = F.linear(xb, self.stored.to(torch.bfloat16)).to(self.compute_dtype) * self.scale.to(self.compute_dtype)
         y = y.to(self.compute_dtype) if self.bias is None else torch.add(self.bias, y)  # bf16 + f32 -> f32
         return y.view(*lead, self.out_features)  # (M, N) -> (..., N)
 

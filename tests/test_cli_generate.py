@@ -91,6 +91,29 @@ def test_non_byte_vocab_needs_a_tokenizer(capsys, tmp_path):
     assert rc == 0 and out.startswith("hello world") and len(out.split()) == 6
 
 
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_generate_with_weight_only_layers(capsys, weights):
+    """Greedy text equals float32's on the tiny preset (seed 1: its greedy choices lead by far more
+    than the rounding moves the logits); the logit error is printed once, on stderr."""
+    args = ["--preset", "tiny", "--seed", "1", "--temperature", "0", "--max-new-tokens", "12"]
+    rc, want, _ = run_cli(capsys, *args)
+    rc, out, err = run_cli(capsys, *args, "--weights", weights)
+    assert rc == 0 and out == want
+    lines = [line for line in err.splitlines() if "logit error" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"weights {weights}: logit error against fp32")
+    assert "greedy 12/12 tokens equal" in lines[0]
+    rc, out, err = run_cli(capsys, *args, "--weights", "fp32")
+    assert rc == 0 and out == want and "logit error" not in err
+
+
+def test_weight_only_layers_of_another_attention_kind_are_refused(capsys, tmp_path):
+    torch.manual_seed(0)
+    save_checkpoint(GPT(GPTConfig.from_preset("tiny", attention="talking_heads")), tmp_path / "th")
+    rc, out, err = run_cli(capsys, "--checkpoint", str(tmp_path / "th"), "--weights", "bf16")
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1
+    assert "supports attention ['mha', 'gqa', 'mqa'], got attention='talking_heads'" in err
+
+
 @pytest.mark.parametrize(
     "args,match",
     [
@@ -100,6 +123,8 @@ def test_non_byte_vocab_needs_a_tokenizer(capsys, tmp_path):
         (["--checkpoint", "no/such/dir"], "no/such/dir"),
         (["--preset", "tiny", "--prompt", ""], "encodes to no tokens"),
         (["--preset", "tiny", "--top-p", "2"], "--top-p 2.0: must be a number in (0, 1]"),
+        (["--preset", "tiny", "--weights", "int8", "--save-init", "x"], "so --weights int8 would be ignored"),
+        (["--preset", "tiny", "--weights", "int4"], "argument --weights: invalid choice: 'int4'"),
     ],
 )
 def test_errors_are_reported(capsys, args, match):

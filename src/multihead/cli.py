@@ -57,6 +57,7 @@ COMMANDS = (
         "multihead generate --preset tiny --seed 0 --save-init tiny-init",
         'multihead generate --checkpoint tiny-init --prompt "Hello" --max-new-tokens 20 --top-p 0.9 --seed 0',
         'multihead generate --checkpoint tiny-init "To be" --max-new-tokens 20 --temperature 0',
+        'multihead generate --checkpoint tiny-init "To be" --max-new-tokens 20 --temperature 0 --weights int8',
         'multihead generate --import mykinds --checkpoint tiny-init "To be" --max-new-tokens 5')),
     Command("train", "train a GPT (any attention kind) on Shakespeare or a text file, with checkpoints and resume", (
         "multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny",

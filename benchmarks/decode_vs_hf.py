@@ -60,12 +60,13 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in seen.values())
 
 
-def contenders(models: dict[str, torch.nn.Module], hf, idx: torch.Tensor, new: int) -> dict:
+def contenders(models: dict[str, torch.nn.Module], hf, idx: torch.Tensor, new: int, modes: list[str]) -> dict:
     """name -> zero-argument generate call."""
     steps = {"Hugging Face": lambda: hf.generate(idx, max_new_tokens=new, do_sample=False)}
     for name, m in models.items():
-        steps[f"{name} eager"] = lambda m=m: m.generate(idx, new, temperature=0)
-        steps[f"{name} compiled"] = lambda m=m: m.generate(idx, new, temperature=0, compile_steps=True)
+        for mode in modes:
+            compiled = mode == "compiled"
+            steps[f"{name} {mode}"] = lambda m=m, c=compiled: m.generate(idx, new, temperature=0, compile_steps=c)
     return steps
 
 
@@ -100,6 +101,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
+    parser.add_argument("--modes", default="eager,compiled", help="eager and/or compiled steps (default both)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--profile", choices=("fp32", "bf16", "int8"), help="profile one batch-1 step and exit")
     args = parser.parse_args()
@@ -127,7 +129,7 @@ def run(model: GPT, args: argparse.Namespace) -> None:
     for rows in (int(b) for b in args.batches.split(",")):
         idx = torch.randint(0, model.config.vocab_size, (rows, PROMPT), generator=gen).to(device)
         models = {"fp32": model, **(quantized if rows == 1 else {})}
-        steps = contenders(models, hf, idx, args.new_tokens)
+        steps = contenders(models, hf, idx, args.new_tokens, args.modes.split(","))
         with torch.no_grad():
             want = hf.generate(idx, max_new_tokens=args.new_tokens, do_sample=False)
             check_same_tokens(steps, want)
@@ -139,7 +141,7 @@ def run(model: GPT, args: argparse.Namespace) -> None:
             fmt = name.split()[0]
             m = {"fp32": model, **quantized}.get(fmt, model)
             limit = limits.bandwidth / weight_bytes(m)  # steps per second when every weight byte is read once
-            base = rate.get(f"fp32 {name.split()[-1]}", r)
+            base = rate.get(f"fp32 {name.split()[-1]}", r)  # Hugging Face: against itself
             frac = f"{r / rows / limit:.2f} (limit {limit:.1f} steps/s)" if rows == 1 else ""
             print(f"| {name} | {r:.1f} | {r / rate['Hugging Face']:.2f}x | {r / base:.2f}x | {frac} |")
         if rows == 1:

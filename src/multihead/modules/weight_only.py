@@ -152,16 +152,16 @@ class WeightOnlyLinear(_InferenceOnly):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] (see the module docstring for the kernels)."""
         lead = x.shape[:-1]
-        xb = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (..., K) -> (M, K)
+        xb = x.to(torch.bfloat16).reshape(-1, self.in_features)  # (..., K) -> (M, K)
         rows, cpu = xb.shape[0], x.device.type == "cpu"
         if self.format == "bf16":
-            y = torch.mv(self.stored, xb[0])[None] if cpu and rows == 1 else F.linear(xb, self.stored)
+            y = torch.mv(self.stored, xb.view(-1)) if cpu and rows == 1 else F.linear(xb, self.stored)  # (N,) | (M, N)
         elif cpu and rows <= INT8_KERNEL_ROWS and self.in_features % INT8_KERNEL_K_MULTIPLE == 0:
             y = torch._weight_int8pack_mm(xb, self.stored, self.scale)  # (M, K) x (N, K)^T * s -> (M, N)
         else:
             y = F.linear(xb, self.stored.to(torch.bfloat16)).to(self.compute_dtype) * self.scale.to(self.compute_dtype)
         y = y.to(self.compute_dtype) if self.bias is None else torch.add(self.bias, y)  # bf16 + f32 -> f32
-        return y.view(*lead, self.out_features)  # (M, N) -> (..., N)
+        return y.view(*lead, self.out_features)  # (M, N) or (N,) -> (..., N)
 
 
 class WeightOnlyEmbedding(_InferenceOnly):

@@ -103,6 +103,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
     parser.add_argument("--modes", default="eager,compiled", help="eager and/or compiled steps (default both)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--remeasure-limits", action="store_true", help="measure the copy bandwidth again (cached)")
     parser.add_argument("--profile", choices=("fp32", "bf16", "int8"), help="profile one batch-1 step and exit")
     args = parser.parse_args()
     torch._dynamo.config.recompile_limit = 64  # three models x two batch sizes, each compiled for its own cache
@@ -120,7 +121,7 @@ def run(model: GPT, args: argparse.Namespace) -> None:
     hf = hf_twin(model).to(device)
     model = model.to(device)
     quantized = {f: quantize_weights(model, f) for f in ("bf16", "int8")}
-    limits = machine_limits(device.type, ["float32"])
+    limits = machine_limits(device.type, ["float32"], remeasure=args.remeasure_limits)
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     load = [os.getloadavg()[0]]
     print(f"# {args.preset}, {args.new_tokens} new tokens, prompt {PROMPT}; {limits.device}, "

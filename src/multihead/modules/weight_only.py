@@ -188,7 +188,8 @@ class WeightOnlyEmbedding(_InferenceOnly):
         return f"{self.num_embeddings}, {self.embedding_dim}, weights={self.format}"
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = F.embedding(ids, self.stored).to(self.compute_dtype)  # (..., K)
-        if self.scale is None:
-            return rows
-        return rows * F.embedding(ids, self.scale[:, None]).to(self.compute_dtype)  # (..., K) * (..., 1)
+        flat = ids.reshape(-1)  # index_select takes int8 tables on every device (CUDA's embedding kernel does not)
+        rows = self.stored.index_select(0, flat).to(self.compute_dtype)  # (n, K)
+        if self.scale is not None:
+            rows = rows * self.scale.index_select(0, flat).to(self.compute_dtype)[:, None]  # (n, K) * (n, 1)
+        return rows.view(*ids.shape, self.embedding_dim)

@@ -12,9 +12,10 @@ Contenders, one ``generate`` call each, taking turns round by round
 (``benchmarks.timing.time_alternating``):
 
 * batch 1: Hugging Face, multihead float32 (eager steps and
-  ``compile_steps=True``), and weight-only bf16 / int8 (``quantize_weights``,
-  eager and compiled);
-* batch 8: Hugging Face, multihead float32 eager and compiled.
+  ``compile_steps=True``), float32 in the transposed decode layout
+  (``quantize_weights(model, "fp32")``, "fp32-T"), and weight-only bf16 /
+  int8 (``quantize_weights``), each eager and compiled;
+* batch 8: Hugging Face, multihead float32 and fp32-T, eager and compiled.
 
 Reported: tokens/s (median), the speed against Hugging Face, batch-1 tokens/s
 as a fraction of the weight-streaming limit (the model's weight bytes over
@@ -70,7 +71,7 @@ def contenders(models: dict[str, torch.nn.Module], hf, idx: torch.Tensor, new: i
     return steps
 
 
-def check_same_tokens(steps: dict, want: torch.Tensor, formats: tuple[str, ...] = ("fp32",)) -> None:
+def check_same_tokens(steps: dict, want: torch.Tensor, formats: tuple[str, ...] = ("fp32", "fp32-T")) -> None:
     """Every float32 contender (and Hugging Face) gives the same greedy tokens."""
     for name, call in steps.items():
         if name == "Hugging Face" or name.split()[0] in formats:
@@ -120,7 +121,7 @@ def run(model: GPT, args: argparse.Namespace) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     hf = hf_twin(model).to(device)
     model = model.to(device)
-    quantized = {f: quantize_weights(model, f) for f in ("bf16", "int8")}
+    quantized = {"fp32-T": quantize_weights(model, "fp32"), **{f: quantize_weights(model, f) for f in ("bf16", "int8")}}
     limits = machine_limits(device.type, ["float32"], remeasure=args.remeasure_limits)
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     load = [os.getloadavg()[0]]
@@ -129,7 +130,7 @@ def run(model: GPT, args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(1)
     for rows in (int(b) for b in args.batches.split(",")):
         idx = torch.randint(0, model.config.vocab_size, (rows, PROMPT), generator=gen).to(device)
-        models = {"fp32": model, **(quantized if rows == 1 else {})}
+        models = {"fp32": model, **(quantized if rows == 1 else {"fp32-T": quantized["fp32-T"]})}
         steps = contenders(models, hf, idx, args.new_tokens, args.modes.split(","))
         with torch.no_grad():
             want = hf.generate(idx, max_new_tokens=args.new_tokens, do_sample=False)
@@ -148,7 +149,8 @@ def run(model: GPT, args: argparse.Namespace) -> None:
         if rows == 1:
             print()
             for f, q in quantized.items():
-                print(f"{f} logit error vs fp32: {logit_error(model, q, idx, args.new_tokens).line()}")
+                if f != "fp32-T":
+                    print(f"{f} logit error vs fp32: {logit_error(model, q, idx, args.new_tokens).line()}")
     load.append(os.getloadavg()[0])
     print(f"\n1-minute load average: {load[0]:.2f} before, {load[1]:.2f} after")
 

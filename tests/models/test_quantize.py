@@ -56,10 +56,11 @@ def _layer_bound(lin: nn.Linear, layer: WeightOnlyLinear, x: torch.Tensor) -> to
     gamma = K * U_F32 / (1 - K * U_F32)
     spread = ax @ w_stored.abs().T  # sum_k |x_k| |W~_nk|
     y = x.double() @ w.T + lin.bias.detach().double()
-    return ax @ (w_stored - w).abs().T + (3 * U_BF16 + gamma) * (1 + U_BF16) * spread + 2 * U_F32 * y.abs()
+    u = 0.0 if layer.format == "fp32" else U_BF16  # fp32: only the float32 sums round
+    return ax @ (w_stored - w).abs().T + (3 * u + gamma) * (1 + u) * spread + 2 * U_F32 * y.abs()
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("rows", [1, 3, INT8_KERNEL_ROWS + 4])  # one row (mv / int8 kernel), a few, many
 @pytest.mark.parametrize("K", [64, 40])  # 40: not a multiple of INT8_KERNEL_K_MULTIPLE, the converted-weight path
 def test_layer_error_within_the_rounding_bound(fmt, rows, K):
@@ -79,7 +80,7 @@ def test_layer_error_within_the_rounding_bound(fmt, rows, K):
     assert float((bound / spread).max()) < 0.05  # the bound is a few percent of the product's scale, not vacuous
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("overrides", [{}, {"attention": "gqa", "num_kv_heads": 2}])
 def test_quantized_greedy_tokens_equal_float32(fmt, overrides):
     """catches: a decode path (prefill, cached steps, batch rows) that the quantized layers break.
@@ -90,7 +91,7 @@ def test_quantized_greedy_tokens_equal_float32(fmt, overrides):
     model = tiny(seed=1, **overrides)
     idx = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(2))
     q = quantize_weights(model, fmt)
-    assert weight_format(q) == fmt and weight_format(model) == "fp32"
+    assert weight_format(q) == fmt and weight_format(model) is None
     with torch.no_grad():
         want, steps = model.generate(idx, 16, temperature=0, return_logits=True)
         top = steps.topk(2, dim=-1).values  # (B, n, 2)
@@ -101,7 +102,7 @@ def test_quantized_greedy_tokens_equal_float32(fmt, overrides):
     assert q.num_parameters() == model.num_parameters()
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("tied", [True, False])
 def test_token_embedding_reads_the_stored_table(fmt, tied):
     """catches: an embedding lookup without the row scales, a second copy of the tied
@@ -113,7 +114,9 @@ def test_token_embedding_reads_the_stored_table(fmt, tied):
     want = dequantize(q.token_embedding.stored, q.token_embedding.scale)[idx]
     torch.testing.assert_close(q.token_embedding(idx), want)
     table = model.token_embedding.weight.detach()[idx]
-    if fmt == "bf16":
+    if fmt == "fp32":
+        assert torch.equal(q.token_embedding(idx), table)  # the same values, only laid out differently
+    elif fmt == "bf16":
         assert bool(((want - table).abs() <= U_BF16 * table.abs()).all())
     else:
         assert bool(((want - table).abs() <= q.token_embedding.scale.float()[idx][..., None] / 2 * (1 + 1e-6)).all())
@@ -135,7 +138,7 @@ def test_the_float_model_is_unchanged_and_shares_no_tensor():
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [
-        (lambda m: quantize_weights(m, "fp16"), ValueError, "weights must be 'bf16' or 'int8', got weights='fp16'"),
+        (lambda m: quantize_weights(m, "fp16"), ValueError, "weights must be one of fp32, bf16, int8, got weights='fp16'"),
         (lambda m: quantize_weights(m.blocks[0], "int8"), TypeError, "takes a GPT, got Block"),
         (lambda m: quantize_weights(quantize_weights(m, "int8"), "bf16"), ValueError, "already holds int8 weights"),
         (lambda m: quantize_weights(m.double(), "int8"), ValueError, "float32 model, got parameters of dtype torch.float64"),
@@ -165,7 +168,7 @@ def test_train_refusal_changes_no_mode():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8"])
 def test_cuda_quantized_greedy_tokens_equal_float32(fmt):
     model = tiny().cuda()
     idx = torch.randint(0, 256, (3, 6), generator=torch.Generator().manual_seed(2)).cuda()

@@ -99,8 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--weights", choices=WEIGHT_FORMATS, default="fp32",
-        help="weights of the linear layers while generating: fp32 (default), bf16, or int8 with per-channel "
-        "scales; bf16/int8 print the logit error against fp32 once",
+        help="weights of the linear layers while generating: fp32 (default: the model as loaded), bf16, or int8 "
+        "with per-channel scales; bf16/int8 print the logit error against fp32 once",
     )  # fmt: skip
     parser.add_argument("--save-init", metavar="PATH", help="save the freshly initialised preset model to PATH and exit")
     add_import_argument(parser)

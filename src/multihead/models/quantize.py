@@ -2,6 +2,7 @@
 
     fast = quantize_weights(gpt, "int8")             # a new GPT; gpt is unchanged
     fast.generate(idx, 32, temperature=0)           # float32 activations, int8 weights
+    laid = quantize_weights(gpt, "fp32")             # same values, decode layout (W^T) for CPU
 
 Every linear layer of the blocks (attention projections, MLP), the LM head
 and the token embedding (one table when tied, as GPT-2's) become
@@ -30,18 +31,18 @@ __all__ = ["quantize_weights", "weight_format", "refuse_weight_only", "WEIGHT_FO
 QUANTIZABLE_KINDS = ("mha", "gqa", "mqa")
 
 
-def weight_format(model: nn.Module) -> str:
-    """"bf16" or "int8" for a model ``quantize_weights`` made, else "fp32" (its float weights)."""
+def weight_format(model: nn.Module) -> str | None:
+    """The format ("fp32", "bf16", "int8") of a model ``quantize_weights`` made, else None."""
     for m in model.modules():
         if isinstance(m, (WeightOnlyLinear, WeightOnlyEmbedding)):
             return m.format
-    return "fp32"
+    return None
 
 
 def refuse_weight_only(model: nn.Module, action: str) -> None:
     """Raise ValueError naming ``action`` when ``model`` holds weight-only layers."""
     fmt = weight_format(model)
-    if fmt != "fp32":
+    if fmt is not None:
         raise ValueError(
             f"{action}: the model holds weight-only {fmt} layers, which are for inference; "
             f"{action} the float32 model it was quantized from"
@@ -53,8 +54,10 @@ def quantize_weights(model: GPT, weights: str) -> GPT:
 
     Args:
         model: a float32 ``GPT`` with attention "mha", "gqa" or "mqa"; not changed.
-        weights: "bf16" (bfloat16 weights) or "int8" (int8 with one bfloat16
-            scale per output channel; ``modules.weight_only``).
+        weights: "bf16" (bfloat16 weights), "int8" (int8 with one bfloat16
+            scale per output channel), or "fp32" (the same float32 values,
+            each matrix stored transposed: the layout CPU BLAS multiplies a
+            few decode rows by fastest); ``modules.weight_only``.
 
     Returns:
         a new ``GPT`` in eval mode sharing no tensor with ``model``; the float
@@ -67,10 +70,10 @@ def quantize_weights(model: GPT, weights: str) -> GPT:
     """
     if not isinstance(model, GPT):
         raise TypeError(f"quantize_weights takes a GPT, got {type(model).__name__}")
-    if weights not in ("bf16", "int8"):
-        raise ValueError(f"weights must be 'bf16' or 'int8', got weights={weights!r}")
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got weights={weights!r}")
     done = weight_format(model)
-    if done != "fp32":
+    if done is not None:
         raise ValueError(f"the model already holds {done} weights; quantize the float32 model instead")
     kind = model.config.attention
     if kind not in QUANTIZABLE_KINDS:

@@ -4,6 +4,7 @@ Decoding one token reads every weight once for little arithmetic, so its
 speed is the weight bytes over the memory bandwidth. These layers keep the
 weights in fewer bytes and the activations in the model's dtype (float32):
 
+    fp32:  W^T [K, N] stored as float32, transposed               (4 bytes per weight)
     bf16:  W [N, K] stored as bfloat16                          (2 bytes per weight)
     int8:  W [N, K] ~ Q [N, K] (int8, |Q| <= 127) * s [N]       (1 byte per weight)
            s = absmax of each output row / 127, rounded up to a bfloat16 value
@@ -11,8 +12,10 @@ weights in fewer bytes and the activations in the model's dtype (float32):
     x [..., K] (float32) --to bfloat16--> matrix product with the stored
     weights (float32 accumulation) --> [..., N] --+ bias (float32)--> float32
 
-The matrix products run on bfloat16 inputs (the compute dtype the kernels
-take): on CPU a one-row product is ``torch.mv`` (bf16) or
+"fp32" keeps the values and only the layout changes: ``x @ W^T`` with W^T
+contiguous is the product CPU BLAS runs fastest for a few rows (the layout
+of Hugging Face's GPT-2 ``Conv1D``); nothing is rounded. The bf16 and int8
+products run on bfloat16 inputs (the compute dtype the kernels take): on CPU a one-row product is ``torch.mv`` (bf16) or
 ``torch._weight_int8pack_mm`` (int8 weights, bf16 activations, per-channel
 scales, for K a multiple of ``INT8_KERNEL_K_MULTIPLE``; both read only the
 stored bytes), several rows ``F.linear`` in bfloat16 (int8 weights
@@ -74,7 +77,10 @@ def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The matrix a stored weight stands for: ``stored`` [N, K] (bf16, or int8 with ``scale`` [N]) in ``dtype``."""
+    """The matrix a stored weight stands for, [N, K] in ``dtype``: ``stored`` [N, K] (bf16, or int8
+    with ``scale`` [N]), or [K, N] float32 (the transposed "fp32" layout)."""
+    if stored.is_floating_point() and stored.dtype != torch.bfloat16:
+        return stored.t().to(dtype)
     w = stored.to(dtype)
     return w if scale is None else w * scale.to(dtype)[:, None]
 
@@ -115,7 +121,7 @@ class WeightOnlyLinear(_InferenceOnly):
     Args:
         linear: the float layer (weight [N, K], optional bias [N]; or an
             ``nn.Embedding``, whose table is read as [V, K]); not changed.
-        weight_format: "bf16" or "int8".
+        weight_format: "fp32" (transposed, same values), "bf16" or "int8".
 
     Buffers: ``stored`` [N, K] (bfloat16 or int8), ``scale`` [N] (bfloat16, int8
     only), ``bias`` [N] (the layer's dtype) or None.
@@ -125,12 +131,14 @@ class WeightOnlyLinear(_InferenceOnly):
 
     def __init__(self, linear: nn.Linear, weight_format: str) -> None:
         super().__init__()
-        if weight_format not in ("bf16", "int8"):
-            raise ValueError(f"weight_format must be 'bf16' or 'int8', got {weight_format!r}")
+        if weight_format not in WEIGHT_FORMATS:
+            raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
         self.format = weight_format
         self.compute_dtype = linear.weight.dtype
         self.out_features, self.in_features = linear.weight.shape
-        if weight_format == "bf16":
+        if weight_format == "fp32":
+            stored, scale = linear.weight.detach().t().clone(memory_format=torch.contiguous_format), None  # (K, N)
+        elif weight_format == "bf16":
             stored, scale = linear.weight.detach().to(torch.bfloat16), None
         else:
             stored, scale = int8_per_channel(linear.weight)
@@ -152,6 +160,10 @@ class WeightOnlyLinear(_InferenceOnly):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] (see the module docstring for the kernels)."""
         lead = x.shape[:-1]
+        if self.format == "fp32":  # (M, K) @ (K, N) + bias
+            x2 = x.reshape(-1, self.in_features)
+            y = x2 @ self.stored if self.bias is None else torch.addmm(self.bias, x2, self.stored)
+            return y.view(*lead, self.out_features)
         xb = x.to(torch.bfloat16).reshape(-1, self.in_features)  # (..., K) -> (M, K)
         rows, cpu = xb.shape[0], x.device.type == "cpu"
         if self.format == "bf16":
@@ -189,6 +201,8 @@ class WeightOnlyEmbedding(_InferenceOnly):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)  # index_select takes int8 tables on every device (CUDA's embedding kernel does not)
+        if self.format == "fp32":  # the table is stored transposed, (K, V)
+            return self.stored.index_select(1, flat).t().reshape(*ids.shape, self.embedding_dim)
         rows = self.stored.index_select(0, flat).to(self.compute_dtype)  # (n, K)
         if self.scale is not None:
             rows = rows * self.scale.index_select(0, flat).to(self.compute_dtype)[:, None]  # (n, K) * (n, 1)

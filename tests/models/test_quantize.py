@@ -90,6 +90,10 @@ def test_quantized_greedy_tokens_equal_float32(fmt, overrides):
     no rounding can change a greedy choice."""
     model = tiny(seed=1, **overrides)
     idx = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(2))
+    _assert_greedy_equal(model, fmt, idx)
+
+
+def _assert_greedy_equal(model: GPT, fmt: str, idx: torch.Tensor) -> None:
     q = quantize_weights(model, fmt)
     assert weight_format(q) == fmt and weight_format(model) is None
     with torch.no_grad():
@@ -170,9 +174,7 @@ def test_train_refusal_changes_no_mode():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8"])
 def test_cuda_quantized_greedy_tokens_equal_float32(fmt):
-    model = tiny().cuda()
-    idx = torch.randint(0, 256, (3, 6), generator=torch.Generator().manual_seed(2)).cuda()
-    q = quantize_weights(model, fmt)
-    assert q.lm_head.stored.device.type == "cuda"
-    want = model.generate(idx, 16, temperature=0)
-    assert torch.equal(q.generate(idx, 16, temperature=0), want)
+    model = tiny(seed=1).cuda()
+    idx = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(2)).cuda()
+    _assert_greedy_equal(model, fmt, idx)
+    assert quantize_weights(model, fmt).lm_head.stored.device.type == "cuda"

@@ -30,7 +30,7 @@ from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
 from ..modules.head_selection import check_heads
 from ..modules.registry import build_attention, check_kind, total_aux_loss
-from ..modules.weight_only import WeightOnlyEmbedding, WeightOnlyLinear, refuse_training
+from ..modules.weight_only import model_weights, refuse_training
 from .generation import generate as generate_tokens
 from .gpt_inputs import (
     LMOutput,
@@ -374,17 +374,11 @@ class GPT(nn.Module):
                 nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=std)  # every AttentionLayer has one
 
     def num_parameters(self) -> int:
-        """Parameters counted once (the tied LM head is not counted twice); the
-        stored weights and biases of weight-only layers (``models.quantize``) count too."""
-        tensors = {id(p): p for p in self.parameters()}
-        for m in self.modules():
-            if isinstance(m, (WeightOnlyLinear, WeightOnlyEmbedding)):
-                tensors.update((id(t), t) for t in (m.stored, getattr(m, "bias", None)) if t is not None)
-        return sum(t.numel() for t in tensors.values())
+        """Parameters counted once (the tied LM head is not counted twice), weight-only layers' too."""
+        return sum(t.numel() for t in model_weights(self))
 
     def train(self, mode: bool = True) -> GPT:
-        """nn.Module's ``train``; refused (ValueError, nothing changed) for a model
-        with weight-only layers (``models.quantize``), which are for inference."""
+        """Refused (ValueError, nothing changed) with weight-only layers (``models.quantize``)."""
         if mode:
             refuse_training(self)
         return super().train(mode)

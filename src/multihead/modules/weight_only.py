@@ -49,6 +49,7 @@ __all__ = [
     "dequantize",
     "layer_dtype_device",
     "refuse_training",
+    "model_weights",
 ]
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8")
@@ -102,6 +103,16 @@ def refuse_training(module: nn.Module) -> None:
                 f"this model holds weight-only {m.format} layers, which are for inference: "
                 "train the float32 model and quantize it afterwards"
             )
+
+
+def model_weights(module: nn.Module) -> list[torch.Tensor]:
+    """Each parameter of ``module`` once (tied ones too), with the stored weights and
+    biases of its weight-only layers (buffers, as they do not train)."""
+    tensors = {id(p): p for p in module.parameters()}
+    for m in module.modules():
+        if isinstance(m, _InferenceOnly):
+            tensors.update((id(t), t) for t in (m.stored, getattr(m, "bias", None)) if t is not None)
+    return list(tensors.values())
 
 
 class _InferenceOnly(nn.Module):

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from multihead.convert.hf_gpt2 import gpt_to_hf_state_dict
 from multihead.models import GPT, GPTConfig, quantize_weights, save_checkpoint, weight_format
 from multihead.modules.weight_only import INT8_KERNEL_ROWS, WeightOnlyLinear, dequantize, int8_per_channel
 
@@ -148,6 +149,7 @@ def test_the_float_model_is_unchanged_and_shares_no_tensor():
         (lambda m: quantize_weights(m.double(), "int8"), ValueError, "float32 model, got parameters of dtype torch.float64"),
         (lambda m: quantize_weights(m, "bf16").train(), ValueError, "weight-only bf16 layers, which are for inference"),
         (lambda m: save_checkpoint(quantize_weights(m, "int8"), "/nonexistent/x"), ValueError, "save: the model holds"),
+        (lambda m: gpt_to_hf_state_dict(quantize_weights(m, "fp32")), ValueError, "export: the model holds"),
     ],
 )
 def test_refusals_are_one_line(call, error, words):

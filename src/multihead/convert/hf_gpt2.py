@@ -24,6 +24,7 @@ import torch
 
 from ..models.checkpoint import check_state_shapes
 from ..models.gpt import GPT, GPTConfig, require_gpt2_layout
+from ..models.quantize import refuse_weight_only
 
 __all__ = ["gpt_from_hf_state_dict", "gpt_to_hf_state_dict"]
 
@@ -105,9 +106,11 @@ def gpt_to_hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     Conv1D weights transposed to (in, out)).
 
     Raises:
-        ValueError: attention other than "mha", qkv_bias=False or per-layer head counts.
+        ValueError: attention other than "mha", qkv_bias=False or per-layer head counts,
+            or weight-only layers (``models.quantize``).
     """
     require_gpt2_layout(model.config)
+    refuse_weight_only(model, "export")
     out = {}
     for name, value in model.state_dict().items():
         key = _ours_to_hf(name)

@@ -56,6 +56,7 @@ from ..tools.roles import classify_heads
 from .checking import checking
 from .imports import add_import_argument, import_modules
 from .inspect_report import Inspection, report
+from .model_sources import add_source_arguments
 from .run_dir import is_sentence_encoder, run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
@@ -89,17 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.add_argument("text", nargs="?", default=DEFAULT_TEXT, help=f"the input text (default {DEFAULT_TEXT!r})")
     parser.add_argument("--model", choices=MODELS, help=f"packaged model (default {MODELS[0]} unless --checkpoint)")
-    parser.add_argument(
-        "--checkpoint", metavar="PATH",
-        help="a GPT checkpoint, the run directory of 'multihead train', or a folder prune or convert wrote",
-    )  # fmt: skip
+    add_source_arguments(
+        parser, hf_help="a local Hugging Face model folder (config.json, weights, tokenizer.json) instead of --model"
+    )
     parser.add_argument(
         "--tokenizer", metavar="FILE", help="tokenizer.json for a --checkpoint whose vocabulary is not bytes"
     )
-    parser.add_argument(
-        "--hf", metavar="DIR",
-        help="a local Hugging Face model folder (config.json, weights, tokenizer.json) instead of --model",
-    )  # fmt: skip
     parser.add_argument(
         "--importance", action="store_true",
         help="score each head by ablation (loss increase when it alone is masked; one pass per head)",

@@ -31,6 +31,8 @@ _CONVERTERS: dict[str, str] = {
     "mohsa_vit": "multihead.convert.mohsa",
     "collaborative": "multihead.convert.collaborative",
     "annotated_transformer": "multihead.convert.annotated",
+    "qwen_gated": "multihead.convert.qwen_gated",
+    "qwen3_next": "multihead.convert.qwen3_next",
 }
 
 

@@ -148,3 +148,30 @@ def test_older_top_level_rope_fields_and_refusals():
         from_official("qwen3_next", layer.state_dict(), partial_rotary_factor=0.1, **fields)
     with pytest.raises(ValueError, match=r"missing \['k_proj.bias'"):
         from_official("qwen3_next", layer.state_dict(), attention_bias=True, **fields)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@torch.no_grad()
+def test_bfloat16_on_cuda_follows_the_transformers_layer():
+    """The converted layer (cached decoding) and transformers' own (the shipped float32 norm, the
+    official rotary table), both bfloat16 on CUDA: the converted layer's error against float64 is at
+    most 2x transformers' plus a noise floor (docs/testing.md)."""
+    cfg, layer = official(factor=0.25)
+    x = _x(L=19)
+    want = run_official(cfg, layer, x)
+    for norm in (layer.q_norm, layer.k_norm):
+        del norm.forward  # the shipped norm again
+    layer = layer.to("cuda", torch.bfloat16)
+    m = convert(cfg, layer).cuda()
+    assert m.attention.out_proj.weight.dtype == torch.bfloat16
+    xb, pos = x.to("cuda", torch.bfloat16), torch.arange(19, device="cuda").expand(2, 19)
+    cos_sin = qwen3_next.Qwen3NextRotaryEmbedding(cfg).cuda()(xb, pos)
+    mask = torch.full((19, 19), float("-inf"), device="cuda").triu(1).expand(2, 1, 19, 19).to(torch.bfloat16)
+    theirs = layer(xb, position_embeddings=cos_sin, attention_mask=mask)[0].double().cpu()
+    cache = m.make_kv_cache(2, 19)
+    ours = torch.cat([m(xb[:, :12], kv_cache=cache)] + [m(xb[:, t : t + 1], kv_cache=cache) for t in range(12, 19)],
+                     dim=1).double().cpu()  # fmt: skip
+    scale = float(want.abs().max())
+    e_ours, e_theirs = float((ours - want).abs().max()), float((theirs - want).abs().max())
+    assert e_ours <= 2 * e_theirs + 1e-3 * scale, (e_ours, e_theirs, scale)

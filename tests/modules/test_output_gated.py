@@ -226,3 +226,37 @@ def test_trains_by_name_from_the_command_line_and_opens_in_the_head_explorer(tmp
     found = inspect_text("To be", checkpoint=str(run))
     assert all(e.kind == "output_gated" for e in found.record.layers)
     assert all(torch.allclose(e.weights.sum(-1), torch.ones(())) for e in found.record.layers)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("gate", ["headwise", "elementwise"])
+@torch.no_grad()
+def test_cuda_matches_cpu_and_bfloat16_kernels_stay_close(gate):
+    """float64 on CUDA equals CPU. bfloat16 on CUDA (D = 16: SDPA's flash and memory-efficient
+    kernels), full and cached: error against float64 at most 2x that of the plain math path in
+    bfloat16 plus a noise floor (docs/testing.md), and the ungated layer is farther than that."""
+    torch.manual_seed(0)
+    m = build_attention("output_gated", embed_dim=64, num_heads=4, num_kv_heads=2, gate=gate, rope=True,
+                        qk_norm=True, qk_norm_unit_offset=True, dtype=F64).eval()  # fmt: skip
+    x = torch.randn(2, 33, 64, dtype=F64, generator=torch.Generator().manual_seed(1))
+    want = m(x, is_causal=True)
+    gpu = build_attention("output_gated", embed_dim=64, num_heads=4, num_kv_heads=2, gate=gate, rope=True,
+                          qk_norm=True, qk_norm_unit_offset=True, dtype=F64, device="cuda").eval()  # fmt: skip
+    gpu.load_state_dict(m.state_dict())
+    torch.testing.assert_close(gpu(x.cuda(), is_causal=True).cpu(), want, rtol=0, atol=1e-12)
+    half = gpu.to(torch.bfloat16)
+    xb = x.to("cuda", torch.bfloat16)
+    cache = half.make_kv_cache(2, 33)
+    steps = torch.cat([half(xb[:, :20], is_causal=True, kv_cache=cache)]
+                      + [half(xb[:, t : t + 1], is_causal=True, kv_cache=cache) for t in range(20, 33)], dim=1)  # fmt: skip
+
+    def err(got):
+        return float((got.double().cpu() - want).abs().max())
+
+    scale = float(want.abs().max())
+    plain, floor = err(half(xb, is_causal=True, backend="math")), 1e-3 * scale
+    for got in (half(xb, is_causal=True), steps):
+        assert err(got) <= 2 * plain + floor, (err(got), plain, floor)
+    m.qkv_proj.bias[64 : 64 + 4 * m.gate_width] = 60.0  # negative control: the same layer with its gates open
+    assert float((steps.double().cpu() - m(x, is_causal=True)).abs().max()) > 10 * (2 * plain + floor)

@@ -11,13 +11,18 @@ import numpy as np
 import pytest
 import torch
 from support.attention import assert_matches
-from support.paths import assert_paths_agree
+from support.cli import quietly
+from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
 from multihead import build_attention
+from multihead.commands.inspect import inspect_text
+from multihead.models.checkpoint import load_checkpoint, save_checkpoint
+from multihead.models.gpt import GPT, GPTConfig
 from multihead.modules.kinds.mha import MultiHeadAttention
 from multihead.modules.kinds.output_gated import OutputGatedAttention
 from multihead.reference.output_gated import output_gated_attention
 from multihead.tools.heads import mask_heads
+from multihead.tools.prune import prune_heads
 
 F64 = torch.float64
 C, H, D = 12, 4, 5  # head_dim 5 != C / H: the widths are decoupled
@@ -165,6 +170,32 @@ def test_headwise_selected_heads_equal_the_others_masked(heads):
         assert_paths_agree(part(x, is_causal=True), small(x, is_causal=True))
 
 
+def test_a_pruned_gpt_equals_the_masked_one_and_reloads(tmp_path):
+    """prune_heads on a GPT of output-gated GQA layers: the masked model's outputs, the config's
+    per-layer head counts, a checkpoint that rebuilds it, and cached decoding."""
+    config = GPTConfig(vocab_size=37, context_length=16, embed_dim=24, num_layers=2, num_heads=6, num_kv_heads=3,
+                       attention="output_gated", attention_options={"gate": "headwise", "qk_norm": True})  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(config, dtype=F64).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    idx = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(1))
+    table = {0: [2, 3], 1: [0, 3, 5]}  # a whole group; one head of every group
+    with torch.no_grad(), mask_heads(model, table):
+        want = model(idx)
+    prune_heads(model, table)
+    with torch.no_grad():
+        assert_paths_agree(model(idx), want)
+    assert [(b.attn.num_heads, b.attn.num_kv_heads) for b in model.blocks] == [(4, 2), (3, 3)]
+    save_checkpoint(model, tmp_path / "pruned")
+    loaded = load_checkpoint(tmp_path / "pruned").eval()
+    assert loaded.blocks[1].attn.gate == "headwise"
+    with torch.no_grad():
+        assert_paths_agree(loaded(idx), want)
+    assert_cached_generation_agrees(loaded, idx[:, :4], 3)
+
+
 def test_observers_get_the_softmax_and_head_hooks_the_gated_outputs():
     m = build("headwise")
     x = _x()
@@ -207,11 +238,6 @@ def test_bad_options_are_one_line_errors(options, error, match):
 
 
 def test_trains_by_name_from_the_command_line_and_opens_in_the_head_explorer(tmp_path):
-    from support.cli import quietly
-
-    from multihead.commands.inspect import inspect_text
-    from multihead.models.checkpoint import load_checkpoint
-
     data = tmp_path / "text.txt"
     data.write_text("to be or not to be that is the question\n" * 200)
     run = tmp_path / "run"

@@ -178,6 +178,12 @@ class DifferentialAttention(AttentionLayer):
         return KVCache(batch_size, 2 * G, max_len, d, value_dim=2 * d, value_heads=G,
                        dtype=dtype or ref.dtype, device=device or ref.device)  # fmt: skip
 
+    def notify_observers(self, weights, q, k, mask, **call) -> None:
+        """As ``AttentionLayer.notify_observers``, with a per-head mask given to the 2H query
+        heads (the mask the core used): ``event.q``, ``event.k`` and ``event.attn_mask``
+        rebuild the 2H score maps."""
+        super().notify_observers(weights, q, k, pair_mask(mask, self.num_heads), **call)
+
     # ------------------------------------------------------------------ capabilities
     def subset_heads(self, heads: list[int], kv_heads: list[int]) -> DifferentialAttention:
         """The kept heads' q rows (2d each), their groups' k and v rows (2d each), out_proj

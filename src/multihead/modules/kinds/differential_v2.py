@@ -27,7 +27,7 @@ from torch import nn
 from ..._checks import positive_int
 from ..base import AttentionLayer
 from ..cost import AttentionCost, visible_pairs
-from ..head_selection import head_rows, load_selected
+from ..head_selection import check_head_selection, head_rows, load_selected
 from ..registry import register_attention
 from .differential import pair_mask, subtract_pairs
 
@@ -65,9 +65,8 @@ class DifferentialV2Attention(AttentionLayer):
     kind = "diff_v2"
     independent_heads = True
     head_independence = (
-        "output head h is its two query heads 2h, 2h+1, its row of lambda_proj and its columns of out_proj, so "
-        "pairs are independent; when G does not divide H a pair can read two key/value heads, and such layers "
-        "are not split"
+        "output head h is its two query heads 2h, 2h+1, its row of lambda_proj and its columns of out_proj; "
+        "a selection keeps the key/value heads its query heads read (whole groups, or a pair on its own)"
     )
 
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None, **options) -> None:
@@ -111,20 +110,45 @@ class DifferentialV2Attention(AttentionLayer):
         gate = torch.sigmoid(extra["lambda"]).transpose(1, 2)[..., None].to(out.dtype)  # (B, T, H) -> (B, H, T, 1)
         return subtract_pairs(out, gate), None if weights is None else subtract_pairs(weights, gate)
 
+    def notify_observers(self, weights, q, k, mask, **call) -> None:
+        """As ``AttentionLayer.notify_observers``, with a per-head mask given to the 2H query
+        heads (the mask the core used): ``event.q``, ``event.k`` and ``event.attn_mask``
+        rebuild the 2H score maps."""
+        super().notify_observers(weights, q, k, pair_mask(mask, self.num_heads), **call)
+
     # ------------------------------------------------------------------ capabilities
     def select_heads(self, heads, kv_heads=None) -> DifferentialV2Attention:
         """As ``AttentionLayer.select_heads`` over the H output heads (pairs).
 
+        The kept pairs' query heads keep the key/value heads they read: the
+        smaller layer (H' pairs over the G' key/value heads they read) must
+        map each of them, by j // (2H' / G'), to the same key/value head as
+        this layer does by j // (2H / G). Whole key/value groups always do;
+        so does a single pair, even one that reads two key/value heads.
+
         Raises:
-            ValueError: G not dividing H (a pair reads two key/value heads), or
-                a selection the base class refuses.
+            ValueError / TypeError: indices out of range, repeated or not
+                ints; ``kv_heads`` other than those the pairs read; or a
+                selection whose query heads would read other key/value heads.
         """
-        if self.num_heads % self.num_kv_heads:
+        H, G = self.num_heads, self.num_kv_heads
+        keep, _ = check_head_selection(heads, None, H, H)  # indices only: the rule is checked below
+        r = 2 * H // G
+        queries = [j for h in keep for j in (2 * h, 2 * h + 1)]
+        reads = [j // r for j in queries]
+        keep_kv = sorted(set(reads))
+        if kv_heads is not None:
+            given, _ = check_head_selection(kv_heads, None, G, G)
+            if given != keep_kv:
+                raise ValueError(f"kv_heads={given} must be the key/value heads that heads={keep} read: {keep_kv}")
+        G2, Q2 = len(keep_kv), len(queries)
+        if Q2 % G2 or [keep_kv[j // (Q2 // G2)] for j in range(Q2)] != reads:
             raise ValueError(
-                f"'diff_v2' attention with num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads} cannot keep "
-                "a subset of its heads: a pair of query heads can read two different key/value heads"
+                f"'diff_v2' attention: query head j reads key/value head j // {r}; heads={keep} keep query heads "
+                f"{queries} read key/value heads {reads}, which {len(keep)} pairs over {G2} key/value heads would "
+                "not; keep whole key/value groups"
             )
-        return super().select_heads(heads, kv_heads)
+        return self.subset_heads(keep, keep_kv)
 
     def subset_heads(self, heads: list[int], kv_heads: list[int]) -> DifferentialV2Attention:
         """The kept pairs' q rows (2d each), λ rows and out_proj columns, their groups' k and v rows."""

@@ -101,7 +101,7 @@ def differential_v2_attention(q, k, v, lam_logits, mask=None, is_causal=False):
     """
     h2, G = q.shape[1], k.shape[1]
     per_kv = h2 // G
-    sig = 1.0 / (1.0 + np.exp(-np.asarray(lam_logits, np.float64)))  # (B, T, h)
+    sig = 0.5 * (1.0 + np.tanh(0.5 * np.asarray(lam_logits, np.float64)))  # sigmoid, (B, T, h), overflow-free
     heads, weights = [], []
     for i in range(h2 // 2):
         j1, j2 = 2 * i, 2 * i + 1

@@ -12,6 +12,7 @@ import torch
 from support.paths import assert_paths_agree
 
 from multihead.convert import from_official, official_kinds
+from multihead.convert.differential import to_official
 
 F64 = torch.float64
 BASE = 10000.0
@@ -122,6 +123,7 @@ def test_v1_equals_the_official_forward_and_decodes_token_by_token(C, H, G, dept
     _, w = module.attention(x, is_causal=True, return_weights=True)
     assert_paths_agree(w, want_w)  # the signed weights A1 - λ A2
     assert_paths_agree(_decode(module, x), want)
+    assert to_official(module).keys() == sd.keys() and all(torch.equal(to_official(module)[n], sd[n]) for n in sd)
     assert module.attention.kind == "diff" and module.attention.lambda_init == 0.8 - 0.6 * math.exp(-0.3 * depth)
 
 
@@ -155,6 +157,7 @@ def test_v2_equals_the_official_forward_and_decodes_token_by_token(C, H, G, d):
     assert_paths_agree(w, want_w)
     assert_paths_agree(_decode(module, x), want)
     assert module.attention.num_kv_heads == (G or H)
+    assert to_official(module).keys() == sd.keys() and all(torch.equal(to_official(module)[n], sd[n]) for n in sd)
 
 
 def test_v2_straddling_pair_reads_two_key_value_heads():
@@ -166,6 +169,13 @@ def test_v2_straddling_pair_reads_two_key_value_heads():
     one_kv = dict(sd, **{n: sd[n].view(G, d, C)[[0, 0]].reshape(-1, C) for n in ("k_proj.weight", "v_proj.weight")})
     other, _ = official_v2(one_kv, x, num_heads=H, num_kv_heads=G, head_dim=d)
     assert float((module(x) - other).detach().abs().max()) > 1e-6
+
+
+def test_to_official_refuses_what_the_official_layer_cannot_hold():
+    from multihead import build_attention
+
+    with pytest.raises(ValueError, match=r"no biases or qk_norm; this one has \['k_proj.bias'"):
+        to_official(build_attention("diff", embed_dim=16, num_heads=2))
 
 
 def test_state_dict_errors_name_the_entries():

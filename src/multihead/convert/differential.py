@@ -6,6 +6,7 @@
         "diff_transformer_v2", state_dict, d_model=1024, num_heads=8, num_kv_heads=4, head_dim=64)
     y = module(x)                                   # x [B, T, C] -> [B, T, C], causal, positions 0 .. T-1
     cache = module.make_kv_cache(B, max_len)        # then module(x_new, kv_cache=cache) decodes
+    state_dict = multihead.convert.differential.to_official(module)   # the official names again
 
 V1, ``MultiheadDiffAttn`` -> :class:`~multihead.modules.kinds.differential.DifferentialAttention`
 (the same names, no biases)::
@@ -35,7 +36,7 @@ from torch import nn
 
 from ..modules.kinds.differential import DifferentialAttention
 
-__all__ = ["OfficialCausalAttention", "from_official", "load_official", "official_dtype"]
+__all__ = ["OfficialCausalAttention", "from_official", "load_official", "official_dtype", "to_official"]
 
 
 class OfficialCausalAttention(nn.Module):
@@ -119,3 +120,19 @@ def from_official(
                             "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")}  # fmt: skip
     load_official(attn, state_dict, names)
     return OfficialCausalAttention(attn).eval()
+
+
+def to_official(module: OfficialCausalAttention | nn.Module) -> dict[str, torch.Tensor]:
+    """The official state dict (copies) of a converted module, the inverse of ``from_official``
+    (V1 here and V2 in ``differential_v2``: every name but V2's ``o_proj`` is the module's own).
+
+    Raises:
+        ValueError: a layer with biases, which the official layers do not have.
+    """
+    attn = module.attention if isinstance(module, OfficialCausalAttention) else module
+    state = {n: t for n, t in attn.state_dict().items() if not n.startswith("qk_norm.")}
+    biases = sorted(n for n in state if n.endswith(".bias"))
+    if biases or attn.qk_norm is not None:
+        raise ValueError(f"the official layer has no biases or qk_norm; this one has {biases or ['qk_norm']}")
+    names = {"out_proj.weight": "o_proj.weight"} if attn.kind == "diff_v2" else {}
+    return {names.get(n, n): t.detach().clone() for n, t in state.items()}

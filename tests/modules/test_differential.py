@@ -17,6 +17,7 @@ from support.paths import assert_cached_generation_agrees, assert_paths_agree
 
 from multihead import build_attention
 from multihead.models.gpt import GPT, GPTConfig
+from multihead.tools import prune_heads
 from multihead.tools.heads import mask_heads
 
 F64 = torch.float64
@@ -236,6 +237,30 @@ def test_gpt_by_name_with_key_value_groups_generates_the_same_with_and_without_c
     idx = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(4))
     assert model.blocks[0].attn.kind == kind and model.blocks[0].attn.num_kv_heads == 2
     assert_cached_generation_agrees(model, idx, 4)
+
+
+@pytest.mark.parametrize("kind,opts", [("diff", {"head_dim": 2}), ("diff_v2", {})])
+def test_pruned_gpt_equals_the_masked_one_and_reloads(kind, opts):
+    cfg = GPTConfig(vocab_size=32, context_length=16, embed_dim=16, num_layers=2, num_heads=4, attention=kind,
+                    attention_options=opts)  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(4))
+    with mask_heads(model, {0: [1]}):
+        want = model(idx)
+    prune_heads(model, {0: [1]})
+    assert model.config.layer_heads == [3, 4]
+    assert_paths_agree(model(idx), want)
+    again = GPT(model.config).eval()
+    again.load_state_dict(model.state_dict())
+    assert_paths_agree(again(idx), want)
+
+
+def test_pruning_a_gpt_of_diff_heads_without_head_dim_is_refused_with_the_reason():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, context_length=16, embed_dim=16, num_layers=1, num_heads=4, attention="diff"))
+    with pytest.raises(ValueError, match="layer 0: its pruned DifferentialAttention .* attention_options"):
+        prune_heads(model, {0: [1]})
 
 
 def test_lambda_init_follows_depth_and_lambda_its_formula():

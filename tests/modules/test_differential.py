@@ -239,6 +239,15 @@ def test_gpt_by_name_with_key_value_groups_generates_the_same_with_and_without_c
     assert_cached_generation_agrees(model, idx, 4)
 
 
+def test_a_gpts_diff_layers_take_their_depth_from_their_index_unless_the_options_set_it():
+    """catches: every layer of a GPT built with the first layer's λ_init."""
+    cfg = dict(vocab_size=32, context_length=16, embed_dim=16, num_layers=3, num_heads=2, attention="diff")
+    by_index = [b.attn.lambda_init for b in GPT(GPTConfig(**cfg)).blocks]
+    assert by_index == [0.8 - 0.6 * math.exp(-0.3 * i) for i in range(3)]
+    fixed = [b.attn.lambda_init for b in GPT(GPTConfig(**cfg, attention_options={"depth": 5})).blocks]
+    assert fixed == [0.8 - 0.6 * math.exp(-1.5)] * 3
+
+
 @pytest.mark.parametrize("kind,opts", [("diff", {"head_dim": 2}), ("diff_v2", {})])
 def test_pruned_gpt_equals_the_masked_one_and_reloads(kind, opts):
     cfg = GPTConfig(vocab_size=32, context_length=16, embed_dim=16, num_layers=2, num_heads=4, attention=kind,

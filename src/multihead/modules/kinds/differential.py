@@ -103,6 +103,7 @@ class DifferentialAttention(AttentionLayer):
     """
 
     kind = "diff"
+    layer_index_option = "depth"  # λ_init grows with the layer's depth
     independent_heads = True
     head_independence = (
         "a head's two query sub-heads, its value head and its 2d columns of out_proj go together, its norm is "

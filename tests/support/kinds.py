@@ -17,6 +17,7 @@ import torch
 from multihead import build_attention
 from multihead.reference import attention as ref_attention
 from multihead.reference.dcmha import dcmha_attention, talking_heads_attention
+from multihead.reference.differential import diff_lambda, differential_attention, differential_v2_attention
 from multihead.reference.gated import hard_concrete_eval_gate
 from multihead.reference.moh import moh_learned_gates, moh_query_norm_gates
 from multihead.reference.output_gated import output_gate
@@ -28,6 +29,8 @@ C, H = 16, 4  # model width and query heads of every contract module (D = 4)
 OPTIONS: dict[str, dict] = {
     "collaborative": {"shared_dim": 12},  # D̃ = 12: rope on the shared channels
     "dcmha": {"chunk_size": 2},  # blocks of 2 queries
+    "diff": {"depth": 2},  # H = G: any head subset; d = 2
+    "diff_v2": {"num_kv_heads": 2},  # pairs over G = 2 (each pair reads one key/value head)
     "gated": {"num_kv_heads": 2},
     "gqa": {"num_kv_heads": 2},
     "mha": {},
@@ -182,6 +185,8 @@ def numpy_forward(m, x, key=None, *, mask=None, is_causal=False, q_pos=None, k_p
                                      np64(m.pre_static), np64(m.post_static), **core)  # fmt: skip
         else:
             out, w = talking_heads_attention(q, k, v, np64(m.pre_static), np64(m.post_static), **core)
+    elif kind in ("diff", "diff_v2"):
+        out, w = _differential(m, x, kv, position, core)
     else:  # mha, gqa, mqa, gated, moh: one fused q|k|v projection
         q, k, v = _rows(m, x, kv)
         gates = None
@@ -201,6 +206,22 @@ def numpy_forward(m, x, key=None, *, mask=None, is_causal=False, q_pos=None, k_p
             out, w = out * gates, w * gates
     merged = out.transpose(0, 2, 1, 3).reshape(B, T, -1)  # (B, H, T, Dv) -> (B, T, H*Dv)
     return _linear(merged, m.out_proj), w
+
+
+def _differential(m, x, kv, position, core):
+    """q_proj / k_proj / v_proj split into sub-heads, qk_norm and rope over d, then the reference."""
+    Hh, G, d = m.num_heads, m.num_kv_heads, m.head_dim
+    (q,) = _split(_linear(x, m.q_proj), (2 * Hh * d,), (2 * Hh,))  # (B, 2H, T, d)
+    if type(m).kind == "diff":
+        (k,) = _split(_linear(kv, m.k_proj), (2 * G * d,), (2 * G,))  # (B, 2G, S, d)
+        (v,) = _split(_linear(kv, m.v_proj), (2 * G * d,), (G,))  # (B, G, S, 2d)
+        q, k = position(q, k)
+        lam = diff_lambda(*(np64(getattr(m, f"lambda_{n}")) for n in ("q1", "k1", "q2", "k2")), m.lambda_init)
+        return differential_attention(q, k, v, lam, m.lambda_init, **core)
+    (k,) = _split(_linear(kv, m.k_proj), (G * d,), (G,))  # (B, G, S, d)
+    (v,) = _split(_linear(kv, m.v_proj), (G * d,), (G,))
+    q, k = position(q, k)
+    return differential_v2_attention(q, k, v, _linear(x, m.lambda_proj), **core)
 
 
 def _output_gated(m, x, kv, position, core):

@@ -31,6 +31,8 @@ _CONVERTERS: dict[str, str] = {
     "mohsa_vit": "multihead.convert.mohsa",
     "collaborative": "multihead.convert.collaborative",
     "annotated_transformer": "multihead.convert.annotated",
+    "diff_transformer": "multihead.convert.differential",
+    "diff_transformer_v2": "multihead.convert.differential_v2",
     "qwen_gated": "multihead.convert.qwen_gated",
     "qwen3_next": "multihead.convert.qwen3_next",
 }

@@ -1,5 +1,6 @@
 """Functional attention: ``attention`` plus mask builders and backends."""
 
+from .alibi import alibi_bias, alibi_slopes
 from .attention import attention
 from .backends import AUTO_ORDER, Backend, list_backends, register_backend
 from .masks import (
@@ -15,6 +16,8 @@ from .softmax import masked_softmax
 
 __all__ = [
     "attention",
+    "alibi_slopes",
+    "alibi_bias",
     "masked_softmax",
     "apply_rope",
     "rope_frequencies",

@@ -105,6 +105,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             independent (the reason ``select_heads`` gives when refusing).
         comparison_skip: None, or the reason the kind stays out of
             ``multihead compare``'s default list.
+        layer_index_option: None, or the name of the constructor option that
+            takes the layer's index in its stack (differential attention's
+            ``depth``); models fill it per layer unless the user set it.
         comparison_options(kind, num_heads): classmethod, the options a
             comparison builds the registered name ``kind`` with.
 
@@ -130,6 +133,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
     independent_heads: bool = False
     head_independence: str = ""
     comparison_skip: str | None = None
+    layer_index_option: str | None = None
 
     def __init__(
         self,

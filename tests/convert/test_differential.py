@@ -12,7 +12,7 @@ import torch
 from support.paths import assert_paths_agree
 
 from multihead.convert import from_official, official_kinds
-from multihead.convert.differential import to_official
+from multihead.convert.official.diff_transformer import to_official
 
 F64 = torch.float64
 BASE = 10000.0

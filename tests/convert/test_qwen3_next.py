@@ -9,7 +9,7 @@ import torch
 from support.attention import assert_matches
 
 from multihead.convert import from_official
-from multihead.convert.qwen3_next import to_official
+from multihead.convert.official.qwen3_next import to_official
 
 qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 

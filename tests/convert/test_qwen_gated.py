@@ -11,7 +11,7 @@ import torch
 from support.attention import assert_matches
 
 from multihead.convert import from_official, official_kinds
-from multihead.convert.qwen_gated import to_official
+from multihead.convert.official.qwen_gated import to_official
 
 F64 = torch.float64
 C, H, G, D, T = 12, 4, 2, 6, 7

@@ -30,7 +30,7 @@ from .._checks import positive_int
 __all__ = ["HeadRMSNorm", "QKNorm"]
 
 
-def _check_eps(eps: object) -> float:
+def check_eps(eps: object) -> float:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0.0 <= float(eps) < math.inf):
         raise ValueError(f"eps must be a finite float >= 0, got eps={eps!r}")
     return float(eps)
@@ -69,7 +69,7 @@ class HeadRMSNorm(nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = positive_int("head_dim", head_dim)
-        self.eps = _check_eps(eps)
+        self.eps = check_eps(eps)
         if not isinstance(unit_offset, bool):
             raise TypeError(f"unit_offset must be a bool, got unit_offset={unit_offset!r}")
         self.unit_offset = unit_offset

@@ -31,7 +31,7 @@ from torch import nn
 from ..base import AttentionLayer
 from ..cost import AttentionCost, visible_pairs
 from ..head_selection import head_rows, load_selected
-from ..norms import QKNorm, _check_eps
+from ..norms import QKNorm, check_eps
 from ..projections import fused_qkv, split_heads
 from ..registry import register_attention
 
@@ -103,7 +103,7 @@ class OutputGatedAttention(AttentionLayer):
         H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
         self.gate = gate
         self.gate_width = 1 if gate == "headwise" else D
-        qk_norm_eps = _check_eps(qk_norm_eps)
+        qk_norm_eps = check_eps(qk_norm_eps)
         self.init_options.update(gate=gate, qk_norm_eps=qk_norm_eps, qk_norm_unit_offset=qk_norm_unit_offset)
         rows = H * D + H * self.gate_width + 2 * G * D
         self.qkv_proj = nn.Linear(embed_dim, rows, bias=self.qkv_bias, **self.factory)

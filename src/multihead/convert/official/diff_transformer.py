@@ -6,7 +6,7 @@
         "diff_transformer_v2", state_dict, d_model=1024, num_heads=8, num_kv_heads=4, head_dim=64)
     y = module(x)                                   # x [B, T, C] -> [B, T, C], causal, positions 0 .. T-1
     cache = module.make_kv_cache(B, max_len)        # then module(x_new, kv_cache=cache) decodes
-    state_dict = multihead.convert.differential.to_official(module)   # the official names again
+    state_dict = multihead.convert.official.diff_transformer.to_official(module)   # the official names again
 
 V1, ``MultiheadDiffAttn`` -> :class:`~multihead.modules.kinds.differential.DifferentialAttention`
 (the same names, no biases)::
@@ -16,7 +16,7 @@ V1, ``MultiheadDiffAttn`` -> :class:`~multihead.modules.kinds.differential.Diffe
 
 V2, ``MultiheadFlashDiffV2`` (``use_diff_v2=True``) ->
 :class:`~multihead.modules.kinds.differential_v2.DifferentialV2Attention`
-(``multihead.convert.differential_v2``)::
+(``multihead.convert.official.diff_transformer_v2``)::
 
     q_proj.weight (2H·d, C)  k_proj.weight, v_proj.weight (G·d, C)  lambda_proj.weight (H, C)
     o_proj.weight (C, H·d) -> out_proj.weight
@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..modules.kinds.differential import DifferentialAttention
+from ...modules.kinds.differential import DifferentialAttention
 
 __all__ = ["OfficialCausalAttention", "from_official", "load_official", "official_dtype", "to_official"]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ..modules.kinds.output_gated import OutputGatedAttention
+from ...modules.kinds.output_gated import OutputGatedAttention
 from .qwen_gated import OfficialGatedAttention, _head_dim, load_official, to_official
 
 __all__ = ["OfficialGatedAttention", "from_official", "per_head_rows", "to_official"]  # to_official: the inverse
@@ -84,7 +84,7 @@ def from_official(
             attention_dropout: the ``Qwen3NextConfig`` fields the attention reads.
 
     Returns:
-        an :class:`~multihead.convert.qwen_gated.OfficialGatedAttention` in
+        an :class:`~multihead.convert.official.qwen_gated.OfficialGatedAttention` in
         eval mode, in the dtype of ``q_proj.weight``.
 
     Raises:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..modules.kinds.output_gated import OutputGatedAttention
+from ...modules.kinds.output_gated import OutputGatedAttention
 
 __all__ = ["OfficialGatedAttention", "from_official", "grouped_rows", "load_official", "to_official"]
 

@@ -1,6 +1,6 @@
 """Differential Transformer V2 weights (microsoft/unilm ``Diff-Transformer-V2``,
 ``MultiheadFlashDiffV2``) as a multihead module; the names and the forward are
-described in ``multihead.convert.differential``.
+described in ``multihead.convert.official.diff_transformer``.
 
     module = multihead.convert.from_official(
         "diff_transformer_v2", state_dict, d_model=1024, num_heads=8, num_kv_heads=4, head_dim=64)
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..modules.kinds.differential_v2 import DifferentialV2Attention
-from .differential import OfficialCausalAttention, load_official, official_dtype
+from ...modules.kinds.differential_v2 import DifferentialV2Attention
+from .diff_transformer import OfficialCausalAttention, load_official, official_dtype
 
 __all__ = ["from_official"]
 

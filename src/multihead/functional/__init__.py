@@ -13,12 +13,14 @@ from .masks import (
 )
 from .rope import apply_rope, rope_frequencies, rope_options
 from .softmax import masked_softmax
+from .weights import WeightSelection
 
 __all__ = [
     "attention",
     "alibi_slopes",
     "alibi_bias",
     "masked_softmax",
+    "WeightSelection",
     "apply_rope",
     "rope_frequencies",
     "rope_options",

@@ -13,7 +13,8 @@ the one ``F.scaled_dot_product_attention`` makes for the same call):
 * CPU: ``_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p,
   is_causal, attn_mask=, scale=)`` -> (out, lse [B, H, T]). It takes float
   masks of q's dtype (bool masks are passed as 0 / -inf), grouped key/value
-  heads as they are, any float dtype (float64 included), and needs D == Dv.
+  heads as they are, any float dtype (float64 included), and needs D == Dv
+  (the narrower of q/k and v gets zero columns, which change no score).
   A row whose mask is all -inf gives out 0 and lse 0; multihead gives such a
   row a harmless mask and zeroes it afterwards, as the ``sdpa`` path does.
 * CUDA: ``_scaled_dot_product_flash_attention`` (no mask; head dim padded to
@@ -25,7 +26,7 @@ the one ``F.scaled_dot_product_attention`` makes for the same call):
 Where no such kernel serves the call the reasons are listed and ``auto``
 uses the ``math`` path: dropout in training, weights that must carry
 gradients (``return_weights=True`` while an input requires grad), a float
-mask that requires grad, D != Dv on CPU, a call torch would run on its math
+mask that requires grad, a call torch would run on its math
 kernel (CUDA float64, ...), another device type.
 """
 
@@ -57,13 +58,8 @@ def lse_not_supported(req: AttentionRequest) -> list[str]:
         )
     if req.bias is not None and req.bias.requires_grad and torch.is_grad_enabled():
         reasons.append("a float attn_mask that requires grad: the fused kernel has no gradient for it")
-    B, H, G, T, S, Dv = req.shape
-    D = req.q.shape[-1]
     device = req.q.device.type
-    if device == "cpu":
-        if D != Dv:
-            reasons.append(f"query/key head dim D={D} differs from the value head dim Dv={Dv}: the CPU kernel needs them equal")
-    elif device == "cuda":
+    if device == "cuda":
         if req.q.dtype == torch.float64:
             reasons.append("float64 on CUDA: no fused kernel takes it")
         elif not reasons:
@@ -71,7 +67,7 @@ def lse_not_supported(req: AttentionRequest) -> list[str]:
             choice = int(torch._fused_sdp_choice(q, k, v, attn_mask=mask, is_causal=causal, scale=req.scale))
             if choice not in _CUDA_KERNELS:
                 reasons.append(f"torch runs this call on its math kernel (SDPBackend {choice}), which gives no log-sum-exp")
-    else:
+    elif device != "cpu":
         reasons.append(f"no fused kernel with a log-sum-exp on device type {device!r}")
     return reasons
 
@@ -131,8 +127,9 @@ def _cuda_kernel(q, k, v, mask, causal: bool, scale: float) -> tuple[torch.Tenso
     choice = int(torch._fused_sdp_choice(q, k, v, attn_mask=mask, is_causal=causal, scale=scale))
     aten = torch.ops.aten
     if choice == _FLASH:
-        if D % 8 or Dv % 8:  # the kernel takes head dims in multiples of 8; zero columns change no score
-            q, k, v = (F.pad(t, (0, -t.shape[-1] % 8)) for t in (q, k, v))
+        width = -(-max(D, Dv) // 8) * 8  # equal head dims, a multiple of 8: zero columns change no score
+        if (D, Dv) != (width, width):
+            q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
         out, lse = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
         out = out[..., :Dv]
     elif choice == _EFFICIENT:
@@ -157,8 +154,13 @@ def lse_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
     if q.device.type == "cuda":
         out, lse = _cuda_kernel(q, k, v, mask, causal, req.scale)
     else:
+        D, Dv = q.shape[-1], v.shape[-1]
+        if D != Dv:  # the CPU kernel needs equal head dims: zero columns change no score and add no output
+            q, k = (F.pad(t, (0, max(D, Dv) - D)) for t in (q, k))
+            v = F.pad(v, (0, max(D, Dv) - Dv))
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out, lse = op(q, k, v, 0.0, causal, attn_mask=mask, scale=req.scale)
+        out = out[..., :Dv]
     if row_ok is not None:
         out = out.masked_fill(~row_ok, 0.0)
     bias = None if req.bias is None else req.bias.to(req.q.dtype)  # what the kernel added

@@ -43,6 +43,10 @@ def _int_list(name: str, values: object) -> tuple[int, ...]:
     return tuple(int(x) for x in values)
 
 
+def _ascending(values: tuple[int, ...]) -> bool:
+    return all(a < b for a, b in zip(values, values[1:]))
+
+
 @dataclass(frozen=True)
 class WeightSelection:
     """The query heads and query rows whose weights a call returns (detached).
@@ -55,8 +59,8 @@ class WeightSelection:
 
     Raises:
         TypeError: heads or rows of another type, or holding non-ints.
-        ValueError: an empty list, negative or repeated heads, heads not
-            ascending, a slice step that is not positive.
+        ValueError: an empty list, negative or repeated heads or rows, heads
+            or rows not ascending, a slice step that is not positive.
     """
 
     heads: tuple[int, ...] | None = None
@@ -65,7 +69,7 @@ class WeightSelection:
     def __post_init__(self) -> None:
         if self.heads is not None:
             heads = _int_list("heads", self.heads)
-            if any(h < 0 for h in heads) or any(a >= b for a, b in zip(heads, heads[1:])):
+            if any(h < 0 for h in heads) or not _ascending(heads):
                 raise ValueError(f"heads must be ascending head indices >= 0, each once; got heads={list(heads)}")
             object.__setattr__(self, "heads", heads)
         rows = self.rows
@@ -80,6 +84,12 @@ class WeightSelection:
                 raise ValueError(f"rows={rows!r}: the slice's step must be positive")
         elif rows is not None:
             rows = _int_list("rows", rows)
+            split = next((i for i, r in enumerate(rows) if r < 0), len(rows))
+            front, back = rows[:split], rows[split:]  # rows from the start, then rows from the end
+            if any(r >= 0 for r in back) or not _ascending(front) or not _ascending(back):
+                raise ValueError(
+                    f"rows={list(rows)} are not ascending (each once; negative rows, counted from the end, come last)"
+                )
         object.__setattr__(self, "rows", rows)
 
     @property

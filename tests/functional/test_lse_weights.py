@@ -283,3 +283,26 @@ def test_cuda_kernels_give_the_math_weights(kernel, case, seed):
                               for n, t in kw.items()})
     torch.testing.assert_close(w.double(), w_m, rtol=0, atol=2e-3)
     torch.testing.assert_close(out.double(), out_m, rtol=0, atol=5e-3)
+
+
+@pytest.mark.parametrize("case", ["causal_top_left", "causal_top_left_t_gt_s", "causal_bottom_right_cache",
+                                  "causal_bottom_right_t_gt_s", "padding_left_bottom_right", "float_mask_and_causal",
+                                  "bool_rows_that_see_nothing"])
+@pytest.mark.parametrize("selection", ["all", "every_other_row", "heads_and_a_row"])
+def test_weights_formed_in_blocks_of_rows_equal_the_reference(case, selection, seed, monkeypatch):
+    """Blocks of one to three rows, each reading only the keys its last row may see.
+
+    catches: a block that stops at the keys of its first row, or masks the causal band of another block."""
+    import multihead.functional.weights as weights
+
+    B, H, G, T, S, build = CASES[case]
+    q, k, v = make_qkv(seed, B, H, G, T, S, 3)
+    kw = build(seed, B, H, T, S)
+    sel = SELECTIONS[selection]
+    want_out, want_w = run_reference(q, k, v, kw.get("attn_mask"), **{n: x for n, x in kw.items() if n != "attn_mask"})
+    for block in (1, 2 * H * S, 3 * B * H * S):
+        monkeypatch.setattr(weights, "BLOCK_SCORES", block)
+        out, w = attention(q, k, v, return_weights=sel, backend="sdpa", **kw)
+        w_m = attention(q, k, v, return_weights=sel, backend="math", **kw)[1]
+        assert_paths_agree(w, w_m)
+        assert_matches(out, want_out)

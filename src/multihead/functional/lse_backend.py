@@ -164,8 +164,10 @@ def lse_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
     if row_ok is not None:
         out = out.masked_fill(~row_ok, 0.0)
     bias = None if req.bias is None else req.bias.to(req.q.dtype)  # what the kernel added
+    B, H, G, T, S, Dv = req.shape
+    offset = None if req.causal_is_trivial else 0 if req.causal_alignment == "top_left" else S - T
     weights = rebuild_weights(
-        req.q, req.k, lse, scale=req.scale, bias=bias, visible=req.visible(),
-        heads=req.weight_heads, rows=req.weight_rows,
+        req.q, req.k, lse, scale=req.scale, bias=bias, visible=req.allowed,
+        heads=req.weight_heads, rows=req.weight_rows, causal_offset=offset,
     )  # fmt: skip
     return out, weights

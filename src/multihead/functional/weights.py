@@ -30,6 +30,7 @@ import torch
 __all__ = ["WeightSelection", "resolve_selection", "pick", "select_weights", "rebuild_weights"]
 
 _HALF = (torch.float16, torch.bfloat16)
+BLOCK_SCORES = 1 << 18  # scores formed at a time when rebuilding weights (1 MiB of float32)
 
 
 def _int_list(name: str, values: object) -> tuple[int, ...]:
@@ -151,8 +152,13 @@ def rebuild_weights(
     visible: torch.Tensor | None,
     heads: tuple[int, ...] | None,
     rows: tuple[int, ...] | None,
+    causal_offset: int | None = None,
 ) -> torch.Tensor:
     """The weights of the selected heads and rows from the kernel's log-sum-exp.
+
+    Rows are formed in blocks small enough to stay in the CPU's cache (about
+    a megabyte of scores each), and with causality a block reads only the
+    keys its last row may see (the rest is zero), as the kernel itself does.
 
     Args:
         q: [B, H, T, D] queries; k: [B, G, S, D] keys (head h reads h // (H // G)).
@@ -161,8 +167,10 @@ def rebuild_weights(
         scale: the score multiplier.
         bias: the float mask the kernel added, broadcastable to [B, H, T, S], or None.
         visible: bool, broadcastable to [B, H, T, S], True = may attend
-            (causality included), or None when every key is visible.
+            (before causality), or None when every key is visible.
         heads, rows: from ``resolve_selection`` (None = all).
+        causal_offset: with causality, query t sees keys up to t + offset
+            (0 top-left, S - T bottom-right), applied here; None without.
 
     Returns:
         [B, h, r, S] in q's dtype, detached: 0 at hidden keys and on rows
@@ -173,22 +181,43 @@ def rebuild_weights(
     R = H // G
     compute = torch.float32 if q.dtype in _HALF else q.dtype
     with torch.no_grad():
-        qs = pick(q, heads, rows).to(compute)  # (B, h, r, D)
-        r = qs.shape[2]
-        if heads is None:
-            # Grouped heads read their key head once: (B, H, r, D) -> (B, G, R*r, D)
-            scores = qs.reshape(B, G, R * r, D) @ k.to(compute).transpose(-1, -2)  # (B, G, R*r, S)
-            scores = scores.view(B, H, r, S)
-        else:
-            kv = torch.tensor([h // R for h in heads], device=k.device)
-            scores = qs @ k.index_select(1, kv).to(compute).transpose(-1, -2)  # (B, h, r, S)
-        logits = scores.mul_(scale)
-        if bias is not None:
-            logits = logits.add_(pick(bias, heads, rows).to(compute))
-        logits = logits.sub_(pick(lse, heads, rows).to(compute).unsqueeze(-1))  # (B, h, r) -> (B, h, r, 1)
-        if visible is not None:
-            logits = logits.masked_fill_(~pick(visible, heads, rows), float("-inf"))
-        p = logits.exp_()
-        total = p.sum(dim=-1, keepdim=True)  # (B, h, r, 1): 1 up to lse's rounding, 0 for rows that see nothing
-        p = p.div_(torch.where(total > 0, total, torch.ones((), dtype=compute, device=total.device)))
-    return p.to(q.dtype)
+        qs = pick(q, heads, rows).to(compute) * scale  # (B, h, r, D), scaled once
+        h, r = qs.shape[1], qs.shape[2]
+        kv = [x // R for x in (range(H) if heads is None else heads)]  # the key head each head reads
+        kt = k.to(compute) if kv == list(range(G)) else k.to(compute)[:, kv]  # (B, h, S, D): keys only, small
+        kt = kt.transpose(-1, -2).reshape(B * h, D, S)  # (B, h, S, D) -> (B*h, D, S), small: keys only
+        q3 = qs.reshape(B * h, r, D)  # (B, h, r, D) -> (B*h, r, D)
+        lse = pick(lse, heads, rows).to(compute).unsqueeze(-1)  # (B, h, r, 1)
+        bias = None if bias is None else pick(bias, heads, rows)
+        visible = None if visible is None else pick(visible, heads, rows)
+        index = range(T) if rows is None else rows
+        out = torch.empty(B, h, r, S, dtype=compute, device=q.device)
+        out3 = out.view(B * h, r, S)
+        step = max(1, BLOCK_SCORES // max(1, B * h * S))  # rows per block
+        for a in range(0, r, step):
+            b = min(r, a + step)
+            s1 = S if causal_offset is None else min(S, max(0, index[b - 1] + causal_offset + 1))
+            torch.bmm(q3[:, a:b], kt[:, :, :s1], out=out3[:, a:b, :s1])  # scores written in place
+            x = out[:, :, a:b, :s1]  # (B, h, c, s1)
+            if bias is not None:
+                x += _block(bias, a, b, s1)
+            x -= lse[:, :, a:b]
+            if visible is not None:
+                x.masked_fill_(~_block(visible, a, b, s1), float("-inf"))
+            if causal_offset is not None:  # keys before lo are seen by every row of the block
+                lo = min(s1, max(0, index[a] + causal_offset + 1))
+                j = torch.arange(lo, s1, device=q.device)  # (s1 - lo,)
+                t = torch.tensor(list(index[a:b]), device=q.device)[:, None]  # (c, 1)
+                x[..., lo:].masked_fill_(j > t + causal_offset, float("-inf"))  # (c, s1 - lo): the band
+            x.exp_()
+            total = x.sum(dim=-1, keepdim=True)  # (B, h, c, 1): 1 up to lse's rounding, 0 for rows that see nothing
+            x /= torch.where(total > 0, total, torch.ones((), dtype=compute, device=total.device))
+            out[:, :, a:b, s1:] = 0.0
+    return out.to(q.dtype)
+
+
+def _block(t: torch.Tensor, a: int, b: int, s1: int) -> torch.Tensor:
+    """Rows a:b and keys :s1 of a tensor broadcastable to [B, h, r, S] (a row dim of 1 stays)."""
+    if t.shape[2] != 1:
+        t = t[:, :, a:b]
+    return t[..., :s1]

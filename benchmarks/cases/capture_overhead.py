@@ -25,6 +25,12 @@ memory line to stderr, and::
     .venv/bin/python -m benchmarks.cases.capture_overhead [T ...]
 
 prints a markdown table (default T = 1024).
+
+On a GPU (``--set device=cuda``, with ``--set dtype=bfloat16`` for the
+flash kernel) the steps synchronise the device and the memory line gives,
+per contender, ``torch.cuda.max_memory_allocated`` during one forward minus
+the memory allocated before it (torch's caching allocator counts every
+tensor it hands out).
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ def peak_forward_mib(T: int, contender: str) -> float:
         "in a fresh process is printed."
     ),
     config={"embed_dim": 768, "num_heads": 12, "batch": 1, "seq": 1024, "seed": 0, "memory": True,
+            "device": "cpu", "dtype": "float32",
             "warmup": 2, "rounds": 10, "number": 1},  # fmt: skip
     quick={"seq": 128, "memory": False, "warmup": 1, "rounds": 3},
     scenarios={"T=1024 (128 with --quick)": {}},
@@ -97,9 +104,11 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
     from multihead.tools import capture
 
     C, H, B, T = (int(config[k]) for k in ("embed_dim", "num_heads", "batch", "seq"))
+    device, dtype = torch.device(config["device"]), getattr(torch, config["dtype"])
     torch.manual_seed(int(config["seed"]))
-    m = MultiHeadAttention(C, H).eval()
-    x = torch.randn(B, T, C)
+    m = MultiHeadAttention(C, H, device=device, dtype=dtype).eval()
+    x = torch.randn(B, T, C, device=device, dtype=dtype)
+    cuda = device.type == "cuda"
 
     def forward(heads, backend):
         with capture(m, heads=heads) as record:
@@ -111,13 +120,11 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
         out_one, one = forward([0], "auto")
         out_all, every = forward(None, "auto")
         out_math, want = forward(None, "math")
+    tol = {} if dtype == torch.float32 else {"rtol": 0.0, "atol": 2e-2}  # half: two roundings of the output
     for out in (out_one, out_all, out_math):
-        torch.testing.assert_close(out, plain, msg="capture_overhead: a captured output differs")
-    torch.testing.assert_close(every, want, msg="capture_overhead: weights differ from the math path")
-    torch.testing.assert_close(one, want[:, :1], msg="capture_overhead: one head's weights differ")
-    if config["memory"]:
-        peaks = ", ".join(f"{c} {peak_forward_mib(T, c):.0f} MiB" for c in CONTENDERS)
-        print(f"capture_overhead T={T}: peak forward memory {peaks}", file=sys.stderr)
+        torch.testing.assert_close(out, plain, msg="capture_overhead: a captured output differs", **tol)
+    torch.testing.assert_close(every, want, msg="capture_overhead: weights differ from the math path", **tol)
+    torch.testing.assert_close(one, want[:, :1], msg="capture_overhead: one head's weights differ", **tol)
 
     def step(heads, backend, captured=True):
         def run() -> None:
@@ -126,15 +133,32 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
                     forward(heads, backend)
                 else:
                     m(x, is_causal=True)
+            if cuda:
+                torch.cuda.synchronize()
 
         return run
 
-    return {
+    steps = {
         "uncaptured": step(None, "auto", captured=False),
         "capture 1 head": step([0], "auto"),
         "capture all heads": step(None, "auto"),
         "all heads, math path": step(None, "math"),
     }
+    if config["memory"]:
+        peak = (lambda c: cuda_peak_mib(steps[c])) if cuda else (lambda c: peak_forward_mib(T, c))
+        peaks = ", ".join(f"{c} {peak(c):.0f} MiB" for c in CONTENDERS)
+        print(f"capture_overhead T={T} on {device.type}: peak forward memory {peaks}", file=sys.stderr)
+    return steps
+
+
+def cuda_peak_mib(run) -> float:
+    """Peak extra CUDA memory (MiB) torch allocates during ``run()`` (after a warm-up call)."""
+    run()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
 def main(argv: list[str]) -> None:

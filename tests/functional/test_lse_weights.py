@@ -300,6 +300,7 @@ def test_weights_formed_in_blocks_of_rows_equal_the_reference(case, selection, s
     kw = build(seed, B, H, T, S)
     sel = SELECTIONS[selection]
     want_out, want_w = run_reference(q, k, v, kw.get("attn_mask"), **{n: x for n, x in kw.items() if n != "attn_mask"})
+    monkeypatch.setattr(weights, "MIN_BLOCK_ROWS", 1)
     for block in (1, 2 * H * S, 3 * B * H * S):
         monkeypatch.setattr(weights, "BLOCK_SCORES", block)
         out, w = attention(q, k, v, return_weights=sel, backend="sdpa", **kw)

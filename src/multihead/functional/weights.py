@@ -30,7 +30,8 @@ import torch
 __all__ = ["WeightSelection", "resolve_selection", "pick", "select_weights", "rebuild_weights"]
 
 _HALF = (torch.float16, torch.bfloat16)
-BLOCK_SCORES = 1 << 18  # scores formed at a time when rebuilding weights (1 MiB of float32)
+BLOCK_SCORES = 1 << 18  # scores formed at a time when rebuilding weights (1 MiB of float32) ...
+MIN_BLOCK_ROWS = 16  # ... but at least this many rows per block (fewer, larger calls for large batches)
 
 
 def _int_list(name: str, values: object) -> tuple[int, ...]:
@@ -193,7 +194,7 @@ def rebuild_weights(
         index = range(T) if rows is None else rows
         out = torch.empty(B, h, r, S, dtype=compute, device=q.device)
         out3 = out.view(B * h, r, S)
-        step = max(1, BLOCK_SCORES // max(1, B * h * S))  # rows per block
+        step = max(MIN_BLOCK_ROWS, BLOCK_SCORES // max(1, B * h * S), 1)  # rows per block
         for a in range(0, r, step):
             b = min(r, a + step)
             s1 = S if causal_offset is None else min(S, max(0, index[b - 1] + causal_offset + 1))

@@ -5,13 +5,18 @@ D = 64), B = 1, T = 1024, causal self-attention, float32, CPU, eval mode
 under ``torch.no_grad()``. Contenders, all the same module and input:
 
 * ``uncaptured``: the plain forward (the fused kernel, no weights);
-* ``capture 1 head``: inside ``tools.capture(layer, heads=[0])``;
-* ``capture all heads``: inside ``tools.capture(layer)``;
-* ``all heads, math path``: ``capture(layer)`` with ``backend="math"``, the
+* ``capture 1 head``: with an observer of head 0 that keeps the event's weights;
+* ``capture all heads``: with an observer of every head;
+* ``all heads, math path``: the same observer with ``backend="math"``, the
   explicit softmax over every weight that observers used to force.
 
 The captured contenders keep the fused kernel for the output and rebuild
 the weights they ask for from its log-sum-exp (``functional.lse_backend``).
+An observer is what ``tools.capture`` registers; capture then stores the
+weights as float32 on the CPU, which for float32 CPU weights copies nothing
+(on a GPU it would add a device-to-host copy, so the steps keep the weights
+where they are). Before timing, ``tools.capture`` of each contender is
+checked against the plain output and the math path's weights.
 
 Peak memory is measured in a fresh subprocess per contender, as in
 ``dcmha_memory``: the process builds the layer and input, runs one warm-up
@@ -48,7 +53,6 @@ CONTENDERS = ("uncaptured", "capture 1 head", "capture all heads", "all heads, m
 _PROBE = r"""
 import sys, torch
 from multihead import MultiHeadAttention
-from multihead.tools import capture
 T, which = int(sys.argv[1]), sys.argv[2]
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -61,9 +65,12 @@ def status(key):
 def run():
     if which == "uncaptured":
         return m(x, is_causal=True)
-    with capture(m, heads=[0] if which == "capture 1 head" else None) as record:
-        m(x, is_causal=True, backend="math" if which == "all heads, math path" else "auto")
-    return record
+    kept = []
+    handle = m.register_attention_observer(lambda mod, e: kept.append(e.weights),
+                                           heads=[0] if which == "capture 1 head" else None)
+    m(x, is_causal=True, backend="math" if which == "all heads, math path" else "auto")
+    handle.remove()
+    return kept
 with torch.no_grad():
     kept = run()  # warm up allocator and kernels
     del kept
@@ -128,9 +135,12 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
 
     def step(heads, backend, captured=True):
         def run() -> None:
+            kept = []
             with torch.no_grad():
                 if captured:
-                    forward(heads, backend)
+                    handle = m.register_attention_observer(lambda mod, e: kept.append(e.weights), heads=heads)
+                    m(x, is_causal=True, backend=backend)
+                    handle.remove()
                 else:
                     m(x, is_causal=True)
             if cuda:

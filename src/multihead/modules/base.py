@@ -110,11 +110,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             ``depth``); models fill it per layer unless the user set it.
         comparison_options(kind, num_heads): classmethod, the options a
             comparison builds the registered name ``kind`` with.
-        selects_weights: True when ``core`` takes a ``WeightSelection`` as
-            ``return_weights`` and returns just those weights (the default
-            core: they are rebuilt from the fused kernel's log-sum-exp). A
-            class that defines ``core`` without declaring it gets False: its
-            core is asked for every weight and observers get their part.
+        selects_weights: ``core`` takes a ``WeightSelection`` as ``return_weights``
+            and returns just those weights (the default core). A class defining
+            ``core`` gets False unless it says so: asked for every weight.
 
     Attributes:
         rope: a ``Rotary`` or None; qk_norm: a ``QKNorm`` or None.
@@ -268,26 +266,24 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
     def register_attention_observer(self, observer: Observer, *, heads=None, rows=None) -> RemovableHandle:
         """Call ``observer(module, event)`` after every forward until removed.
 
-        While one is registered the layer computes the exact weights (those
-        that mix the values) of the ``heads`` and ``rows`` its observers ask
-        for (None: all; as ``functional.WeightSelection``; ``modules.observe``
-        says where the weights come from). Returns a handle whose
-        ``remove()`` unregisters it. Raises TypeError / ValueError for an
-        ``observer`` not callable or heads/rows that are not ascending ints.
+        While one is registered the layer computes the exact weights (those that
+        mix the values) of the ``heads`` and ``rows`` observers ask for (None: all;
+        ``functional.WeightSelection``; ``modules.observe`` says where they come
+        from). Returns a handle whose ``remove()`` unregisters it. Raises
+        TypeError / ValueError: ``observer`` not callable, heads/rows not ascending ints.
         """
         if not callable(observer):
             raise TypeError(f"observer must be callable, got {type(observer).__name__}")
-        selection = WeightSelection(heads=heads, rows=rows)
         handle = RemovableHandle(self._attention_observers)
-        self._attention_observers[handle.id] = (observer, selection)
+        self._attention_observers[handle.id] = (observer, WeightSelection(heads=heads, rows=rows))
         return handle
 
     def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str, heads=None, rows=None):
-        """Hand one call's weights [B, h, r, S] of query heads ``heads`` and rows
-        ``rows`` (None: all H, T) and its q/k to each observer, cut to its own part."""
-        scale = q.shape[-1] ** -0.5 if self.scale is None else self.scale
+        """Hand one call's weights [B, h, r, S] of query heads ``heads`` and rows ``rows``
+        (None: all H, T) and its q/k to each observer, cut to its own part."""
         notify(self, list(self._attention_observers.values()), weights, (heads, rows), q=q, k=k, attn_mask=mask,
-               scale=scale, is_causal=is_causal, causal_alignment=causal_alignment, kind=self.kind)  # fmt: skip
+               scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale, is_causal=is_causal,
+               causal_alignment=causal_alignment, kind=self.kind)  # fmt: skip
 
     # ------------------------------------------------------------------ head hooks
     def register_head_hook(self, fn: Callable) -> RemovableHandle:

@@ -281,8 +281,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
     def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str, heads=None, rows=None):
         """Hand one call's weights [B, h, r, S] of query heads ``heads`` and rows ``rows``
         (None: all H, T) and its q/k to each observer, cut to its own part."""
-        notify(self, list(self._attention_observers.values()), weights, (heads, rows), q=q, k=k, attn_mask=mask,
-               scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale, is_causal=is_causal,
+        notify(self, list(self._attention_observers.values()), weights, (heads, rows), self.num_heads, q=q, k=k,
+               attn_mask=mask, scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale, is_causal=is_causal,
                causal_alignment=causal_alignment, kind=self.kind)  # fmt: skip
 
     # ------------------------------------------------------------------ head hooks
@@ -460,7 +460,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         q, k = self.position_qk(q, k, q_pos, k_pos)
         observed, ask, got = self.observed, return_weights, (None, None)
         if observed and not return_weights:  # observers only: the union of their heads and rows
-            ask = observed_selection(self._attention_observers.values(), q.shape[1], q.shape[2])[0]
+            ask = observed_selection(self._attention_observers.values(), self.num_heads, q.shape[2])[0]
             ask, got = (ask, (ask.heads, ask.rows)) if self.selects_weights else (True, got)
         with rollback_on_error(kv_cache):
             if kv_cache is not None:

@@ -53,7 +53,8 @@ class AttentionEvent:
         is_causal: whether causality was applied.
         causal_alignment: "top_left" or "bottom_right".
         kind: the attention kind's registry name (e.g. "mha", "gqa").
-        heads: the query heads the weights hold (ascending), h of them.
+        heads: the heads the weights hold (ascending indices into the
+            layer's ``num_heads``), h of them.
         rows: the query rows the weights hold (ascending indices into the
             call's T queries), r of them.
     """
@@ -118,6 +119,7 @@ def notify(
     entries: list[tuple[Observer, WeightSelection]],
     weights: torch.Tensor,
     got: tuple[Indices, Indices],
+    H: int,
     *,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -126,11 +128,13 @@ def notify(
     """Call each observer with an ``AttentionEvent`` holding its part of ``weights``.
 
     Args:
-        weights: [B, h, r, S] of the query heads and rows ``got`` (None: all).
-        q: [B, H, T, D]; k: [B, G, S, D].
+        weights: [B, h, r, S] of the heads and rows ``got`` (None: all H, T).
+        H: the layer's heads (``num_heads``: the heads of its weights, which
+            a kind's q may outnumber, as differential attention's 2H do).
+        q: [B, H', T, D]; k: [B, G, S, D].
         call: the event's scale, attn_mask, is_causal, causal_alignment, kind.
     """
-    H, T = q.shape[1], q.shape[2]
+    T = q.shape[2]
     _, own = observed_selection(entries, H, T)
     weights, q, k = weights.detach(), q.detach(), k.detach()
     for (observer, _), (heads, rows) in zip(entries, own):

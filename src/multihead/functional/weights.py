@@ -30,8 +30,9 @@ import torch
 __all__ = ["WeightSelection", "resolve_selection", "pick", "select_weights", "rebuild_weights"]
 
 _HALF = (torch.float16, torch.bfloat16)
-BLOCK_SCORES = 1 << 18  # scores formed at a time when rebuilding weights (1 MiB of float32) ...
+BLOCK_SCORES = 1 << 18  # scores formed at a time when rebuilding weights on a CPU (1 MiB of float32) ...
 MIN_BLOCK_ROWS = 16  # ... but at least this many rows per block (fewer, larger calls for large batches)
+GPU_BLOCK_SCORES = 1 << 27  # on a GPU: few large blocks (each block costs kernel launches, not cache misses)
 
 
 def _int_list(name: str, values: object) -> tuple[int, ...]:
@@ -192,9 +193,11 @@ def rebuild_weights(
         bias = None if bias is None else pick(bias, heads, rows)
         visible = None if visible is None else pick(visible, heads, rows)
         index = range(T) if rows is None else rows
+        positions = torch.tensor(index, device=q.device)[:, None]  # (r, 1): each row's query index
         out = torch.empty(B, h, r, S, dtype=compute, device=q.device)
         out3 = out.view(B * h, r, S)
-        step = max(MIN_BLOCK_ROWS, BLOCK_SCORES // max(1, B * h * S), 1)  # rows per block
+        block = BLOCK_SCORES if q.device.type == "cpu" else GPU_BLOCK_SCORES
+        step = max(MIN_BLOCK_ROWS, block // max(1, B * h * S), 1)  # rows per block
         for a in range(0, r, step):
             b = min(r, a + step)
             s1 = S if causal_offset is None else min(S, max(0, index[b - 1] + causal_offset + 1))
@@ -208,8 +211,7 @@ def rebuild_weights(
             if causal_offset is not None:  # keys before lo are seen by every row of the block
                 lo = min(s1, max(0, index[a] + causal_offset + 1))
                 j = torch.arange(lo, s1, device=q.device)  # (s1 - lo,)
-                t = torch.tensor(list(index[a:b]), device=q.device)[:, None]  # (c, 1)
-                x[..., lo:].masked_fill_(j > t + causal_offset, float("-inf"))  # (c, s1 - lo): the band
+                x[..., lo:].masked_fill_(j > positions[a:b] + causal_offset, float("-inf"))  # (c, s1 - lo): the band
             x.exp_()
             total = x.sum(dim=-1, keepdim=True)  # (B, h, c, 1): 1 up to lse's rounding, 0 for rows that see nothing
             x /= torch.where(total > 0, total, torch.ones((), dtype=compute, device=total.device))

@@ -307,3 +307,23 @@ def test_weights_formed_in_blocks_of_rows_equal_the_reference(case, selection, s
         w_m = attention(q, k, v, return_weights=sel, backend="math", **kw)[1]
         assert_paths_agree(w, w_m)
         assert_matches(out, want_out)
+
+
+@pytest.mark.parametrize("Dv", [4, 2])
+def test_inputs_and_masks_whose_rows_are_not_contiguous(Dv, seed):
+    """q, k, v with a last stride other than 1 (a head-interleaved layout, as a kind's
+    view of a projection gives) and a transposed mask.
+
+    catches: the CPU kernel called on such rows (wrong outputs, NaN read from outside the tensors)."""
+    B, H, G, T, S, D = 2, 8, 4, 6, 6, 2
+    q0, k0, v0 = make_qkv(seed, B, H, G, T, S, D, Dv)
+    q = q0.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # strides (T*D*H, 1, D*H, H)
+    k = k0.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    v = v0.transpose(-1, -2).contiguous().transpose(-1, -2)  # last stride S
+    mask = _float(seed, (B, 1, S, T)).transpose(-1, -2)  # (B, 1, T, S), last stride T
+    assert q.stride(-1) != 1 and k.stride(-1) != 1 and v.stride(-1) != 1 and mask.stride(-1) != 1
+    for kw in ({"is_causal": True}, {"attn_mask": mask}):
+        out, w = attention(q, k, v, return_weights=WeightSelection(heads=[0, 5]), backend="sdpa", **kw)
+        want_out, want_w = run_reference(q0, k0, v0, kw.pop("attn_mask", None), **kw)
+        assert_matches(out, want_out)
+        assert_matches(w, want_w[:, [0, 5]])

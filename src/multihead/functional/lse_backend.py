@@ -17,6 +17,8 @@ the one ``F.scaled_dot_product_attention`` makes for the same call):
   (the narrower of q/k and v gets zero columns, which change no score).
   A row whose mask is all -inf gives out 0 and lse 0; multihead gives such a
   row a harmless mask and zeroes it afterwards, as the ``sdpa`` path does.
+  It reads each row of q, k, v and the mask as contiguous memory: a last
+  stride other than 1 gives wrong numbers, so such tensors are copied first.
 * CUDA: ``_scaled_dot_product_flash_attention`` (no mask; head dim padded to
   a multiple of 8 as torch's front end does), ``_efficient_attention``
   (lse [B, H, T rounded up to 32]; the mask's rows padded to a multiple of
@@ -105,7 +107,15 @@ def _kernel_inputs(req: AttentionRequest):
     if q.device.type == "cuda" and G != H:
         k = k.repeat_interleave(H // G, dim=1)  # (B, G, S, D) -> (B, H, S, D): CUDA kernels take equal heads
         v = v.repeat_interleave(H // G, dim=1)
+    q, k, v = _unit_last_stride(q, k, v)
+    (mask,) = _unit_last_stride(mask) if mask is not None else (None,)
     return q, k, v, mask, native_causal, row_ok
+
+
+def _unit_last_stride(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors with a last stride of 1: the kernels read each row as a run of
+    memory (torch's front end checks this; calling the operator directly, multihead does)."""
+    return tuple(t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous() for t in tensors)
 
 
 def _aligned(mask: torch.Tensor | None, shape: tuple[int, int, int, int]) -> torch.Tensor | None:
@@ -158,6 +168,7 @@ def lse_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
         if D != Dv:  # the CPU kernel needs equal head dims: zero columns change no score and add no output
             q, k = (F.pad(t, (0, max(D, Dv) - D)) for t in (q, k))
             v = F.pad(v, (0, max(D, Dv) - Dv))
+        q, k, v = _unit_last_stride(q, k, v)  # F.pad keeps a layout whose last stride may not be 1
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out, lse = op(q, k, v, 0.0, causal, attn_mask=mask, scale=req.scale)
         out = out[..., :Dv]

@@ -389,7 +389,7 @@ def capture(
     def observe(module: nn.Module, event: AttentionEvent) -> None:
         if not record.layers and record.attention_mask is None:
             record.attention_mask = padding_of(event.attn_mask, event.weights.shape[0])
-        H, T = event.q.shape[1], event.q.shape[2]
+        H, T = module.num_heads, event.q.shape[2]  # the heads of its weights (a kind's q may have more)
         record.layers.append(
             LayerAttention(
                 layer=index[id(module)],

@@ -139,7 +139,7 @@ def _cuda_kernel(q, k, v, mask, causal: bool, scale: float) -> tuple[torch.Tenso
     if choice == _FLASH:
         width = -(-max(D, Dv) // 8) * 8  # equal head dims, a multiple of 8: zero columns change no score
         if (D, Dv) != (width, width):
-            q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+            q, k, v = _unit_last_stride(*(F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v)))
         out, lse = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
         out = out[..., :Dv]
     elif choice == _EFFICIENT:

@@ -151,3 +151,20 @@ def test_the_torch_drop_in_notifies_observers_of_its_inner_module():
     assert weights is None and len(events) == 1
     _, per_head = ours(x, x, x, need_weights=True, average_attn_weights=False)
     torch.testing.assert_close(events[0][1].weights, per_head)
+
+
+def test_the_torch_drop_in_hands_each_observer_its_heads_and_rows():
+    from torch import nn
+
+    from multihead import TorchMultiheadAttention
+
+    torch.manual_seed(0)
+    ours = TorchMultiheadAttention.from_torch(nn.MultiheadAttention(8, 4, batch_first=True)).eval()
+    events = []
+    ours.attention.register_attention_observer(lambda mod, event: events.append(event), heads=[1, 2], rows=[-1])
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        _, per_head = ours(x, x, x, need_weights=True, average_attn_weights=False)
+    (event,) = events
+    assert (event.heads, event.rows) == ((1, 2), (4,))
+    assert_paths_agree(event.weights, per_head[:, 1:3, 4:])

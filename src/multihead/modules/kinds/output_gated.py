@@ -74,6 +74,7 @@ class OutputGatedAttention(AttentionLayer):
     kind = "output_gated"
     refused_options = ("kdim", "vdim")  # one fused projection of the model width
     independent_heads = True
+    selects_weights = True  # its core passes the selection to functional.attention and gates only the output
     head_independence = (
         "each head attends with its own query rows (and its group's key/value rows), its gate comes from its own "
         "rows of the query projection and scales only its own output, which reaches out_proj through its own "

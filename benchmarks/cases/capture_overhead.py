@@ -127,7 +127,7 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
         out_one, one = forward([0], "auto")
         out_all, every = forward(None, "auto")
         out_math, want = forward(None, "math")
-    tol = {} if dtype == torch.float32 else {"rtol": 0.0, "atol": 2e-2}  # half: two roundings of the output
+    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}  # half: two roundings of the output
     for out in (out_one, out_all, out_math):
         torch.testing.assert_close(out, plain, msg="capture_overhead: a captured output differs", **tol)
     torch.testing.assert_close(every, want, msg="capture_overhead: weights differ from the math path", **tol)

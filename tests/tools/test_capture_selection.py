@@ -120,3 +120,22 @@ def test_a_head_beyond_a_layer_is_named_at_the_call():
         with torch.no_grad(), capture(model, heads=[4]):
             model(torch.randn(1, 3, 8, dtype=torch.float64))
     assert not any(m.observed for _, m in attention_modules(model))
+
+
+def test_scores_of_a_kind_with_more_query_heads_than_weights():
+    """Differential attention scores 2H sub-heads and mixes with H weights: its scores
+    keep every sub-head, for the rows asked for."""
+    torch.manual_seed(0)
+    m = build_attention("diff", embed_dim=16, num_heads=2, dtype=torch.float64).eval()
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    with torch.no_grad(), capture(m, scores=True) as full:
+        m(x, is_causal=True)
+    with torch.no_grad(), capture(m, scores=True, rows=[1, 4]) as part:
+        m(x, is_causal=True)
+    whole, entry = full.layers[0], part.layers[0]
+    assert whole.weights.shape == (1, 2, 5, 5) and whole.scores.shape == (1, 4, 5, 5)
+    assert entry.rows == (1, 4) and entry.scores.shape == (1, 4, 2, 5)
+    assert torch.equal(torch.isneginf(entry.scores), torch.isneginf(whole.scores[:, :, [1, 4]]))
+    finite = ~torch.isneginf(entry.scores)
+    assert_paths_agree(entry.scores[finite], whole.scores[:, :, [1, 4]][finite])
+    assert_paths_agree(entry.weights, whole.weights[:, :, [1, 4]])

@@ -323,11 +323,16 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, AttentionLayer)]
 
 
-def _scores(event: AttentionEvent) -> torch.Tensor:
-    """Pre-softmax scores [B, h, r, S] of the event's heads and rows, rebuilt from its q and k."""
+def _scores(event: AttentionEvent, num_heads: int) -> torch.Tensor:
+    """Pre-softmax scores [B, h, r, S] of the event's heads and rows, rebuilt from its q and k.
+
+    A kind whose q has more heads than its weights (differential attention's
+    2H sub-heads) gets the scores of every q head, for the event's rows.
+    """
     q, k = event.q.float(), event.k.float()
     H, G, T = q.shape[1], k.shape[1], q.shape[2]
-    heads, rows = list(event.heads), list(event.rows)
+    heads = list(event.heads) if H == num_heads else list(range(H))
+    rows = list(event.rows)
     q = q[:, heads][:, :, rows]  # (B, H, T, D) -> (B, h, r, D)
     k = k[:, [h // (H // G) for h in heads]]  # (B, G, S, D) -> (B, h, S, D), small tensors only
     scores = q @ k.transpose(-1, -2) * event.scale  # (B, h, r, S)
@@ -396,7 +401,7 @@ def capture(
                 name=names[id(module)],
                 kind=event.kind,
                 weights=event.weights.detach().float().cpu(),
-                scores=_scores(event).cpu() if scores else None,
+                scores=_scores(event, module.num_heads).cpu() if scores else None,
                 heads=None if event.heads == tuple(range(H)) else event.heads,
                 rows=None if event.rows == tuple(range(T)) else event.rows,
             )

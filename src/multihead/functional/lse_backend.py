@@ -28,8 +28,9 @@ the one ``F.scaled_dot_product_attention`` makes for the same call):
 Where no such kernel serves the call the reasons are listed and ``auto``
 uses the ``math`` path: dropout in training, weights that must carry
 gradients (``return_weights=True`` while an input requires grad), a float
-mask that requires grad, a call torch would run on its math
-kernel (CUDA float64, ...), another device type.
+mask that requires grad, a CUDA call no fused kernel takes (float64, or
+kernels turned off with ``torch.nn.attention.sdpa_kernel``), another device
+type.
 """
 
 from __future__ import annotations
@@ -66,9 +67,12 @@ def lse_not_supported(req: AttentionRequest) -> list[str]:
             reasons.append("float64 on CUDA: no fused kernel takes it")
         elif not reasons:
             q, k, v, mask, causal, _ = _kernel_inputs(req)
-            choice = int(torch._fused_sdp_choice(q, k, v, attn_mask=mask, is_causal=causal, scale=req.scale))
+            try:
+                choice = int(torch._fused_sdp_choice(q, k, v, attn_mask=mask, is_causal=causal, scale=req.scale))
+            except RuntimeError:  # every kernel allowed (torch.nn.attention.sdpa_kernel) refused, math included
+                choice = -1
             if choice not in _CUDA_KERNELS:
-                reasons.append(f"torch runs this call on its math kernel (SDPBackend {choice}), which gives no log-sum-exp")
+                reasons.append(f"no fused CUDA kernel takes this call (torch picks SDPBackend {choice}), so no log-sum-exp")
     elif device != "cpu":
         reasons.append(f"no fused kernel with a log-sum-exp on device type {device!r}")
     return reasons

@@ -95,9 +95,9 @@ def peak_forward_mib(T: int, contender: str) -> float:
     "capture_overhead",
     description=(
         "GPT-2-small attention layer (768, 12 heads, B=1, causal, float32, CPU, eval, no_grad): the plain "
-        "forward vs the same forward inside tools.capture of 1 head and of all heads (fused kernel plus "
-        "weights rebuilt from its log-sum-exp) and of all heads on the explicit math path; peak memory of each "
-        "in a fresh process is printed."
+        "forward vs the same forward observed (what tools.capture registers) for 1 head and for all heads "
+        "(fused kernel plus weights rebuilt from its log-sum-exp) and for all heads on the explicit math path; "
+        "peak memory of each is printed."
     ),
     config={"embed_dim": 768, "num_heads": 12, "batch": 1, "seq": 1024, "seed": 0, "memory": True,
             "device": "cpu", "dtype": "float32",

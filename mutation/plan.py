@@ -33,6 +33,7 @@ PLAN: dict[str, list[str]] = {
     "src/multihead/modules/kinds/gated.py": ["tests/modules/test_gated.py", *CONTRACT],
     "src/multihead/modules/kinds/moh.py": ["tests/modules/test_moh.py", *CONTRACT],
     "src/multihead/modules/kinds/moh_paths.py": ["tests/modules/test_moh.py", *CONTRACT],
+    "src/multihead/modules/kinds/output_gated.py": ["tests/modules/test_output_gated.py", *CONTRACT],
     "src/multihead/modules/kinds/overlapping.py": ["tests/modules/test_overlapping.py", *CONTRACT],
     "src/multihead/tools/importance.py": ["tests/tools/test_importance.py"],
     "src/multihead/tools/convert_heads.py": ["tests/tools/test_convert_heads.py",

@@ -54,7 +54,7 @@ def test_parity_errors_are_at_rounding_level(causal):
 
 def test_console_script_help_lists_examples():
     out = subprocess.run(
-        [sys.executable, "-m", "multihead.cli", "textbook", "--help"],
+        [sys.executable, "-m", "multihead", "textbook", "--help"],
         capture_output=True,
         text=True,
         check=True,
@@ -82,14 +82,12 @@ def test_cli_is_a_table_of_command_modules():
     from multihead import cli
 
     source = Path(cli.__file__).read_text(encoding="utf-8")
-    lines = source.splitlines()
-    table = lines.index("COMMANDS = ("), lines.index(")  # fmt: skip")
-    assert len(lines) - (table[1] - table[0]) <= 115  # besides the table of commands: a short dispatcher
+    assert len(source.splitlines()) <= 150  # the table of commands and a short dispatcher
     functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
     assert not [node.name for f in functions for node in ast.walk(f) if isinstance(node, (ast.Import, ast.ImportFrom))]
     assert [c.name for c in cli.COMMANDS] == ["textbook", "inspect", "generate", "train", "compare", "convert", "prune", "export",
                                             "roofline"]
-    parsers = cli._parsers()[1]
+    parsers = cli.build_parsers()[1]
     for command in cli.COMMANDS:
         module = command.module
         assert module.__name__ == f"multihead.commands.{command.name}"

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from multihead.cli import build_parser, main
+from multihead.cli import build_parsers, main
 from multihead.models.checkpoint import save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
 
@@ -137,7 +137,7 @@ def test_errors_are_reported(capsys, args, match):
 def test_help_examples_run(capsys, tmp_path, monkeypatch):
     """Every example in the help epilog is a runnable command."""
     help_text = subprocess.run(
-        [sys.executable, "-m", "multihead.cli", "generate", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "multihead", "generate", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "examples:" in help_text
     examples = [line.strip() for line in help_text.split("examples:")[1].splitlines() if line.strip()]
@@ -154,4 +154,4 @@ def test_help_examples_run(capsys, tmp_path, monkeypatch):
     finally:
         sys.modules.pop("mykinds", None)
     capsys.readouterr()
-    assert "generate" in build_parser().format_help()
+    assert "generate" in build_parsers()[0].format_help()

@@ -1,12 +1,8 @@
 """The ``multihead`` command: a table of subcommands, each a module of ``multihead.commands``
-with ``add_arguments(parser)`` (flags, description) and ``run(args) -> int``, imported only
-when it runs (``multihead --help`` and ``--version`` import no torch).
-
-A user mistake, argparse's included, is one line on stderr, ``multihead <command>: error:
-...`` (argparse's end with ``see 'multihead <command> --help'``), and exit status 2;
-``--debug`` adds the traceback. A bug (any other exception during the work,
-``commands.checking``) prints its traceback and a line saying it is a bug in multihead
-and how to report it, and exits with status 1.
+with ``add_arguments(parser)`` and ``run(args) -> int``, imported only when it runs (``--help``
+and ``--version`` import no torch). A user mistake is one line on stderr and exit status 2
+(``--debug`` adds the traceback); a bug (any other exception, ``commands.checking``) prints its
+traceback and a line saying it is a bug in multihead, and exits with status 1.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from . import __version__
 from .commands.checking import environment_error, one_line
 from .errors import UsageError
 
-__all__ = ["Command", "COMMANDS", "main", "build_parser"]
+__all__ = ["Command", "COMMANDS", "main", "build_parsers"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +44,6 @@ COMMANDS = (
         'multihead inspect "Its application should be just." --layer 2 --out law-heads',
         "multihead generate --preset tiny --seed 0 --save-init tiny-init",
         'multihead inspect "To be, or not to be" --checkpoint tiny-init',
-        'multihead inspect "To be, or not to be" --checkpoint tiny-init --importance',
         'multihead inspect "The cat sat on the mat." --hf path/to/hf-model-folder --importance',
         'multihead inspect "To be, or not to be" --import mykinds --checkpoint runs/mine')),
     Command("generate", "sample text from a GPT preset (fresh weights) or a saved checkpoint", (
@@ -56,37 +51,29 @@ COMMANDS = (
         'multihead generate --preset mini --prompt "To be, or not" --temperature 0.8 --top-k 40 --seed 1',
         "multihead generate --preset tiny --seed 0 --save-init tiny-init",
         'multihead generate --checkpoint tiny-init --prompt "Hello" --max-new-tokens 20 --top-p 0.9 --seed 0',
-        'multihead generate --checkpoint tiny-init "To be" --max-new-tokens 20 --temperature 0',
         'multihead generate --checkpoint tiny-init "To be" --max-new-tokens 20 --temperature 0 --weights int8',
         'multihead generate --import mykinds --checkpoint tiny-init "To be" --max-new-tokens 5')),
     Command("train", "train a GPT (any attention kind) on Shakespeare or a text file, with checkpoints and resume", (
         "multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny",
-        "multihead train",
-        'multihead generate --checkpoint runs/tiny "To be"',
+        'multihead train', 'multihead generate --checkpoint runs/tiny "To be"',
         "multihead train --out runs/tiny --max-steps 400 --resume",
-        "multihead train --data notes.txt --tokenizer bpe --vocab-size 512 --preset tiny --out runs/notes",
         "multihead train --attention gqa --attention-option num_kv_heads=2 --out runs/gqa",
         "multihead train --import mykinds --attention my_kind --out runs/mine",
         "torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --out runs/ddp",
-        "torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --shard --out runs/fsdp",
         "torchrun --nproc-per-node 2 -m multihead train --tensor-parallel 2 --out runs/tp")),
     Command("compare", "train one GPT per attention kind on the same data and budget; table, JSON and plot", (
         "multihead compare                                   # every kind, 2 seeds, about 18 minutes",
         "multihead compare --attention mha,gqa,mqa --seeds 0 --max-steps 300 --out runs/compare",
         "multihead compare --quick --attention mha,moh --out /tmp/compare",
-        "multihead compare --attention mha,gqa --attention-option gqa:num_kv_heads=1 --max-steps 300 --out runs/mqa-as-gqa",
         "multihead compare --import mykinds --attention mha,my_kind --max-steps 300 --out runs/mine")),
     Command("convert", "convert the attention of MiniLM, a GPT checkpoint or a HF BERT/GPT-2 to GQA or MQA", (
         "multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini-mha --out runs/mini-gqa2",
         "multihead convert --to mqa --model minilm-l6 --out minilm-mqa",
-        "multihead convert --to gqa --num-kv-heads 2 --method aligned --checkpoint runs/mini-mha --out runs/mini-gqa2a",
-        "multihead convert --to gqa --num-kv-heads 1 --method aligned --checkpoint tiny-init "
-        "--calibration-data a.txt --out mqa",
+        "multihead convert --to mqa --method aligned --checkpoint tiny-init --calibration-data a.txt --out mqa",
         'multihead generate --checkpoint runs/mini-gqa2 "To be"',
         "multihead convert --import mykinds --to gqa --num-kv-heads 1 --checkpoint runs/mine --out runs/mine-mqa")),
     Command("prune", "remove the least important attention heads of MiniLM, a GPT checkpoint or a HF BERT/GPT-2", (
         "multihead prune --model minilm-l6 --method ablation --keep 0.5 --out minilm-half",
-        "multihead prune --model minilm-l6 --method gradient --keep 0.75 --calibration-lines 1024 --out minilm-75",
         "multihead prune --checkpoint runs/mini-mha --method gradient --keep 0.5 --out runs/mini-pruned",
         "multihead prune --checkpoint runs/mini-mha --method gates --keep 0.5 --recover-steps 200 --out runs/mini-gates",
         "multihead prune --hf path/to/hf-bert-or-gpt2 --method gradient --keep 0.5 --out pruned",
@@ -117,7 +104,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
 
 
-def _parsers(load=None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parsers(load=None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The ``multihead`` parser and each subcommand's, by name (with flags: those in ``load``, None: all)."""
     parser = _Parser(prog="multihead", epilog=_epilog(c.examples[0] for c in COMMANDS), formatter_class=_RAW,
                      description="Multi-head attention: reference, modules, variants and head tools.")  # fmt: skip
@@ -131,20 +118,11 @@ def _parsers(load=None) -> tuple[argparse.ArgumentParser, dict[str, argparse.Arg
     return parser, subs
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``multihead`` parser with its subcommands."""
-    return _parsers()[0]
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run ``multihead`` with ``argv`` (default ``sys.argv[1:]``); return the exit status
-    (0, or 1 when ``textbook`` finds a difference or after a bug).
-
-    Raises:
-        SystemExit: 2 after a user mistake, 0 after ``--help`` or ``--version``.
-    """
+    """Run ``multihead`` with ``argv`` (default ``sys.argv[1:]``); return the exit status (0, or 1 when
+    ``textbook`` finds a difference or after a bug). Raises SystemExit: 2 after a user mistake, 0 after --help."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser, subs = _parsers(load=[next((a for a in argv if not a.startswith("-")), "")])
+    parser, subs = build_parsers(load=[next((a for a in argv if not a.startswith("-")), "")])
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
         parser.error(f"unrecognized arguments: {' '.join(extra)}" if extra else f"choose a command: {', '.join(subs)}")
@@ -169,6 +147,3 @@ def main(argv: list[str] | None = None) -> int:
         rank_zero = importlib.import_module(f"{__package__}.commands.train").is_rank_zero()
         sub.exit(2, f"{sub.prog}: error: {one_line(e)}\n" if rank_zero else None)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

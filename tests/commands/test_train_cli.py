@@ -17,7 +17,7 @@ import pytest
 import torch
 from support.cli import quietly
 
-from multihead.cli import _parsers, build_parser
+from multihead.cli import build_parsers
 from multihead.commands.train import FLAGS, OTHER_FIELDS, config_values, is_rank_zero, parse_attention_options
 from multihead.models.checkpoint import load_checkpoint
 from multihead.train.config import TrainConfig
@@ -38,7 +38,7 @@ def files_under(folder: Path) -> list[str]:
 
 
 def parse(*argv: str) -> dict:
-    return config_values(build_parser().parse_args(["train", *argv]))
+    return config_values(build_parsers()[0].parse_args(["train", *argv]))
 
 
 
@@ -96,7 +96,7 @@ def test_a_bool_field_is_a_flag_pair():
 
 
 def test_help_shows_trainconfig_defaults():
-    parser = _parsers()[1]["train"]
+    parser = build_parsers()[1]["train"]
     helps = {action.dest: action.help for action in parser._actions}
     defaults = TrainConfig.__dataclass_fields__
     for flag in FLAGS:
@@ -109,7 +109,7 @@ def test_help_shows_trainconfig_defaults():
 def test_help_examples_parse_into_configs(monkeypatch):
     """Every ``multihead train`` example of the help builds a TrainConfig (running them is the tiny run below)."""
     monkeypatch.chdir(Path(__file__).parent)  # no runs/ folder here
-    text = _parsers()[1]["train"].format_help()
+    text = build_parsers()[1]["train"].format_help()
     examples = [shlex.split(line) for line in text.split("examples:")[1].splitlines() if line.strip()]
     train = [argv[2:] for argv in examples if argv[:2] == ["multihead", "train"]]
     assert len(train) >= 4 and any("--resume" in argv for argv in train)
@@ -117,7 +117,7 @@ def test_help_examples_parse_into_configs(monkeypatch):
     for argv in train:
         values = parse(*argv)
         if "--import" in argv:  # the kind comes from the user's module: only the flags are checked here
-            assert build_parser().parse_args(["train", *argv]).imports == ["mykinds"], argv
+            assert build_parsers()[0].parse_args(["train", *argv]).imports == ["mykinds"], argv
             continue
         assert TrainConfig(**values).out == values.get("out", TrainConfig().out), argv
 
@@ -384,6 +384,10 @@ def test_run_mistakes_found_by_the_loop_write_nothing(byte_run, tmp_path, capsys
     line = refused(capsys, "train", "--data", str(small), *TINY, "--max-steps", "5", "--out", str(tmp_path / "new"))
     assert f"val split of data={str(small)!r}" in line and "128" in line, line
     assert not (tmp_path / "new").exists()
+    one = tmp_path / "one.txt"  # catches: a file too small to split reported as a bug in multihead
+    one.write_text("hi\n")
+    line = refused(capsys, "train", "--data", str(one), *TINY, "--max-steps", "5", "--out", str(tmp_path / "new"))
+    assert "one.txt: too small to split" in line and not (tmp_path / "new").exists()
 
 
 def test_generate_run_directory_mistakes(bpe_run, tmp_path, capsys):

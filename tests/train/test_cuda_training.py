@@ -21,7 +21,7 @@ def _metrics(run):
 
 
 def test_bf16_cuda_resume_restores_the_cuda_generator_and_follows_the_straight_run(tmp_path):
-    values = dict(max_steps=6, warmup=1, checkpoint_every=3, eval_every=3, dropout=0.1, device="cuda",
+    values = dict(max_steps=6, warmup=1, checkpoint_every=3, eval_every=3, log_every=1, dropout=0.1, device="cuda",
                   dtype="bfloat16")  # fmt: skip
     train(tiny_config(tmp_path / "split", TEXT, **{**values, "max_steps": 3}), progress=False)
     resumed = train(tiny_config(tmp_path / "split", TEXT, **values), resume=True, progress=False)

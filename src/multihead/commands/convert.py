@@ -73,7 +73,7 @@ from .gpt_inputs import (
     write_outputs,
 )
 from .imports import add_import_argument, import_modules
-from .model_sources import MODELS, check_sources, family, load_source
+from .model_sources import HF_FOLDER, MODELS, add_source_arguments, check_sources, family, load_source
 from .recovery_option import add_recover_steps, check_recover_steps, recover_model
 from .staged_output import interruptible
 from .surgery_report import echo_measurements
@@ -108,14 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--method", default="mean", metavar="M", help=f"{' or '.join(METHODS)} (default mean)")
     parser.add_argument("--model", metavar="NAME", help=f"a pretrained model: {', '.join(MODELS)}")
-    parser.add_argument(
-        "--checkpoint", metavar="PATH",
-        help="a GPT checkpoint, the run directory of 'multihead train', or a folder prune or convert wrote",
-    )  # fmt: skip
-    parser.add_argument(
-        "--hf", metavar="DIR",
-        help="a local Hugging Face folder (config.json, model.safetensors, tokenizer.json) of model_type bert or gpt2",
-    )  # fmt: skip
+    add_source_arguments(parser, hf_help=HF_FOLDER)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for the converted model and report.json")
     parser.add_argument(
         "--calibration-data", metavar="SOURCE",

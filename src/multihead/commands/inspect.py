@@ -5,7 +5,9 @@ run directory of ``multihead train``, with its own tokenizer), a sentence
 encoder saved by ``multihead prune`` or ``convert`` (``--checkpoint``) or any local
 Hugging Face model folder (``hf``: config.json, weights and tokenizer.json,
 run on multihead attention through ``multihead.hf``), runs the
-text through it while capturing every head's exact weights, scores each head
+text through it while capturing every head's exact weights (``tools.capture``:
+MHA/GQA keep the fused kernel for the output and rebuild the weights from its
+log-sum-exp; ``--layer`` observes that layer alone), scores each head
 for the documented roles (``tools.roles``), prints a short summary (the
 strongest heads of each role and the top token links, ``inspect_report``;
 with ``verbose`` a table of every head with its roles, the legend of its
@@ -49,13 +51,14 @@ from pathlib import Path
 import torch
 
 from ..paths import input_file, output_folder
-from ..tools.capture import AttentionRecord, capture
+from ..tools.capture import AttentionRecord, attention_modules, capture
 from ..tools.head_slots import HeadSlots
 from ..tools.objectives import encoder_importance, gpt_importance
 from ..tools.roles import classify_heads
 from .checking import checking
 from .imports import add_import_argument, import_modules
 from .inspect_report import Inspection, report
+from .model_sources import add_source_arguments
 from .run_dir import is_sentence_encoder, run_checkpoint
 from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
 
@@ -89,17 +92,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.add_argument("text", nargs="?", default=DEFAULT_TEXT, help=f"the input text (default {DEFAULT_TEXT!r})")
     parser.add_argument("--model", choices=MODELS, help=f"packaged model (default {MODELS[0]} unless --checkpoint)")
-    parser.add_argument(
-        "--checkpoint", metavar="PATH",
-        help="a GPT checkpoint, the run directory of 'multihead train', or a folder prune or convert wrote",
-    )  # fmt: skip
+    add_source_arguments(
+        parser, hf_help="a local Hugging Face model folder (config.json, weights, tokenizer.json) instead of --model"
+    )
     parser.add_argument(
         "--tokenizer", metavar="FILE", help="tokenizer.json for a --checkpoint whose vocabulary is not bytes"
     )
-    parser.add_argument(
-        "--hf", metavar="DIR",
-        help="a local Hugging Face model folder (config.json, weights, tokenizer.json) instead of --model",
-    )  # fmt: skip
     parser.add_argument(
         "--importance", action="store_true",
         help="score each head by ablation (loss increase when it alone is masked; one pass per head)",
@@ -139,7 +137,17 @@ def _check_out(out: str) -> Path:
     return output_folder("--out", out, OUTPUT_FILES)
 
 
-def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer: str | None = None):
+def _captured(model, layer: int | None):
+    """``capture(model)`` of every layer, or of the attention module ``layer`` only (the others record nothing)."""
+    if layer is None:
+        return capture(model)
+    count = len(attention_modules(model))
+    if layer >= count:
+        raise ValueError(f"--layer {layer} out of range: the model has layers 0..{count - 1}")
+    return capture(model, layers=[layer])
+
+
+def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer: str | None = None, layer=None):
     """The packaged MiniLM, or the sentence encoder saved in ``folder`` (what prune and convert write)."""
     from ..models.minilm import load_minilm, load_sentence_encoder
 
@@ -153,7 +161,7 @@ def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer:
         slots, extra = _pruned_slots(model.encoder.config, Path(folder) / "report.json")
     enc = encode_text(model.tokenizer, text, model.max_seq_length, model=name, truncate=truncate)
     ids = torch.tensor([enc.ids])  # (1, T)
-    with torch.no_grad(), capture(model.encoder) as record:
+    with torch.no_grad(), _captured(model.encoder, layer) as record:
         model.encoder(ids, attention_mask=torch.ones_like(ids))
     record.source = name
     note = f"; {_MINILM} is an English, uncased model" if folder is None else ""
@@ -161,7 +169,7 @@ def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer:
     return record, enc, found, lambda: encoder_importance(model, ids), slots
 
 
-def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
+def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, layer: int | None = None):
     from ..models.checkpoint import checkpoint_paths, load_checkpoint
 
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
@@ -192,7 +200,7 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
             f"the checkpoint's vocabulary has {vocab} tokens, not 256 bytes: pass --tokenizer tokenizer.json"
         )
     ids = torch.tensor([enc.ids])  # (1, T)
-    with torch.no_grad(), capture(model) as record:
+    with torch.no_grad(), _captured(model, layer) as record:
         model(ids)
     record.source = source
     slots, notes = _pruned_slots(model.config, folder / "report.json")
@@ -303,7 +311,8 @@ def capture_text(
             or a ``multihead train`` run directory (its latest checkpoint and
             its tokenizer); not together with ``model``.
         tokenizer: a tokenizer.json for a checkpoint whose vocabulary is not bytes.
-        layer: keep only this layer.
+        layer: capture only this layer (only its attention module is
+            observed, so the others keep their fast path and store nothing).
         truncate: analyse the first tokens of a text longer than the model's
             maximum (with a notice) instead of refusing it.
         hf: a local Hugging Face model folder (config.json, weights,
@@ -338,7 +347,7 @@ def capture_text(
         record, enc, notes, scorer, slots = _run_hf(text, hf, truncate)
         visible = _visible(record, len(enc.ids))
     elif checkpoint is not None and not is_sentence_encoder(checkpoint):
-        record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate)
+        record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
         if importance and len(enc.ids) < 2:
             raise ValueError(
@@ -346,10 +355,10 @@ def capture_text(
                 f"the text has {len(enc.ids)} token, give at least 2"
             )
     else:  # the packaged MiniLM, or a sentence encoder that prune or convert wrote
-        record, enc, notes, scorer, slots = _run_minilm(text, truncate, checkpoint, tokenizer)
+        record, enc, notes, scorer, slots = _run_minilm(text, truncate, checkpoint, tokenizer, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     record.query_tokens = list(enc.tokens)
-    if layer is not None:
+    if layer is not None and hf is not None:  # multihead.hf.capture records every layer
         if layer >= record.num_layers:
             raise ValueError(f"--layer {layer} out of range: the model has layers 0..{record.num_layers - 1}")
         record.layers = [record.layers[layer]]

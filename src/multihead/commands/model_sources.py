@@ -14,6 +14,7 @@ model before any weights are read; ``load_source`` then loads it.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +22,17 @@ from torch import nn
 
 from .run_dir import is_sentence_encoder
 
-__all__ = ["MODELS", "Source", "check_sources", "family", "load_source"]
+__all__ = ["HF_FOLDER", "MODELS", "Source", "add_source_arguments", "check_sources", "family", "load_source"]
 
 MODELS = ("minilm-l6",)
+HF_FOLDER = "a local Hugging Face folder (config.json, model.safetensors, tokenizer.json) of model_type bert or gpt2"
+
+
+def add_source_arguments(parser: argparse.ArgumentParser, *, hf_help: str) -> None:
+    """``--checkpoint PATH`` and ``--hf DIR`` (``--model`` differs by command and stays with it)."""
+    checkpoint = "a GPT checkpoint, the run directory of 'multihead train', or a folder prune or convert wrote"
+    parser.add_argument("--checkpoint", metavar="PATH", help=checkpoint)
+    parser.add_argument("--hf", metavar="DIR", help=hf_help)
 
 
 def check_sources(model: str | None, checkpoint: str | None, hf: str | None) -> None:

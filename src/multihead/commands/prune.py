@@ -98,7 +98,7 @@ from .gpt_inputs import (
     write_outputs,
 )
 from .imports import add_import_argument, import_modules
-from .model_sources import MODELS, check_sources, family, load_source
+from .model_sources import HF_FOLDER, MODELS, add_source_arguments, check_sources, family, load_source
 from .recovery_option import add_recover_steps, check_recover_steps, recover_model
 from .staged_output import interruptible
 from .surgery_report import echo_measurements
@@ -126,14 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The description and flags of ``multihead prune``."""
     parser.description = DESCRIPTION
     parser.add_argument("--model", metavar="NAME", help=f"a pretrained model: {', '.join(MODELS)}")
-    parser.add_argument(
-        "--checkpoint", metavar="PATH",
-        help="a GPT checkpoint, a multihead train run directory, or a folder prune or convert wrote",
-    )  # fmt: skip
-    parser.add_argument(
-        "--hf", metavar="DIR",
-        help="a local Hugging Face folder (config.json, model.safetensors, tokenizer.json) of model_type bert or gpt2",
-    )  # fmt: skip
+    add_source_arguments(parser, hf_help=HF_FOLDER)
     parser.add_argument("--method", required=True, metavar="M", help=f"importance scores: {' or '.join(METHODS)}")
     parser.add_argument("--keep", required=True, type=float, metavar="FRACTION", help="share of heads kept, in (0, 1]")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for the pruned model and report.json")

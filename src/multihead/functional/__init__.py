@@ -1,5 +1,6 @@
 """Functional attention: ``attention`` plus mask builders and backends."""
 
+from .alibi import alibi_bias, alibi_slopes
 from .attention import attention
 from .backends import AUTO_ORDER, Backend, list_backends, register_backend
 from .masks import (
@@ -12,10 +13,14 @@ from .masks import (
 )
 from .rope import apply_rope, rope_frequencies, rope_options
 from .softmax import masked_softmax
+from .weights import WeightSelection
 
 __all__ = [
     "attention",
+    "alibi_slopes",
+    "alibi_bias",
     "masked_softmax",
+    "WeightSelection",
     "apply_rope",
     "rope_frequencies",
     "rope_options",

@@ -8,6 +8,7 @@ from .backends import select_backend
 from .math_backend import math_attention
 from .nonfinite import split_nonfinite
 from .request import make_request
+from .weights import WeightSelection
 
 __all__ = ["attention"]
 
@@ -23,7 +24,7 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     training: bool = False,
-    return_weights: bool = False,
+    return_weights: bool | WeightSelection = False,
     backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention with GQA, exact masking and named backends.
@@ -53,9 +54,15 @@ def attention(
             with 0 no random numbers are drawn.
         training: whether dropout is active.
         return_weights: also return the exact post-softmax weights
-            [B, H, T, S] (before dropout). Needs the ``math`` backend.
+            (before dropout). True: all of them, [B, H, T, S], carrying
+            gradients where an input requires grad. A ``WeightSelection``:
+            those of some query heads and rows only, [B, h, r, S], detached.
+            ``sdpa`` keeps its fused kernel for the output and rebuilds the
+            weights from the kernel's log-sum-exp, only where asked
+            (``functional.lse_backend``); ``math`` forms every weight.
         backend: ``"auto"`` (the fused ``sdpa`` kernel unless the request
-            needs ``math``), ``"math"`` or ``"sdpa"``.
+            needs ``math``: weights with gradients, dropout with weights,
+            ...), ``"math"`` or ``"sdpa"``.
 
     Returns:
         out [B, H, T, Dv], or (out, weights) when ``return_weights``.
@@ -69,8 +76,9 @@ def attention(
     Raises:
         TypeError: non-tensors, non-floating q/k/v, integer masks.
         ValueError: shapes, dtypes, devices, mask shapes, scale, dropout_p,
-            causal_alignment, unknown backend, or a backend that cannot serve
-            the call (with every reason).
+            causal_alignment, unknown backend, a backend that cannot serve
+            the call (with every reason), a selection outside the call's
+            heads or rows.
     """
     req = make_request(
         q,
@@ -95,4 +103,4 @@ def attention(
         out, weights = chosen.forward(req)
     if fixup is not None:
         out, weights = fixup(out, weights)
-    return (out, weights) if return_weights else out
+    return (out, weights) if req.return_weights else out

@@ -9,6 +9,11 @@ two parts that all backends read the same way:
 * ``bias``: float, broadcastable to (B, H, T, S), added to the scores, or
   None. Entries of -inf in a float mask are moved into ``allowed`` so that
   they are excluded with ``where`` and not by addition.
+
+Weights are asked for with ``return_weights``: True (every weight,
+differentiable where the inputs need gradients) or a ``WeightSelection``
+(some heads and rows, detached), resolved here into ``weight_heads`` and
+``weight_rows`` (ascending indices, None = all).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from .._checks import dropout_probability
 from .masks import causal_mask, check_alignment
+from .weights import WeightSelection, resolve_selection
 
 __all__ = ["AttentionRequest", "make_request"]
 
@@ -27,7 +33,9 @@ __all__ = ["AttentionRequest", "make_request"]
 @dataclass(frozen=True)
 class AttentionRequest:
     """A validated attention call. Shapes: q (B, H, T, D), k (B, G, S, D),
-    v (B, G, S, Dv); allowed / bias broadcast to (B, H, T, S)."""
+    v (B, G, S, Dv); allowed / bias broadcast to (B, H, T, S). The weights
+    asked for are those of query heads ``weight_heads`` and query rows
+    ``weight_rows`` (None: all), detached when ``weights_detached``."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -39,6 +47,9 @@ class AttentionRequest:
     scale: float
     dropout_p: float
     return_weights: bool
+    weight_heads: tuple[int, ...] | None = None
+    weight_rows: tuple[int, ...] | None = None
+    weights_detached: bool = False
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
@@ -46,6 +57,14 @@ class AttentionRequest:
         B, H, T, _ = self.q.shape
         G, S, Dv = self.k.shape[1], self.k.shape[2], self.v.shape[3]
         return B, H, G, T, S, Dv
+
+    @property
+    def weights_need_grad(self) -> bool:
+        """True when the returned weights must carry gradients: all of them were
+        asked for (not a detached selection) and an input requires grad."""
+        if not self.return_weights or self.weights_detached or not torch.is_grad_enabled():
+            return False
+        return any(t is not None and t.requires_grad for t in (self.q, self.k, self.v, self.bias))
 
     @property
     def causal_is_trivial(self) -> bool:
@@ -162,14 +181,15 @@ def make_request(
     scale: float | None,
     dropout_p: float,
     training: bool,
-    return_weights: bool,
+    return_weights: bool | WeightSelection,
 ) -> AttentionRequest:
     """Validate an attention call and return the normalised request.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, integer masks.
         ValueError: shapes, dtypes, devices, mask shapes, scale, dropout_p,
-            causal_alignment; messages name the offending values.
+            causal_alignment, a weight selection outside the call's heads or
+            rows; messages name the offending values.
     """
     _check_qkv(q, k, v)
     check_alignment(causal_alignment)
@@ -182,6 +202,10 @@ def make_request(
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite float or None, got {scale!r}")
     allowed, bias = _normalise_mask(attn_mask, q, k)
+    heads = rows = None
+    selected = isinstance(return_weights, WeightSelection)
+    if selected:
+        heads, rows = resolve_selection(return_weights, q.shape[1], q.shape[2])
     return AttentionRequest(
         q=q,
         k=k,
@@ -192,5 +216,8 @@ def make_request(
         causal_alignment=causal_alignment,
         scale=float(scale),
         dropout_p=p if training else 0.0,
-        return_weights=bool(return_weights),
+        return_weights=selected or bool(return_weights),
+        weight_heads=heads,
+        weight_rows=rows,
+        weights_detached=selected,
     )

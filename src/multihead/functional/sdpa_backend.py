@@ -15,7 +15,10 @@ promises:
   about 5x faster than ``enable_gqa`` for a decoding step (docs/benchmarks.md,
   ``benchmarks/cases/gqa_decode.py``).
 
-It cannot return attention weights; ask the ``math`` backend for those.
+A call that asks for weights runs the same kernel through the operator that
+also returns its log-sum-exp, and the weights asked for are rebuilt from it
+(``lse_backend``); where that cannot serve, the reasons say why and ``auto``
+uses ``math``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .lse_backend import lse_attention, lse_not_supported
 from .request import AttentionRequest
 
 __all__ = ["sdpa_attention", "sdpa_not_supported"]
@@ -30,9 +34,7 @@ __all__ = ["sdpa_attention", "sdpa_not_supported"]
 
 def sdpa_not_supported(req: AttentionRequest) -> list[str]:
     """Reasons the fused kernel cannot serve ``req`` (empty when it can)."""
-    reasons = []
-    if req.return_weights:
-        reasons.append("return_weights=True: the fused kernel never forms the weights")
+    reasons = lse_not_supported(req) if req.return_weights else []
     if req.bias is not None and req.bias.dtype != req.q.dtype:
         # float16/bfloat16 inputs: the float32 mask is cast to q's dtype for the
         # kernel, where e.g. finfo(float32).min becomes -inf and hides a key
@@ -65,12 +67,15 @@ def _fold_mask(mask: torch.Tensor, B: int, H: int, G: int, T: int, S: int) -> to
     return mask.reshape(Bm, G, R * T, S)  # (Bm, H, T, S) -> (Bm, G, R*T, S)
 
 
-def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, None]:
+def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Compute attention with ``F.scaled_dot_product_attention``.
 
     Returns:
-        (out [B, H, T, Dv], None).
+        (out [B, H, T, Dv], None), or with weights asked for (out, weights
+        rebuilt from the kernel's log-sum-exp: ``lse_backend``).
     """
+    if req.return_weights:
+        return lse_attention(req)
     B, H, G, T, S, Dv = req.shape
     R = H // G
     q, k, v = req.q, req.k, req.v

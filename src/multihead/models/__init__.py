@@ -15,7 +15,7 @@ from .minilm import (
     load_sentence_encoder,
     save_sentence_encoder,
 )
-from .quantize import quantize_weights, weight_format
+from .quantize import QuantizedGPT, quantize_weights, weight_format
 from .saved import load_model, saved_kind
 from .transformer import PRESETS as TRANSFORMER_PRESETS
 from .transformer import Transformer, TransformerConfig, copy_task_batches
@@ -26,6 +26,7 @@ __all__ = [
     "GPT_PRESETS",
     "LMOutput",
     "quantize_weights",
+    "QuantizedGPT",
     "weight_format",
     "save_checkpoint",
     "load_checkpoint",

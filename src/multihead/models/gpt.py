@@ -29,8 +29,7 @@ from torch import nn
 from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
 from ..modules.head_selection import check_heads
-from ..modules.registry import build_attention, check_kind, total_aux_loss
-from ..modules.weight_only import model_weights, refuse_training
+from ..modules.registry import attention_class, build_attention, check_kind, total_aux_loss
 from .generation import generate as generate_tokens
 from .gpt_inputs import (
     LMOutput,
@@ -278,8 +277,12 @@ class MLP(nn.Module):
 
 def block_attention(config: GPTConfig, layer: int = 0, **factory: Any) -> nn.Module:
     """The attention of block ``layer`` as ``config`` describes it (its head
-    counts from ``layer_head_options``), freshly initialised."""
+    counts from ``layer_head_options``; its index for a kind that declares a
+    ``layer_index_option``, unless the options set it), freshly initialised."""
     heads = layer_head_options(config, layer)
+    index = attention_class(config.attention).layer_index_option
+    if index is not None and index not in config.attention_options:
+        heads[index] = layer
     if "head_dim" in config.attention_options:  # an explicit head_dim stays the layers' D
         heads.pop("head_dim", None)
     options: dict[str, Any] = {
@@ -374,14 +377,8 @@ class GPT(nn.Module):
                 nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=std)  # every AttentionLayer has one
 
     def num_parameters(self) -> int:
-        """Parameters counted once (the tied LM head is not counted twice), weight-only layers' too."""
-        return sum(t.numel() for t in model_weights(self))
-
-    def train(self, mode: bool = True) -> GPT:
-        """Refused (ValueError, nothing changed) with weight-only layers (``models.quantize``)."""
-        if mode:
-            refuse_training(self)
-        return super().train(mode)
+        """Parameters counted once (the tied LM head is not counted twice)."""
+        return sum(p.numel() for p in self.parameters())
 
     def aux_loss(self) -> torch.Tensor:
         """Sum over blocks of ``block.attn.aux_loss()`` of the last forward: 0-d, with

@@ -23,12 +23,35 @@ import copy
 import torch
 from torch import nn
 
-from ..modules.weight_only import WEIGHT_FORMATS, WeightOnlyEmbedding, WeightOnlyLinear
+from ..modules.weight_only import (
+    WEIGHT_FORMATS,
+    WeightOnlyEmbedding,
+    WeightOnlyLinear,
+    model_weights,
+    refuse_training,
+)
 from .gpt import GPT
 
-__all__ = ["quantize_weights", "weight_format", "refuse_weight_only", "WEIGHT_FORMATS", "QUANTIZABLE_KINDS"]
+__all__ = [
+    "quantize_weights", "weight_format", "refuse_weight_only", "QuantizedGPT", "WEIGHT_FORMATS", "QUANTIZABLE_KINDS",
+]  # fmt: skip
 
 QUANTIZABLE_KINDS = ("mha", "gqa", "mqa")
+
+
+class QuantizedGPT(GPT):
+    """A ``GPT`` whose linear layers are weight-only (what ``quantize_weights`` returns): it
+    generates and scores as a GPT does, and is for inference."""
+
+    def train(self, mode: bool = True) -> QuantizedGPT:
+        """Refused (ValueError, no layer's mode changed); ``train(False)`` is ``eval()``."""
+        if mode:
+            refuse_training(self)
+        return super().train(mode)
+
+    def num_parameters(self) -> int:
+        """The float model's count: parameters and the weight-only layers' stored weights, each once."""
+        return sum(t.numel() for t in model_weights(self))
 
 
 def weight_format(model: nn.Module) -> str | None:
@@ -60,7 +83,7 @@ def quantize_weights(model: GPT, weights: str) -> GPT:
             few decode rows by fastest); ``modules.weight_only``.
 
     Returns:
-        a new ``GPT`` in eval mode sharing no tensor with ``model``; the float
+        a new :class:`QuantizedGPT` (a ``GPT``) in eval mode sharing no tensor with ``model``; the float
         weights are not copied on the way (only the small tensors are).
 
     Raises:
@@ -92,4 +115,5 @@ def quantize_weights(model: GPT, weights: str) -> GPT:
             setattr(new.get_submodule(parent) if parent else new, attr, WeightOnlyLinear(linear, weights))
         table = new.lm_head if tied else WeightOnlyLinear(model.token_embedding, weights)
         new.token_embedding = WeightOnlyEmbedding(table)
+    new.__class__ = QuantizedGPT  # the same modules; only train() and num_parameters() differ
     return new.eval()

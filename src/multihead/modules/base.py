@@ -8,7 +8,7 @@
           k, v, extra = write_cache(...)  [kind layout] append, read everything cached
           mask = attn_mask AND key_mask
           out, weights = core(...)        [kind] default: functional.attention
-      observers <- AttentionEvent(weights, q, k, mask, ...)
+      observers <- AttentionEvent(weights, q, k, mask, heads, rows, ...)
       out = head hooks(out)               only while one is registered
       return merge_heads(out)             (B, H, T, Dv) -> (B, T, H*Dv) -> out_proj
 
@@ -46,13 +46,13 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .._checks import dropout_probability, positive_int
-from ..functional import attention, merge_masks
+from ..functional import WeightSelection, attention, merge_masks
 from ..functional.masks import check_alignment
 from .calls import check_cache_use, check_call, default_alignment, key_padding, refuse_torch_padding, rollback_on_error
 from .head_selection import check_head_selection, check_heads
 from .kv_cache import KVCache
 from .norms import QKNorm
-from .observe import AttentionEvent, Observer
+from .observe import Observer, notify, observed_selection
 from .rope import Rotary, query_positions
 from .weight_only import layer_dtype_device
 
@@ -106,8 +106,14 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             independent (the reason ``select_heads`` gives when refusing).
         comparison_skip: None, or the reason the kind stays out of
             ``multihead compare``'s default list.
+        layer_index_option: None, or the name of the constructor option that
+            takes the layer's index in its stack (differential attention's
+            ``depth``); models fill it per layer unless the user set it.
         comparison_options(kind, num_heads): classmethod, the options a
             comparison builds the registered name ``kind`` with.
+        selects_weights: ``core`` takes a ``WeightSelection`` as ``return_weights``
+            and returns just those weights (the default core). A class defining
+            ``core`` gets False unless it says so: asked for every weight.
 
     Attributes:
         rope: a ``Rotary`` or None; qk_norm: a ``QKNorm`` or None.
@@ -131,6 +137,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
     independent_heads: bool = False
     head_independence: str = ""
     comparison_skip: str | None = None
+    layer_index_option: str | None = None
+    selects_weights: bool = True
 
     def __init__(
         self,
@@ -194,6 +202,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         super().__init_subclass__(**kwargs)
         if cls.independent_heads and not callable(getattr(cls, "subset_heads", None)):
             raise TypeError(f"{cls.__name__} declares independent_heads = True but defines no subset_heads")
+        if "core" in cls.__dict__ and "selects_weights" not in cls.__dict__:
+            cls.selects_weights = False  # a core of its own: asked for every weight
 
     @classmethod
     def comparison_options(cls, kind: str, num_heads: int) -> dict:
@@ -254,30 +264,27 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         """True while at least one observer is registered."""
         return bool(self._attention_observers)
 
-    def register_attention_observer(self, observer: Observer) -> RemovableHandle:
+    def register_attention_observer(self, observer: Observer, *, heads=None, rows=None) -> RemovableHandle:
         """Call ``observer(module, event)`` after every forward until removed.
 
-        While one is registered the layer computes its exact weights (the
-        weights that mix the values) on every call.
-
-        Returns:
-            a handle whose ``remove()`` unregisters the observer.
+        While one is registered the layer computes the exact weights (those that
+        mix the values) of the ``heads`` and ``rows`` observers ask for (None: all;
+        ``functional.WeightSelection``; ``modules.observe`` says where they come
+        from). Returns a handle whose ``remove()`` unregisters it. Raises
+        TypeError / ValueError: ``observer`` not callable, heads/rows not ascending ints.
         """
         if not callable(observer):
             raise TypeError(f"observer must be callable, got {type(observer).__name__}")
         handle = RemovableHandle(self._attention_observers)
-        self._attention_observers[handle.id] = observer
+        self._attention_observers[handle.id] = (observer, WeightSelection(heads=heads, rows=rows))
         return handle
 
-    def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str) -> None:
-        """Hand one call's weights [B, H, T, S] and its q/k to the observers."""
-        event = AttentionEvent(
-            weights=weights.detach(), q=q.detach(), k=k.detach(),
-            scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale,
-            attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment, kind=self.kind,
-        )  # fmt: skip
-        for observer in list(self._attention_observers.values()):
-            observer(self, event)
+    def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str, heads=None, rows=None):
+        """Hand one call's weights [B, h, r, S] of query heads ``heads`` and rows ``rows``
+        (None: all H, T) and its q/k to each observer, cut to its own part."""
+        notify(self, list(self._attention_observers.values()), weights, (heads, rows), self.num_heads, q=q, k=k,
+               attn_mask=mask, scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale, is_causal=is_causal,
+               causal_alignment=causal_alignment, kind=self.kind)  # fmt: skip
 
     # ------------------------------------------------------------------ head hooks
     def register_head_hook(self, fn: Callable) -> RemovableHandle:
@@ -363,10 +370,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
 
     def make_kv_cache(self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None):
         """A cache sized for this layer: keys and values (batch_size, G, max_len, D)."""
-        ref_dtype, ref_device = layer_dtype_device(self.out_proj)  # also for weight-only (bf16/int8) projections
-        return KVCache(
-            batch_size, self.num_kv_heads, max_len, self.head_dim, dtype=dtype or ref_dtype, device=device or ref_device
-        )
+        ref_dtype, ref_device = layer_dtype_device(self.out_proj)  # also of weight-only (bf16/int8) projections
+        return KVCache(batch_size, self.num_kv_heads, max_len, self.head_dim,
+                       dtype=dtype or ref_dtype, device=device or ref_device)  # fmt: skip
 
     def aux_loss(self) -> torch.Tensor:
         """The training loss term of the last forward: a 0-d zero for kinds without
@@ -452,17 +458,21 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             )
             k_pos = None if cross else q_pos  # cross-attention keys at 0 .. S-1
         q, k = self.position_qk(q, k, q_pos, k_pos)
-        observed = self.observed
+        observed, ask, got = self.observed, return_weights, (None, None)
+        if observed and not return_weights:  # observers only: the union of their heads and rows
+            ask = observed_selection(self._attention_observers.values(), self.num_heads, q.shape[2])[0]
+            ask, got = (ask, (ask.heads, ask.rows)) if self.selects_weights else (True, got)
         with rollback_on_error(kv_cache):
             if kv_cache is not None:
                 k, v, extra = self.write_cache(kv_cache, k, v, extra)
             mask = merge_masks(attn_mask, key_padding(key_mask, query.shape[0], k.shape[2]))
             out, weights = self.core(
                 q, k, v, extra, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
-                return_weights=return_weights or observed, backend=backend, **options,
+                return_weights=ask, backend=backend, **options,
             )  # fmt: skip
         if observed:
-            self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment)
+            self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment,
+                                  heads=got[0], rows=got[1])  # fmt: skip
         if self._head_hooks:
             out = self.run_head_hooks(out)
         out = self.merge_heads(out)

@@ -57,6 +57,17 @@ INT8_KERNEL_ROWS = 16  # up to this many rows the int8 kernel; more: convert the
 INT8_KERNEL_K_MULTIPLE = 16  # the CPU int8 kernel reads K in blocks of 16 (other widths give wrong results)
 
 
+@torch.library.custom_op("multihead::weight_only_mv", mutates_args=())
+def _opaque_mv(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``torch.mv`` kept whole under ``torch.compile`` (inductor would rewrite it as its own, slower reduction)."""
+    return torch.mv(w, x)
+
+
+@_opaque_mv.register_fake
+def _(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return w.new_empty(w.shape[0])
+
+
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 rows with one scale per output row.
 
@@ -178,7 +189,11 @@ class WeightOnlyLinear(_InferenceOnly):
         xb = x.to(torch.bfloat16).reshape(-1, self.in_features)  # (..., K) -> (M, K)
         rows, cpu = xb.shape[0], x.device.type == "cpu"
         if self.format == "bf16":
-            y = torch.mv(self.stored, xb.view(-1)) if cpu and rows == 1 else F.linear(xb, self.stored)  # (N,) | (M, N)
+            if cpu and rows == 1:  # (N,)
+                mv = _opaque_mv if torch.compiler.is_compiling() else torch.mv
+                y = mv(self.stored, xb.view(-1))
+            else:
+                y = F.linear(xb, self.stored)  # (M, N)
         elif cpu and rows <= INT8_KERNEL_ROWS and self.in_features % INT8_KERNEL_K_MULTIPLE == 0:
             y = torch._weight_int8pack_mm(xb, self.stored, self.scale)  # (M, K) x (N, K)^T * s -> (M, N)
         else:

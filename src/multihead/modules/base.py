@@ -54,6 +54,7 @@ from .kv_cache import KVCache
 from .norms import QKNorm
 from .observe import Observer, notify, observed_selection
 from .rope import Rotary, query_positions
+from .score_options import init_score_options, keep_head_slopes, refuse_options
 
 __all__ = ["AttentionLayer"]
 
@@ -70,8 +71,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         qkv_bias, out_bias: biases of the input projections (``qkv_bias``,
             read by the kind's own projections) and of ``out_proj``.
         dropout: on the attention weights in training mode.
-        rope, qk_norm: rotary embeddings and per-head RMS norm of q and k
-            (``init_positions``; both off by default).
+        rope, qk_norm, alibi, softcap: rotary embeddings, per-head RMS norm of q and k
+            (``init_positions``), ALiBi and soft-capping (``score_options``); all off by default.
         device, dtype: of the parameters (``self.factory``).
 
     These are the options every kind shares, written once: a kind's
@@ -153,14 +154,12 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         dropout: float = 0.0,
         rope: bool | dict = False,
         qk_norm: bool = False,
+        alibi: bool | list = False, softcap: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        sizes = {"num_kv_heads": num_kv_heads, "kdim": kdim, "vdim": vdim}
-        refused = {n: v for n, v in sizes.items() if n in self.refused_options and v is not None}
-        if refused:
-            raise TypeError(f"{type(self).__name__} does not take {', '.join(refused)} (got {refused})")
+        refuse_options(self, {"num_kv_heads": num_kv_heads, "kdim": kdim, "vdim": vdim, "alibi": alibi or None, "softcap": softcap})
         H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
         self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
@@ -171,6 +170,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         self._positions = (rope, qk_norm)
         self.init_options = {n: v for n, v in (("kdim", self.kdim), ("vdim", self.vdim)) if n not in self.refused_options}
         self.init_options.update(qkv_bias=qkv_bias, out_bias=out_bias, dropout=dropout, rope=rope, qk_norm=qk_norm)
+        init_score_options(self, alibi, softcap)  # alibi_slopes [H] buffer or None, softcap
         self.scale: float | None = None
         self.rope: Rotary | None = None
         self.qk_norm: QKNorm | None = None
@@ -236,7 +236,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         if not self.independent_heads:
             raise ValueError(f"{self.kind!r} attention cannot keep a subset of its heads: {self.head_independence}")
         keep_q, keep_kv = check_head_selection(heads, kv_heads, self.num_heads, self.num_kv_heads)
-        return self.subset_heads(keep_q, keep_kv)
+        return keep_head_slopes(self.subset_heads(keep_q, keep_kv), self, keep_q)
 
     def tensor_parallel_part(self, heads: list[int]) -> AttentionLayer:
         """The part of this layer that one tensor-parallel rank computes: the
@@ -358,7 +358,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         out = attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
             scale=self.scale, dropout_p=self.dropout, training=self.training,
-            return_weights=return_weights, backend=backend,
+            return_weights=return_weights, backend=backend, alibi_slopes=self.alibi_slopes, softcap=self.softcap,
         )  # fmt: skip
         return out if return_weights else (out, None)
 

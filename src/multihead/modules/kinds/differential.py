@@ -103,6 +103,11 @@ class DifferentialAttention(AttentionLayer):
     """
 
     kind = "diff"
+    refused_options = ("alibi", "softcap")
+    option_refusals = {
+        "alibi": "each head subtracts two score maps (2H sub-heads); which slope each map takes is not defined",
+        "softcap": "each head subtracts two softmax maps; the paper defines no soft-capping of them",
+    }
     layer_index_option = "depth"  # λ_init grows with the layer's depth
     independent_heads = True
     head_independence = (

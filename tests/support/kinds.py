@@ -41,6 +41,7 @@ OPTIONS: dict[str, dict] = {
     "talking_heads": {"chunk_size": 2},
 }
 LOSS_KINDS = {"moh", "gated"}  # kinds whose training forward has a loss term (aux_loss)
+KINDS_TAKING = {"mha", "gqa", "mqa", "gated", "collaborative", "overlapping", "output_gated"}  # alibi / softcap (base core)
 SOFTMAX_KINDS = {"mha", "gqa", "mqa", "collaborative", "overlapping", "output_gated"}  # weights = softmax(scale q·kᵀ)
 COST_FORWARD = {"moh": {"path": "dense"}}  # forward options of the FLOP-counted call
 COST_OPTIONS = {"moh": {"active_heads": H}}  # cost() options describing that call

@@ -45,6 +45,7 @@ def _masks(B, T, S):
         "causal_bottom_right": {"is_causal": True, "causal_alignment": "bottom_right"},
         "padding": {"attn_mask": padding_mask_from_lengths([S, 2][:B], S)},
         "empty_rows": {"attn_mask": empty},
+        "per_head": {"attn_mask": torch.from_numpy(rng.random((1, 4, T, S)) < 0.5), "is_causal": True},
         "window": {"attn_mask": sliding_window_mask(T, S, window=2, alignment="bottom_right")},
         "float_bias": {"attn_mask": torch.from_numpy(rng.standard_normal((1, 4, T, S))).float()},
         "documents": {"attn_mask": document_mask(docs), "is_causal": True} if T == S else {},

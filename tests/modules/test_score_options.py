@@ -111,3 +111,18 @@ def test_bad_option_values_are_one_line_errors(option, error, match):
 def test_per_head_slopes_are_taken_as_given():
     m = build("mha", alibi=[0.5, 0.0, 1.0, 0.125])
     assert m.alibi_slopes.tolist() == [0.5, 0.0, 1.0, 0.125]
+
+
+def test_captured_scores_carry_the_softcap_and_alibi_of_the_layer():
+    """capture(scores=True) rebuilds the scores the layer's softmax saw: their softmax is its weights."""
+    from multihead.tools import capture
+
+    m = build("gqa", alibi=True, softcap=3.0)
+    x = torch.randn(2, 5, C, dtype=F64, generator=torch.Generator().manual_seed(3))
+    cache = m.make_kv_cache(2, 5)
+    with torch.no_grad():
+        m(x[:, :2], is_causal=True, kv_cache=cache)
+        with capture(m, scores=True, heads=[1, 2], rows=[0, 2]) as record:
+            m(x[:, 2:], is_causal=True, kv_cache=cache)  # queries at positions 2-4 after the cache
+    entry = record.layers[0]
+    assert_paths_agree(torch.softmax(entry.scores.double(), dim=-1).float(), entry.weights)

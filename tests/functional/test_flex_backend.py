@@ -164,7 +164,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @needs_cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_cuda_flex_forward_backward_and_weights_equal_math(dtype):
     B, H, G, T, S = 2, 4, 2, 64, 80
     q, k, v = (t.cuda().requires_grad_() for t in make_qkv(np.random.default_rng(11), B, H, G, T, S, 64, dtype=dtype))
@@ -186,3 +186,13 @@ def test_cuda_flex_forward_backward_and_weights_equal_math(dtype):
     assert select_backend("auto", make_request(q.detach(), k.detach(), v.detach(), attn_mask=None, is_causal=False,
                           causal_alignment="top_left", scale=None, dropout_p=0.0, training=False,
                           return_weights=False, softcap=20.0)).name == "flex"  # fmt: skip
+
+
+@needs_cuda
+def test_cuda_auto_takes_flex_for_softcap_on_small_heads_and_equals_math():
+    """A layer's softcap under auto on CUDA (flex), head width 8, T != S, bottom-right."""
+    q, k, v = (t.cuda() for t in make_qkv(np.random.default_rng(12), 2, 4, 2, 3, 9, 8, dtype=F32))
+    call = dict(is_causal=True, causal_alignment="bottom_right", softcap=5.0, alibi_slopes=alibi_slopes(4, device="cuda"))
+    with torch.no_grad():
+        torch.testing.assert_close(attention(q, k, v, **call), attention(q, k, v, backend="math", **call),
+                                   atol=1e-4, rtol=1e-4)  # fmt: skip

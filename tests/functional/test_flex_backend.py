@@ -98,7 +98,7 @@ def test_weights_rebuilt_from_flex_log_sum_exp_equal_math_weights(unfused):
     assert_paths_agree(got, want)
 
 
-def test_flex_says_why_it_cannot_serve_and_auto_never_picks_it_on_a_cpu():
+def test_flex_says_why_it_cannot_serve_and_auto_never_picks_it_on_a_cpu(monkeypatch):
     q, k, v = make_qkv(np.random.default_rng(9), 1, 2, 1, 3, 3, 4, dtype=F32, requires_grad=True)
 
     def reasons(**kw):
@@ -114,6 +114,9 @@ def test_flex_says_why_it_cannot_serve_and_auto_never_picks_it_on_a_cpu():
     assert any("float64 on CPU" in r for r in reasons(qkv=tuple(t.detach().double() for t in (q, k, v))))
     with torch.no_grad():
         assert reasons() == []
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.compiler, "is_compiling", lambda: True)
+            assert any("inside torch.compile on CPU" in r for r in reasons())
     with pytest.raises(ValueError, match="backend 'flex' cannot serve this call: an input requires grad"):
         attention(q, k, v, softcap=4.0, backend="flex")
     req = make_request(q, k, v, attn_mask=None, is_causal=False, causal_alignment="top_left", scale=None,

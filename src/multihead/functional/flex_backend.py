@@ -24,7 +24,9 @@ compile again (past torch's recompile limit torch runs flex_attention
 unfused, with the same numbers).
 
 Where it cannot serve, the reasons say so and ``auto`` moves on: dropout
-(flex_attention has none); on CPU, float64 and gradients (torch 2.13 compiles
+(flex_attention has none); on CPU, float64, calls inside a user's
+``torch.compile`` (inductor cannot fuse the CPU template with the code
+around it) and gradients (torch 2.13 compiles
 flex_attention on CPU for inference only) and weights (its CPU kernel returns
 no log-sum-exp); weights that must carry gradients; a float mask that
 requires grad. On CUDA the weights asked for are rebuilt from the kernel's
@@ -58,6 +60,9 @@ def flex_not_supported(req: AttentionRequest) -> list[str]:
         reasons.append(f"dropout in training (dropout_p={req.dropout_p}): flex_attention has no dropout")
     if device == "cpu" and req.q.dtype == torch.float64:
         reasons.append("float64 on CPU: flex_attention's CPU kernel takes float32, float16 and bfloat16")
+    if device == "cpu" and torch.compiler.is_compiling():
+        reasons.append("inside torch.compile on CPU: inductor's CPU flex_attention template cannot be fused "
+                       "with the code around it (torch 2.13); call it outside the compiled region")  # fmt: skip
     if device == "cpu" and grad:
         reasons.append("an input requires grad: on CPU torch compiles flex_attention for inference only (no backward)")
     if device == "cpu" and req.return_weights:

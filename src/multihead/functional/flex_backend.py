@@ -82,7 +82,7 @@ def _index(t: torch.Tensor, b, h, i, j) -> torch.Tensor:
 
 def _flex_call(q, k, v, block_mask, bias, slopes, softcap, offset, scale, gqa, lse):
     """flex_attention with the score function of one call (traced inside the compiled function)."""
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     def score_mod(x, b, h, i, j):
         if softcap is not None:
@@ -95,6 +95,8 @@ def _flex_call(q, k, v, block_mask, bias, slopes, softcap, offset, scale, gqa, l
 
     mod = None if softcap is None and slopes is None and bias is None else score_mod
     if lse:
+        from torch.nn.attention.flex_attention import AuxRequest
+
         out, aux = flex_attention(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, enable_gqa=gqa,
                                   return_aux=AuxRequest(lse=True))  # fmt: skip
         return out, aux.lse

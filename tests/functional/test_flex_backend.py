@@ -131,7 +131,9 @@ def test_compiled_flex_serves_the_hard_cases_and_compiles_once_per_shape_family(
     v[1, 0, 0] = float("nan")  # hidden from batch 1 by its padding
     call = dict(attn_mask=padding_mask_from_lengths([9, 6], S, left=True), is_causal=True,
                 causal_alignment="bottom_right", alibi_slopes=alibi_slopes(H), softcap=4.0)  # fmt: skip
-    call["attn_mask"] = call["attn_mask"] & torch.ones(1, 1, T, S, dtype=torch.bool).index_fill(2, torch.tensor([1]), False)
+    keep = call["attn_mask"] & torch.ones(1, 1, T, S, dtype=torch.bool).index_fill(2, torch.tensor([1]), False)
+    bias = torch.randn(1, H, T, S, generator=torch.Generator().manual_seed(0))
+    call["attn_mask"] = bias.masked_fill(~keep, float("-inf"))  # a float bias, -inf where hidden
     with torch.no_grad():
         want = attention(q, k, v, backend="math", **call)
         got = attention(q, k, v, backend="flex", **call)

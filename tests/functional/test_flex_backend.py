@@ -194,9 +194,10 @@ def test_cuda_flex_forward_backward_and_weights_equal_math(dtype):
 
 
 @needs_cuda
-def test_cuda_auto_takes_flex_for_softcap_on_small_heads_and_equals_math():
-    """A layer's softcap under auto on CUDA (flex), head width 8, T != S, bottom-right."""
-    q, k, v = (t.cuda() for t in make_qkv(np.random.default_rng(12), 2, 4, 2, 3, 9, 8, dtype=F32))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_cuda_auto_takes_flex_for_softcap_on_small_heads_and_equals_math(dtype):
+    """Softcap under auto on CUDA (flex), head width 8, T != S, bottom-right."""
+    q, k, v = (t.cuda() for t in make_qkv(np.random.default_rng(12), 2, 4, 2, 3, 9, 8, dtype=dtype))
     call = dict(is_causal=True, causal_alignment="bottom_right", softcap=5.0, alibi_slopes=alibi_slopes(4, device="cuda"))
     with torch.no_grad():
         torch.testing.assert_close(attention(q, k, v, **call), attention(q, k, v, backend="math", **call),

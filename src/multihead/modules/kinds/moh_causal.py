@@ -1,0 +1,221 @@
+"""Causal attention of gathered query rows with the fused causal kernel.
+
+MoH's sparse path gathers, for each routed head, the query rows that chose
+it. A gathered row keeps its original position t and may see keys
+j <= t + offset, a staircase that the kernel's ``is_causal`` (row index i
+sees key i) does not describe once rows are left out. Instead of an explicit
+mask over every key, the positions are cut into blocks of L and each row's
+keys are split at its block's start::
+
+    block c = positions [cL, (c+1)L)          keys:  0 ........ cL+off | cL+off .. (c+1)L+off
+    prefix:   the block's chosen rows [B, E, M_c, D]   all visible: no mask, only chosen rows
+    diagonal: every row of the block [B, E·nb, L, D]                the kernel's is_causal
+    merged:   o = Σ_part exp(lse_part - lse) · o_part,  lse = logaddexp over the parts
+
+so the prefix (most of the work for long sequences) costs only the chosen
+rows and the diagonal (L/2 keys per row) runs the fused causal kernel, which
+skips the hidden half. The kernel's log-sum-exp comes from torch's flash
+kernel (CPU) or memory-efficient kernel (CUDA) ops, which return it; the
+backward is the kernels' own backward with the merged output and log-sum-exp
+(a part's probabilities are exp(scores - merged lse)), so gradients are exact.
+
+Shapes: q [B, E, T, D] (the routed heads' queries), k, v [B, E, S, D] (one
+key/value head per query head), rows [B, E, N, D] gathered at ``tok``
+[B, E, N] (positions, block by block: ``sizes[c]`` rows of block c, each
+block's list distinct). ``kernels_for`` says whether a device/dtype has
+such a kernel; the caller falls back to an explicit mask otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["BLOCK", "block_causal_rows", "block_plan", "kernels_for"]
+
+BLOCK = 128  # positions per block: the diagonal costs T·L/2 per head, the prefix only the chosen rows
+
+
+class _CPUKernel:
+    """torch's CPU flash kernel: (out, lse) forward and its backward."""
+
+    @staticmethod
+    def forward(q, k, v, causal, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, lse, None
+
+    @staticmethod
+    def backward(grad, q, k, v, out, lse, state, causal, scale):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, lse, 0.0, causal, scale=scale
+        )
+
+
+class _CUDAKernel:
+    """torch's memory-efficient CUDA kernel (float32, float16, bfloat16); its lse is padded to 32 rows."""
+
+    @staticmethod
+    def forward(q, k, v, causal, scale):
+        out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, 0.0, causal, scale=scale
+        )
+        return out, lse, (seed, offset)
+
+    @staticmethod
+    def backward(grad, q, k, v, out, lse, state, causal, scale):
+        seed, offset = state
+        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            grad, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
+        )
+        return dq, dk, dv
+
+
+def kernels_for(q: torch.Tensor):
+    """The kernel pair serving q's device and dtype, or None (then use an explicit mask)."""
+    if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        return _CPUKernel
+    if q.device.type == "cuda" and q.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return _CUDAKernel
+    return None
+
+
+def block_plan(chosen: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Rows to gather, block by block.
+
+    Args:
+        chosen: [B, T, E] bool, the (token, routed head) pairs; L: block length.
+
+    Returns:
+        tok [B, E, N] positions (block c: its chosen positions in order, then
+        unchosen positions of the same block as padding up to ``sizes[c]``,
+        the most rows any (batch row, head) chose there), valid [B, E, N]
+        (False on padding), sizes (one entry per block, N = sum).
+    """
+    B, T, E = chosen.shape
+    nb = -(-T // L)
+    pad = nb * L - T
+    ch = torch.nn.functional.pad(chosen, (0, 0, 0, pad)) if pad else chosen  # (B, nb·L, E)
+    ch = ch.view(B, nb, L, E)
+    counts = ch.sum(2)  # (B, nb, E)
+    sizes = [int(n) for n in counts.amax(dim=(0, 2)).tolist()]  # one host sync for every block
+    # sort key: 0 chosen, 1 unchosen, 2 past T (the short last block); a block's padding rows are
+    # its unchosen positions, and it always has enough of them below T (sizes[c] <= its real positions)
+    rank = (~ch).to(torch.uint8)
+    if pad:
+        rank.view(B, nb * L, E)[:, T:] = 2
+    order = torch.argsort(rank, dim=2, stable=True)  # (B, nb, L, E): chosen first, in position order
+    toks, valid = [], []
+    base = torch.arange(nb, device=chosen.device).view(1, nb, 1, 1) * L
+    pos = (order + base).permute(0, 3, 1, 2)  # (B, E, nb, L)
+    ranks = torch.arange(L, device=chosen.device)
+    cnt = counts.transpose(1, 2)  # (B, E, nb)
+    for c, n in enumerate(sizes):
+        toks.append(pos[:, :, c, :n])
+        valid.append(ranks[:n] < cnt[:, :, c : c + 1])
+    return torch.cat(toks, dim=2), torch.cat(valid, dim=2), sizes
+
+
+def _blocks(x: torch.Tensor, lo: int, T: int, nb: int, L: int) -> torch.Tensor:
+    """x[:, :, lo:lo+T] zero-padded to nb·L and cut into blocks: [B, E, S, D] -> [B, E·nb, L, D]."""
+    B, E, _, D = x.shape
+    part = x[:, :, lo : lo + T]
+    if nb * L != T:
+        part = torch.nn.functional.pad(part, (0, 0, 0, nb * L - T))
+    return part.reshape(B, E * nb, L, D)
+
+
+def _merge(out, lse, o, lp):
+    """Merge a part (o [..., n, D], lp [..., n]) into the running (out, lse), both float."""
+    new = torch.logaddexp(lse, lp)
+    out = out * torch.exp(lse - new).unsqueeze(-1) + o.to(out.dtype) * torch.exp(lp - new).unsqueeze(-1)
+    return out, new
+
+
+class _BlockCausal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, q, k, v, tok, sizes, L, offset, scale, kern):
+        B, E, T, D = q.shape
+        nb = len(sizes)
+        Tp, Dv = nb * L, v.shape[-1]
+        qd, kd, vd = _blocks(q, 0, T, nb, L), _blocks(k, offset, T, nb, L), _blocks(v, offset, T, nb, L)
+        od, ld, sd = kern.forward(qd, kd, vd, True, scale)  # (B, E·nb, L, Dv), (B, E·nb, >= L)
+        at = tok.unsqueeze(-1).expand(*tok.shape, Dv)
+        out = od.reshape(B, E, Tp, Dv).gather(2, at).to(ld.dtype)  # (B, E, N, Dv)
+        lse = ld[..., :L].reshape(B, E, Tp).gather(2, tok)  # (B, E, N)
+        parts, start = [], 0
+        for c, n in enumerate(sizes):
+            keys = offset + c * L
+            if keys > 0 and n:
+                sl = slice(start, start + n)
+                o, lp, st = kern.forward(rows[:, :, sl], k[:, :, :keys], v[:, :, :keys], False, scale)
+                out[:, :, sl], lse[:, :, sl] = _merge(out[:, :, sl], lse[:, :, sl], o, lp[..., :n])
+                parts.append((start, n, keys, lp, st))
+            start += n
+        out = out.to(q.dtype)
+        ctx.save_for_backward(rows, qd, kd, vd, k, v, tok, out, lse, od, ld)
+        ctx.meta = (sizes, L, offset, scale, kern, sd, parts, T)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        rows, qd, kd, vd, k, v, tok, out, lse, od, ld = ctx.saved_tensors
+        sizes, L, offset, scale, kern, sd, parts, T = ctx.meta
+        B, E, N, Dv = g.shape
+        nb = len(sizes)
+        Tp, D = nb * L, qd.shape[-1]
+        g = g.contiguous()
+        at = tok.unsqueeze(-1).expand(B, E, N, Dv)
+        # the diagonal: rows that were not gathered get no gradient (their output was not used)
+        gd = g.new_zeros(B, E, Tp, Dv).scatter(2, at, g).view(B, E * nb, L, Dv)
+        od_m = od.reshape(B, E, Tp, Dv).scatter(2, at, out).view(od.shape)
+        ld_m = ld.clone()
+        ld_m[..., :L] = ld[..., :L].reshape(B, E, Tp).scatter(2, tok, lse).view(B, E * nb, L)
+        dqd, dkd, dvd = kern.backward(gd, qd, kd, vd, od_m, ld_m, sd, True, scale)
+
+        def unblock(x, width):
+            return x.reshape(B, E, Tp, width)[:, :, :T]
+
+        dq = unblock(dqd, D)
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        dk[:, :, offset : offset + T] += unblock(dkd, D)
+        dv[:, :, offset : offset + T] += unblock(dvd, Dv)
+        drows = torch.zeros_like(rows)
+        for start, n, keys, lp, st in parts:
+            sl = slice(start, start + n)
+            lp_m = lp.clone()
+            lp_m[..., :n] = lse[:, :, sl]
+            dr, dkc, dvc = kern.backward(
+                g[:, :, sl], rows[:, :, sl], k[:, :, :keys], v[:, :, :keys], out[:, :, sl], lp_m, st, False, scale
+            )
+            drows[:, :, sl] = dr
+            dk[:, :, :keys] += dkc
+            dv[:, :, :keys] += dvc
+        return drows, dq, dk, dv, None, None, None, None, None, None
+
+
+def block_causal_rows(
+    rows: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tok: torch.Tensor,
+    sizes: list[int],
+    L: int,
+    offset: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal attention [B, E, N, Dv] of the gathered rows (row at position t sees keys j <= t + offset).
+
+    Args:
+        rows: [B, E, N, D] = q gathered at ``tok``; q: [B, E, T, D] every
+            query row (the diagonal blocks run on them); k, v: [B, E, S, D]
+            with S >= T + offset; tok, sizes, L: from :func:`block_plan`.
+        scale: score multiplier (default 1 / sqrt(D)).
+    """
+    kern = kernels_for(q)
+    if kern is None:
+        raise ValueError(f"no causal kernel with log-sum-exp for {q.device.type} {q.dtype}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _BlockCausal.apply(rows, q, k, v, tok, list(sizes), int(L), int(offset), scale, kern)

@@ -38,35 +38,41 @@ BLOCK = 128  # positions per block: the diagonal costs T·L/2 per head, the pref
 
 
 class _CPUKernel:
-    """torch's CPU flash kernel: (out, lse) forward and its backward."""
+    """torch's CPU flash kernel: (out, lse) forward and its backward; ``bias`` in q's dtype."""
+
+    diagonal = "masked"  # measured: its causal kernel on small blocks costs more than the masked rows
 
     @staticmethod
-    def forward(q, k, v, causal, scale):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    def forward(q, k, v, causal, scale, bias=None):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=bias, scale=scale
+        )
         return out, lse, None
 
     @staticmethod
-    def backward(grad, q, k, v, out, lse, state, causal, scale):
+    def backward(grad, q, k, v, out, lse, state, causal, scale, bias=None):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad, q, k, v, out, lse, 0.0, causal, scale=scale
+            grad, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale
         )
 
 
 class _CUDAKernel:
     """torch's memory-efficient CUDA kernel (float32, float16, bfloat16); its lse is padded to 32 rows."""
 
+    diagonal = "causal"
+
     @staticmethod
-    def forward(q, k, v, causal, scale):
+    def forward(q, k, v, causal, scale, bias=None):
         out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, None, True, 0.0, causal, scale=scale
+            q, k, v, bias, True, 0.0, causal, scale=scale
         )
         return out, lse, (seed, offset)
 
     @staticmethod
-    def backward(grad, q, k, v, out, lse, state, causal, scale):
+    def backward(grad, q, k, v, out, lse, state, causal, scale, bias=None):
         seed, offset = state
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            grad, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
+            grad, q, k, v, bias, out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
         )
         return dq, dk, dv
 
@@ -98,7 +104,10 @@ def block_plan(chosen: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor
     ch = torch.nn.functional.pad(chosen, (0, 0, 0, pad)) if pad else chosen  # (B, nb·L, E)
     ch = ch.view(B, nb, L, E)
     counts = ch.sum(2)  # (B, nb, E)
-    sizes = [int(n) for n in counts.amax(dim=(0, 2)).tolist()]  # one host sync for every block
+    if torch.compiler.is_compiling():  # no host sync: every row of a block (padding rows are zeroed)
+        sizes = [min(L, T - c * L) for c in range(nb)]
+    else:
+        sizes = [int(n) for n in counts.amax(dim=(0, 2)).tolist()]  # one host sync for every block
     # sort key: 0 chosen, 1 unchosen, 2 past T (the short last block); a block's padding rows are
     # its unchosen positions, and it always has enough of them below T (sizes[c] <= its real positions)
     rank = (~ch).to(torch.uint8)
@@ -133,66 +142,79 @@ def _merge(out, lse, o, lp):
 
 
 class _BlockCausal(torch.autograd.Function):
+    """Forward: every piece's (out, lse), merged per row; backward: each piece's kernel
+    backward with the merged output and lse (exact: a piece's probabilities are
+    exp(scores - merged lse))."""
+
     @staticmethod
-    def forward(ctx, rows, q, k, v, tok, sizes, L, offset, scale, kern):
+    def forward(ctx, rows, q, k, v, tok, sizes, L, offset, scale, kern, diagonal):
         B, E, T, D = q.shape
-        nb = len(sizes)
-        Tp, Dv = nb * L, v.shape[-1]
-        qd, kd, vd = _blocks(q, 0, T, nb, L), _blocks(k, offset, T, nb, L), _blocks(v, offset, T, nb, L)
-        od, ld, sd = kern.forward(qd, kd, vd, True, scale)  # (B, E·nb, L, Dv), (B, E·nb, >= L)
-        at = tok.unsqueeze(-1).expand(*tok.shape, Dv)
-        out = od.reshape(B, E, Tp, Dv).gather(2, at).to(ld.dtype)  # (B, E, N, Dv)
-        lse = ld[..., :L].reshape(B, E, Tp).gather(2, tok)  # (B, E, N)
-        parts, start = [], 0
+        nb, Dv = len(sizes), v.shape[-1]
+        out = rows.new_zeros(B, E, rows.shape[2], Dv, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+        lse = torch.full(out.shape[:3], float("-inf"), dtype=out.dtype, device=out.device)
+        pieces, dense, start = [], None, 0  # piece: (rows slice, key range, bias, its lse, kernel state)
+        if diagonal == "causal":  # every row of every block, the kernel's causal triangle
+            qd, kd, vd = _blocks(q, 0, T, nb, L), _blocks(k, offset, T, nb, L), _blocks(v, offset, T, nb, L)
+            od, ld, sd = kern.forward(qd, kd, vd, True, scale)  # (B, E·nb, L, Dv), (B, E·nb, >= L)
+            at = tok.unsqueeze(-1).expand(*tok.shape, Dv)
+            out = od.reshape(B, E, nb * L, Dv).gather(2, at).to(out.dtype)  # (B, E, N, Dv)
+            lse = ld[..., :L].reshape(B, E, nb * L).gather(2, tok).to(out.dtype)  # (B, E, N)
+            dense = (qd, kd, vd, od, ld, sd)
         for c, n in enumerate(sizes):
-            keys = offset + c * L
-            if keys > 0 and n:
-                sl = slice(start, start + n)
-                o, lp, st = kern.forward(rows[:, :, sl], k[:, :, :keys], v[:, :, :keys], False, scale)
-                out[:, :, sl], lse[:, :, sl] = _merge(out[:, :, sl], lse[:, :, sl], o, lp[..., :n])
-                parts.append((start, n, keys, lp, st))
+            sl, lo = slice(start, start + n), offset + c * L
             start += n
+            if not n:
+                continue
+            hi = min(lo + L, offset + T)
+            ranges = [(0, lo)] if lo > 0 else []  # the prefix: every key visible to the block's rows
+            if diagonal == "masked":
+                ranges.append((lo, hi))
+            for a, b in ranges:
+                bias = None
+                if b > lo:  # the diagonal block: key lo + j visible to the row at t iff j <= t - cL
+                    hidden = torch.arange(b - a, device=q.device) > (tok[:, :, sl] - c * L).unsqueeze(-1)
+                    bias = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill(hidden, -math.inf)
+                o, lp, st = kern.forward(rows[:, :, sl], k[:, :, a:b], v[:, :, a:b], False, scale, bias)
+                out[:, :, sl], lse[:, :, sl] = _merge(out[:, :, sl], lse[:, :, sl], o, lp[..., :n])
+                pieces.append((sl, a, b, bias, lp, st))
         out = out.to(q.dtype)
-        ctx.save_for_backward(rows, qd, kd, vd, k, v, tok, out, lse, od, ld)
-        ctx.meta = (sizes, L, offset, scale, kern, sd, parts, T)
+        ctx.save_for_backward(rows, k, v, tok, out, lse)
+        ctx.meta = (sizes, L, offset, scale, kern, pieces, dense, T)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        rows, qd, kd, vd, k, v, tok, out, lse, od, ld = ctx.saved_tensors
-        sizes, L, offset, scale, kern, sd, parts, T = ctx.meta
+        rows, k, v, tok, out, lse = ctx.saved_tensors
+        sizes, L, offset, scale, kern, pieces, dense, T = ctx.meta
         B, E, N, Dv = g.shape
-        nb = len(sizes)
-        Tp, D = nb * L, qd.shape[-1]
         g = g.contiguous()
-        at = tok.unsqueeze(-1).expand(B, E, N, Dv)
-        # the diagonal: rows that were not gathered get no gradient (their output was not used)
-        gd = g.new_zeros(B, E, Tp, Dv).scatter(2, at, g).view(B, E * nb, L, Dv)
-        od_m = od.reshape(B, E, Tp, Dv).scatter(2, at, out).view(od.shape)
-        ld_m = ld.clone()
-        ld_m[..., :L] = ld[..., :L].reshape(B, E, Tp).scatter(2, tok, lse).view(B, E * nb, L)
-        dqd, dkd, dvd = kern.backward(gd, qd, kd, vd, od_m, ld_m, sd, True, scale)
-
-        def unblock(x, width):
-            return x.reshape(B, E, Tp, width)[:, :, :T]
-
-        dq = unblock(dqd, D)
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-        dk[:, :, offset : offset + T] += unblock(dkd, D)
-        dv[:, :, offset : offset + T] += unblock(dvd, Dv)
-        drows = torch.zeros_like(rows)
-        for start, n, keys, lp, st in parts:
-            sl = slice(start, start + n)
+        dq, dk, dv, drows = None, torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(rows)
+        if dense is not None:
+            qd, kd, vd, od, ld, sd = dense
+            nb, D = len(sizes), qd.shape[-1]
+            Tp = nb * L
+            at = tok.unsqueeze(-1).expand(B, E, N, Dv)
+            # rows that were not gathered get no gradient (their output was not used)
+            gd = g.new_zeros(B, E, Tp, Dv).scatter(2, at, g).view(B, E * nb, L, Dv)
+            od_m = od.reshape(B, E, Tp, Dv).scatter(2, at, out).view(od.shape)
+            ld_m = ld.clone()
+            ld_m[..., :L] = ld[..., :L].reshape(B, E, Tp).scatter(2, tok, lse.to(ld.dtype)).view(B, E * nb, L)
+            dqd, dkd, dvd = kern.backward(gd, qd, kd, vd, od_m, ld_m, sd, True, scale)
+            dq = dqd.reshape(B, E, Tp, D)[:, :, :T]
+            dk[:, :, offset : offset + T] += dkd.reshape(B, E, Tp, D)[:, :, :T]
+            dv[:, :, offset : offset + T] += dvd.reshape(B, E, Tp, Dv)[:, :, :T]
+        for sl, a, b, bias, lp, st in pieces:
+            n = sl.stop - sl.start
             lp_m = lp.clone()
-            lp_m[..., :n] = lse[:, :, sl]
+            lp_m[..., :n] = lse[:, :, sl].to(lp.dtype)
             dr, dkc, dvc = kern.backward(
-                g[:, :, sl], rows[:, :, sl], k[:, :, :keys], v[:, :, :keys], out[:, :, sl], lp_m, st, False, scale
+                g[:, :, sl], rows[:, :, sl], k[:, :, a:b], v[:, :, a:b], out[:, :, sl], lp_m, st, False, scale, bias
             )
-            drows[:, :, sl] = dr
-            dk[:, :, :keys] += dkc
-            dv[:, :, :keys] += dvc
-        return drows, dq, dk, dv, None, None, None, None, None, None
+            drows[:, :, sl] += dr
+            dk[:, :, a:b] += dkc
+            dv[:, :, a:b] += dvc
+        return drows, dq, dk, dv, None, None, None, None, None, None, None
 
 
 def block_causal_rows(
@@ -205,6 +227,7 @@ def block_causal_rows(
     L: int,
     offset: int,
     scale: float | None = None,
+    diagonal: str | None = None,
 ) -> torch.Tensor:
     """Causal attention [B, E, N, Dv] of the gathered rows (row at position t sees keys j <= t + offset).
 
@@ -213,9 +236,15 @@ def block_causal_rows(
             query row (the diagonal blocks run on them); k, v: [B, E, S, D]
             with S >= T + offset; tok, sizes, L: from :func:`block_plan`.
         scale: score multiplier (default 1 / sqrt(D)).
+        diagonal: "causal" (every row of a block, the kernel's causal
+            triangle) or "masked" (the gathered rows with a bias over their
+            block's L keys); default: the device's (CPU "masked", CUDA "causal").
     """
     kern = kernels_for(q)
     if kern is None:
         raise ValueError(f"no causal kernel with log-sum-exp for {q.device.type} {q.dtype}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _BlockCausal.apply(rows, q, k, v, tok, list(sizes), int(L), int(offset), scale, kern)
+    diagonal = kern.diagonal if diagonal is None else diagonal
+    if diagonal not in ("causal", "masked"):
+        raise ValueError(f"diagonal must be 'causal' or 'masked', got diagonal={diagonal!r}")
+    return _BlockCausal.apply(rows, q, k, v, tok, list(sizes), int(L), int(offset), scale, kern, diagonal)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ...functional import attention, merge_masks
+from .moh_causal import BLOCK, block_causal_rows, block_plan, kernels_for
 
 __all__ = ["dense_heads", "sparse_heads", "check_mask", "head_slice", "kv_for", "row_mask"]
 
@@ -45,35 +46,55 @@ def dense_heads(q, k, v, gates, mask, core, want_weights):
 
 
 def sparse_heads(q, k, v, gates, chosen, mask, core, *, shared_heads: int):
-    """Shared heads in one call; the routed heads in one call over only the rows that chose them."""
+    """Shared heads in one call; the routed heads over only the rows that chose them.
+
+    Returns (B, T, H, Dv), contiguous: the heads are written in place into
+    one buffer, so ``merge_heads`` reshapes it without a copy.
+    """
     B, H, T, D = q.shape
-    S, G, hs = k.shape[2], k.shape[1], shared_heads
+    S, G, hs, Dv = k.shape[2], k.shape[1], shared_heads, v.shape[-1]
     E = H - hs
     r = H // G  # query heads per key/value head
-    parts = []
+    out = q.new_zeros(B, T, H, Dv)
     if hs:
         ks, vs = kv_for(k, v, 0, hs, r)
-        out = attention(q[:, :hs], ks, vs, attn_mask=head_slice(mask, 0, hs), **core)  # (B, hs, T, D)
-        parts.append(out * gates[..., :hs].transpose(1, 2).unsqueeze(-1))  # (B, T, hs) -> (B, hs, T, 1)
-    counts = chosen.sum(1)  # (B, E): rows that chose each routed head
-    # rows per routed head, padded to the largest (batch row, head); inside
-    # torch.compile to T (no host sync: the extra padding rows are zeroed below)
-    M = T if torch.compiler.is_compiling() else int(counts.max())
-    # per (b, e): the positions that chose e first, in token order, then the others (padding)
-    order = torch.argsort((~chosen).to(torch.uint8), dim=1, stable=True)  # (B, T, E)
-    tok = order[:, :M].transpose(1, 2)  # (B, M, E) -> (B, E, M), distinct within each (b, e)
-    valid = torch.arange(M, device=q.device) < counts.unsqueeze(-1)  # (B, E, M); False = padding row
-    at = tok.unsqueeze(-1).expand(B, E, M, D)
-    rows = q[:, hs:].gather(2, at)  # (B, E, T, D) -> (B, E, M, D)
+        o = attention(q[:, :hs], ks, vs, attn_mask=head_slice(mask, 0, hs), **core)  # (B, hs, T, Dv)
+        out[:, :, :hs] = (o * gates[..., :hs].transpose(1, 2).unsqueeze(-1)).transpose(1, 2)  # (B, T, hs, Dv)
     ks, vs = kv_for(k, v, hs, H, r)
+    qr = q[:, hs:]  # (B, E, T, D)
     offset = 0 if core["causal_alignment"] == "top_left" else S - T
-    rows_mask = row_mask(head_slice(mask, hs, H), tok, S, offset if core["is_causal"] else None)
-    out = attention(rows, ks, vs, attn_mask=rows_mask, **{**core, "is_causal": False})  # (B, E, M, D)
-    gate = gates[..., hs:].transpose(1, 2).gather(2, tok).unsqueeze(-1)  # (B, T, E) -> (B, E, M, 1)
+    blocked = core["is_causal"] and _use_blocks(qr, ks, vs, mask, core, offset)
+    # rows per routed head (block by block when blocked), padded to the most any (batch row, head) got
+    tok, valid, sizes = block_plan(chosen, BLOCK if blocked else T)
+    rows = qr.gather(2, tok.unsqueeze(-1).expand(*tok.shape, D))  # (B, E, T, D) -> (B, E, N, D)
+    if blocked:
+        if ks.shape[1] != E:  # grouped keys: one key/value head per routed query head
+            ks, vs = (t.repeat_interleave(E // t.shape[1], dim=1) for t in (ks, vs))
+        o = block_causal_rows(rows, qr, ks, vs, tok, sizes, BLOCK, offset)  # (B, E, N, Dv)
+    else:
+        rows_mask = row_mask(head_slice(mask, hs, H), tok, S, offset if core["is_causal"] else None)
+        o = attention(rows, ks, vs, attn_mask=rows_mask, **{**core, "is_causal": False})  # (B, E, N, Dv)
+    gate = gates[..., hs:].transpose(1, 2).gather(2, tok).unsqueeze(-1)  # (B, T, E) -> (B, E, N, 1)
     # padding rows sit on tokens that did not choose the head: writing 0 there is a no-op
-    vals = torch.where(valid.unsqueeze(-1), out * gate, 0.0)
-    parts.append(q.new_zeros(B, E, T, D).scatter(2, at, vals))  # unchosen (token, head) pairs stay 0
-    return torch.cat(parts, dim=1).transpose(1, 2)  # (B, H, T, D) -> (B, T, H, D)
+    vals = torch.where(valid.unsqueeze(-1), o * gate, 0.0)
+    b = torch.arange(B, device=q.device).view(B, 1, 1)
+    h = torch.arange(hs, H, device=q.device).view(1, E, 1)
+    return out.index_put_((b, tok, h), vals)  # out[b, tok[b, e, n], hs + e] = vals[b, e, n]
+
+
+def _use_blocks(q, k, v, mask, core, offset) -> bool:
+    """Whether the causal routed rows can run as prefix + causal diagonal blocks (``moh_causal``):
+    more than one block, no other mask, no dropout, a kernel with log-sum-exp
+    for the device, finite inputs (the kernels have no NaN rule) and eager mode."""
+    T, S = q.shape[2], k.shape[2]
+    if T <= BLOCK or mask is not None or core["backend"] not in ("auto", "sdpa") or kernels_for(q) is None:
+        return False
+    if (core["training"] and core["dropout_p"] > 0) or offset < 0 or S < T + offset:
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    with torch.no_grad():
+        return bool(torch.isfinite(q.sum() + k.sum() + v.sum()))
 
 
 def check_mask(mask: object, B: int, H: int, T: int, S: int) -> None:

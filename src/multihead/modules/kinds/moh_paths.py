@@ -16,13 +16,18 @@ heads runs only over the (b, t) query rows that chose them::
     scatter gate · out back to (B, E, T, D); unchosen pairs and padding stay 0
 
 so the attention-core FLOPs and time scale with (hs + hr) / H (plus the
-padding to M). The shared heads run as one ordinary call. With
-``is_causal`` the gathered rows carry an explicit per-row mask, so the
-kernel cannot skip the hidden upper triangle as the fused causal kernel does
-for the shared heads and the dense path: the causal saving is smaller. The
-dense path (``path="dense"``: every head computed, then multiplied by its
-gate, as the official code does) is kept for equality tests; both agree to
-1e-10 in float64.
+padding to M). The shared heads run as one ordinary call. Causal rows
+longer than one block (``moh_causal.BLOCK`` positions) are gathered block by
+block and run as a maskless prefix (every key before the block) plus the
+diagonal block, merged by log-sum-exp (``moh_causal``): the hidden upper
+triangle is never computed and no (rows, S) mask is built. Rows with an
+attention mask, dropout in training, non-finite q/k/v, ``backend="math"``,
+a device without a kernel that returns the log-sum-exp, or inside
+``torch.compile`` take the explicit per-row mask above instead. The heads
+are written into one (B, T, H, Dv) buffer that ``merge_heads`` reshapes
+without a copy. The dense path (``path="dense"``: every head computed, then
+multiplied by its gate, as the official code does) is kept for equality
+tests; both agree to 1e-10 in float64.
 """
 
 from __future__ import annotations

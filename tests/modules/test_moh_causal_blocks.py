@@ -23,7 +23,7 @@ def explicit(rows, tok, k, v, offset):
     return torch.softmax(s.masked_fill(hidden, float("-inf")), dim=-1) @ v
 
 
-@pytest.mark.parametrize("diagonal", ["masked", "causal"])
+@pytest.mark.parametrize("diagonal", moh_causal.DIAGONALS)
 @pytest.mark.parametrize(("T", "L", "offset"), [(37, 8, 0), (40, 10, 0), (23, 8, 5), (7, 16, 0)])
 def test_block_rows_equal_an_explicit_mask_with_gradients(diagonal, T, L, offset):
     torch.manual_seed(T + L)
@@ -154,7 +154,7 @@ def test_non_finite_keys_and_masks_take_the_explicit_path(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("diagonal", ["masked", "causal"])
+@pytest.mark.parametrize("diagonal", moh_causal.DIAGONALS)
 def test_cuda_block_rows_match_cpu(diagonal):
     torch.manual_seed(5)
     B, E, T, D, L = 2, 3, 300, 64, 128

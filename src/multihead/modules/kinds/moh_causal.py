@@ -34,6 +34,7 @@ import torch
 
 __all__ = ["BLOCK", "block_causal_rows", "block_plan", "kernels_for"]
 
+DIAGONALS = ("causal", "masked", "joined")
 BLOCK = 128  # positions per block: the diagonal costs T·L/2 per head, the prefix only the chosen rows
 
 
@@ -135,10 +136,10 @@ def _blocks(x: torch.Tensor, lo: int, T: int, nb: int, L: int) -> torch.Tensor:
 
 
 def _merge(out, lse, o, lp):
-    """Merge a part (o [..., n, D], lp [..., n]) into the running (out, lse), both float."""
-    new = torch.logaddexp(lse, lp)
-    out = out * torch.exp(lse - new).unsqueeze(-1) + o.to(out.dtype) * torch.exp(lp - new).unsqueeze(-1)
-    return out, new
+    """Merge a part (o [..., n, D], lp [..., n]) into the running (out, lse), both float:
+    out' = w·out + (1 - w)·o with w = exp(lse - lse') = sigmoid(lse - lp)."""
+    w = torch.sigmoid(lse - lp).unsqueeze(-1)
+    return torch.lerp(o.to(out.dtype), out, w), torch.logaddexp(lse, lp)
 
 
 class _BlockCausal(torch.autograd.Function):
@@ -153,6 +154,7 @@ class _BlockCausal(torch.autograd.Function):
         out = rows.new_zeros(B, E, rows.shape[2], Dv, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
         lse = torch.full(out.shape[:3], float("-inf"), dtype=out.dtype, device=out.device)
         pieces, dense, start = [], None, 0  # piece: (rows slice, key range, bias, its lse, kernel state)
+        first = [True] * nb  # block c has no result yet
         if diagonal == "causal":  # every row of every block, the kernel's causal triangle
             qd, kd, vd = _blocks(q, 0, T, nb, L), _blocks(k, offset, T, nb, L), _blocks(v, offset, T, nb, L)
             od, ld, sd = kern.forward(qd, kd, vd, True, scale)  # (B, E·nb, L, Dv), (B, E·nb, >= L)
@@ -160,22 +162,30 @@ class _BlockCausal(torch.autograd.Function):
             out = od.reshape(B, E, nb * L, Dv).gather(2, at).to(out.dtype)  # (B, E, N, Dv)
             lse = ld[..., :L].reshape(B, E, nb * L).gather(2, tok).to(out.dtype)  # (B, E, N)
             dense = (qd, kd, vd, od, ld, sd)
+            first = [False] * nb
         for c, n in enumerate(sizes):
             sl, lo = slice(start, start + n), offset + c * L
             start += n
             if not n:
                 continue
             hi = min(lo + L, offset + T)
-            ranges = [(0, lo)] if lo > 0 else []  # the prefix: every key visible to the block's rows
-            if diagonal == "masked":
-                ranges.append((lo, hi))
+            if diagonal == "joined":  # one call: every key up to the block's end, the diagonal masked
+                ranges = [(0, hi)]
+            elif diagonal == "masked":  # the diagonal block, masked, then the prefix (all visible)
+                ranges = [(lo, hi)] + ([(0, lo)] if lo > 0 else [])
+            else:
+                ranges = [(0, lo)] if lo > 0 else []
             for a, b in ranges:
                 bias = None
-                if b > lo:  # the diagonal block: key lo + j visible to the row at t iff j <= t - cL
-                    hidden = torch.arange(b - a, device=q.device) > (tok[:, :, sl] - c * L).unsqueeze(-1)
-                    bias = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill(hidden, -math.inf)
+                if b > lo:  # key a + j is visible to the row at t iff a + j <= t + offset
+                    hidden = torch.arange(a, b, device=q.device) > (tok[:, :, sl] + offset).unsqueeze(-1)
+                    bias = hidden.to(q.dtype).masked_fill_(hidden, -math.inf)  # (B, E, n, b - a)
                 o, lp, st = kern.forward(rows[:, :, sl], k[:, :, a:b], v[:, :, a:b], False, scale, bias)
-                out[:, :, sl], lse[:, :, sl] = _merge(out[:, :, sl], lse[:, :, sl], o, lp[..., :n])
+                if first[c]:
+                    out[:, :, sl], lse[:, :, sl] = o, lp[..., :n]
+                    first[c] = False
+                else:
+                    out[:, :, sl], lse[:, :, sl] = _merge(out[:, :, sl], lse[:, :, sl], o, lp[..., :n])
                 pieces.append((sl, a, b, bias, lp, st))
         out = out.to(q.dtype)
         ctx.save_for_backward(rows, k, v, tok, out, lse)
@@ -237,14 +247,16 @@ def block_causal_rows(
             with S >= T + offset; tok, sizes, L: from :func:`block_plan`.
         scale: score multiplier (default 1 / sqrt(D)).
         diagonal: "causal" (every row of a block, the kernel's causal
-            triangle) or "masked" (the gathered rows with a bias over their
-            block's L keys); default: the device's (CPU "masked", CUDA "causal").
+            triangle), "masked" (the gathered rows with a bias over their
+            block's L keys) or "joined" (one call per block over every key up
+            to the block's end, its last L keys masked: no merge); default:
+            the device's (CPU "masked", CUDA "causal").
     """
     kern = kernels_for(q)
     if kern is None:
         raise ValueError(f"no causal kernel with log-sum-exp for {q.device.type} {q.dtype}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     diagonal = kern.diagonal if diagonal is None else diagonal
-    if diagonal not in ("causal", "masked"):
-        raise ValueError(f"diagonal must be 'causal' or 'masked', got diagonal={diagonal!r}")
+    if diagonal not in DIAGONALS:
+        raise ValueError(f"diagonal must be one of {DIAGONALS}, got diagonal={diagonal!r}")
     return _BlockCausal.apply(rows, q, k, v, tok, list(sizes), int(L), int(offset), scale, kern, diagonal)

@@ -71,7 +71,8 @@ def sparse_heads(q, k, v, gates, chosen, mask, core, *, shared_heads: int):
     blocked = core["is_causal"] and _use_blocks(qr, ks, vs, mask, core, offset)
     # rows per routed head (block by block when blocked), padded to the most any (batch row, head) got
     tok, valid, sizes = block_plan(chosen, BLOCK if blocked else T)
-    rows = qr.gather(2, tok.unsqueeze(-1).expand(*tok.shape, D))  # (B, E, T, D) -> (B, E, N, D)
+    b, e = torch.arange(B, device=q.device).view(B, 1, 1), torch.arange(E, device=q.device).view(1, E, 1)
+    rows = qr[b, e, tok]  # (B, E, T, D) -> (B, E, N, D): rows[b, e, n] = qr[b, e, tok[b, e, n]]
     if blocked:
         if ks.shape[1] != E:  # grouped keys: one key/value head per routed query head
             ks, vs = (t.repeat_interleave(E // t.shape[1], dim=1) for t in (ks, vs))
@@ -82,9 +83,7 @@ def sparse_heads(q, k, v, gates, chosen, mask, core, *, shared_heads: int):
     gate = gates[..., hs:].transpose(1, 2).gather(2, tok).unsqueeze(-1)  # (B, T, E) -> (B, E, N, 1)
     # padding rows sit on tokens that did not choose the head: writing 0 there is a no-op
     vals = torch.where(valid.unsqueeze(-1), o * gate, 0.0)
-    b = torch.arange(B, device=q.device).view(B, 1, 1)
-    h = torch.arange(hs, H, device=q.device).view(1, E, 1)
-    return out.index_put_((b, tok, h), vals)  # out[b, tok[b, e, n], hs + e] = vals[b, e, n]
+    return out.index_put_((b, tok, e + hs), vals)  # out[b, tok[b, e, n], hs + e] = vals[b, e, n]
 
 
 def _use_blocks(q, k, v, mask, core, offset) -> bool:

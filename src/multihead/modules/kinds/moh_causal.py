@@ -65,7 +65,7 @@ class _CUDAKernel:
     @staticmethod
     def forward(q, k, v, causal, scale, bias=None):
         out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, bias, True, 0.0, causal, scale=scale
+            q, k, v, _aligned(bias), True, 0.0, causal, scale=scale
         )
         return out, lse, (seed, offset)
 
@@ -73,9 +73,17 @@ class _CUDAKernel:
     def backward(grad, q, k, v, out, lse, state, causal, scale, bias=None):
         seed, offset = state
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            grad, q, k, v, bias, out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
+            grad, q, k, v, _aligned(bias), out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
         )
         return dq, dk, dv
+
+
+def _aligned(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The bias in rows of a multiple of 16 elements (the efficient kernel's alignment), same values."""
+    if bias is None or bias.shape[-1] % 16 == 0:
+        return bias
+    width = bias.shape[-1]
+    return torch.nn.functional.pad(bias, (0, 16 - width % 16))[..., :width]
 
 
 def kernels_for(q: torch.Tensor):

@@ -163,6 +163,12 @@ class _BlockCausal(torch.autograd.Function):
         lse = torch.full(out.shape[:3], float("-inf"), dtype=out.dtype, device=out.device)
         pieces, dense, start = [], None, 0  # piece: (rows slice, key range, bias, its lse, kernel state)
         first = [True] * nb  # block c has no result yet
+        if diagonal == "masked":  # every block's diagonal bias at once: key cL + j visible to t iff cL + j <= t
+            starts = torch.repeat_interleave(
+                torch.arange(nb, device=q.device) * L, torch.tensor(sizes, device=q.device), output_size=tok.shape[2]
+            )  # (N,): the first position of each row's block
+            hidden = torch.arange(L, device=q.device) > (tok - starts).unsqueeze(-1)  # (B, E, N, L)
+            diag_bias = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
         if diagonal == "causal":  # every row of every block, the kernel's causal triangle
             qd, kd, vd = _blocks(q, 0, T, nb, L), _blocks(k, offset, T, nb, L), _blocks(v, offset, T, nb, L)
             od, ld, sd = kern.forward(qd, kd, vd, True, scale)  # (B, E·nb, L, Dv), (B, E·nb, >= L)
@@ -185,9 +191,11 @@ class _BlockCausal(torch.autograd.Function):
                 ranges = [(0, lo)] if lo > 0 else []
             for a, b in ranges:
                 bias = None
-                if b > lo:  # key a + j is visible to the row at t iff a + j <= t + offset
+                if diagonal == "masked" and a == lo:
+                    bias = diag_bias[:, :, sl, : b - a]
+                elif b > lo:  # key a + j is visible to the row at t iff a + j <= t + offset
                     hidden = torch.arange(a, b, device=q.device) > (tok[:, :, sl] + offset).unsqueeze(-1)
-                    bias = hidden.to(q.dtype).masked_fill_(hidden, -math.inf)  # (B, E, n, b - a)
+                    bias = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
                 o, lp, st = kern.forward(rows[:, :, sl], k[:, :, a:b], v[:, :, a:b], False, scale, bias)
                 if first[c]:
                     out[:, :, sl], lse[:, :, sl] = o, lp[..., :n]

@@ -42,6 +42,7 @@ from ..projections import fused_qkv, split_heads
 from ..registry import register_attention
 from .moh_parallel import moh_part
 from .moh_paths import check_mask, dense_heads, sparse_heads
+from .moh_router import balance_loss, route
 
 __all__ = ["MoHAttention", "load_balancing_loss"]
 
@@ -218,41 +219,12 @@ class MoHAttention(AttentionLayer):
             chose) or None when every head is active; p [B, T, E] router
             probabilities (learned router with hr > 0) or None.
         """
-        hs, hr, E = self.shared_heads, self.routed_heads, self.num_candidates
-        B, T, _ = x.shape
-        if self.router == "query_norm":
-            gates = x.new_ones(B, T, hs + E)
-            if hr == 0 or hr == E:
-                return gates, None, None
-            norms = q[:, hs:].detach().norm(dim=-1).transpose(1, 2)  # (B, E, T) -> (B, T, E)
-            chosen = torch.zeros_like(norms, dtype=torch.bool).scatter(-1, norms.topk(hr, dim=-1).indices, True)
-            gates = torch.cat([gates[..., :hs], chosen.to(gates.dtype)], dim=-1)
-            return gates, chosen, None
-        if hs > 1:
-            g_s = hs * torch.softmax(self.shared_gate(x), dim=-1)  # (B, T, hs)
-        else:
-            g_s = x.new_ones(B, T, hs)
-        if hr == 0:
-            return g_s, None, None
-        p = torch.softmax(self.routed_gate(x), dim=-1)  # (B, T, E)
-        top_p, top_i = p.topk(hr, dim=-1)
-        chosen = torch.zeros_like(p, dtype=torch.bool).scatter(-1, top_i, True)
-        denom = top_p.sum(-1, keepdim=True).clamp(min=torch.finfo(p.dtype).eps)
-        g_r = hr * torch.where(chosen, p, 0.0) / denom
-        if hs:
-            w = 2 * torch.softmax(self.mix_gate(x), dim=-1)  # (B, T, 2)
-            gates = torch.cat([w[..., :1] * g_s, w[..., 1:] * g_r], dim=-1)
-        else:
-            gates = g_r
-        return gates, (None if hr == E else chosen), p
+        return route(self, x, q)
 
     @staticmethod
     def balance_loss(p: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """l_aux = E · sum_e mean(p[..., e]) · mean(chosen[..., e]); p, chosen [B, T, E]."""
-        E = p.shape[-1]
-        me = p.reshape(-1, E).mean(0)
-        ce = chosen.reshape(-1, E).to(p.dtype).mean(0)
-        return E * (me * ce).sum()
+        return balance_loss(p, chosen)
 
     # ------------------------------------------------------------------ forward
     def to_heads(self, query, key=None, value=None):

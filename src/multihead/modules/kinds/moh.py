@@ -343,7 +343,9 @@ class MoHAttention(AttentionLayer):
         most rows any (batch row, routed head) received, so the work it
         actually does is 2·B·(hs·T + E·M)·S·(D + D) (non-causal); with
         balanced routing M is close to its expectation hr·T/E (inside
-        ``torch.compile``, where M would need a host sync, M = T).
+        ``torch.compile``, where M would need a host sync, M = T). Causal
+        rows longer than one block of L positions are padded per block
+        (M_c rows in block c), each seeing c·L + L keys (``moh_causal``).
         """
         S = T if S is None else S
         H, G, D, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim

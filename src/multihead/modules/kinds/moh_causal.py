@@ -73,7 +73,7 @@ class _CUDAKernel:
     def backward(grad, q, k, v, out, lse, state, causal, scale, bias=None):
         seed, offset = state
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            grad, q, k, v, _aligned(bias), out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
+            grad.contiguous(), q, k, v, _aligned(bias), out.contiguous(), lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
         )
         return dq, dk, dv
 

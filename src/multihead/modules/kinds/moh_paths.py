@@ -76,6 +76,8 @@ def sparse_heads(q, k, v, gates, chosen, mask, core, *, shared_heads: int):
     if blocked:
         if ks.shape[1] != E:  # grouped keys: one key/value head per routed query head
             ks, vs = (t.repeat_interleave(E // t.shape[1], dim=1) for t in (ks, vs))
+        elif len(sizes) >= 4:  # every block re-reads its prefix: strided keys (the fused projection's) cost more
+            ks, vs = ks.contiguous(), vs.contiguous()
         o = block_causal_rows(rows, qr, ks, vs, tok, sizes, BLOCK, offset)  # (B, E, N, Dv)
     else:
         rows_mask = row_mask(head_slice(mask, hs, H), tok, S, offset if core["is_causal"] else None)

@@ -91,14 +91,16 @@ SETTINGS = [
 def test_long_causal_sparse_matches_dense_and_gradients_reach_router_and_projections(kw, monkeypatch):
     calls = count_block_calls(monkeypatch)
     m = make(**kw).train()
-    T = moh_causal.BLOCK * 2 + 17  # three blocks, the last one short
+    T = moh_causal.BLOCK * 3 + 17  # four blocks, the last one short (keys copied contiguous)
     x = torch.randn(2, T, m.embed_dim, dtype=F64)
     results = []
     for path in ("sparse", "dense"):
         xi = x.clone().requires_grad_(True)
         m.zero_grad()
         y = m(xi, is_causal=True, path=path)
-        (y.pow(2).sum() + m.aux_loss()).backward()
+        # mean, not sum: with routed_heads=1 the output's gradient to routed_gate is 0 up to rounding (p / p),
+        # which a sum over 1570 rows would lift above the float64 tolerance of the aux loss's gradient
+        (y.pow(2).mean() + m.aux_loss()).backward()
         results.append((y.detach(), xi.grad, {n: p.grad.clone() for n, p in m.named_parameters()}))
     assert len(calls) == 1  # the sparse call ran in blocks
     (ys, gs, ps), (yd, gd, pd) = results

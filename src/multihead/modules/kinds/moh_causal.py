@@ -9,15 +9,20 @@ keys are split at its block's start::
 
     block c = positions [cL, (c+1)L)          keys:  0 ........ cL+off | cL+off .. (c+1)L+off
     prefix:   the block's chosen rows [B, E, M_c, D]   all visible: no mask, only chosen rows
-    diagonal: every row of the block [B, E·nb, L, D]                the kernel's is_causal
+    diagonal: "causal"  every row of the block [B, E·nb, L, D], the kernel's is_causal (CUDA)
+              "masked"  the chosen rows [B, E, M_c, D] with a (M_c, L) bias (CPU)
+              "joined"  no split: the chosen rows x keys 0 .. (c+1)L+off, the last L masked
     merged:   o = Σ_part exp(lse_part - lse) · o_part,  lse = logaddexp over the parts
 
 so the prefix (most of the work for long sequences) costs only the chosen
-rows and the diagonal (L/2 keys per row) runs the fused causal kernel, which
-skips the hidden half. The kernel's log-sum-exp comes from torch's flash
-kernel (CPU) or memory-efficient kernel (CUDA) ops, which return it; the
-backward is the kernels' own backward with the merged output and log-sum-exp
-(a part's probabilities are exp(scores - merged lse)), so gradients are exact.
+rows and no (rows, S) mask is built. On CPU the causal kernel saves little
+on blocks this small and the bias is cheap, so "masked" is the default
+there; on CUDA the causal kernel skips the hidden half of each diagonal
+block (docs/benchmarks.md has the CPU measurements of all three). The
+log-sum-exp comes from torch's flash kernel (CPU) or memory-efficient
+kernel (CUDA) ops, which return it; the backward is the kernels' own
+backward with the merged output and log-sum-exp (a part's probabilities
+are exp(scores - merged lse)), so gradients are exact.
 
 Shapes: q [B, E, T, D] (the routed heads' queries), k, v [B, E, S, D] (one
 key/value head per query head), rows [B, E, N, D] gathered at ``tok``
@@ -32,7 +37,7 @@ import math
 
 import torch
 
-__all__ = ["BLOCK", "block_causal_rows", "block_plan", "kernels_for"]
+__all__ = ["BLOCK", "DIAGONALS", "block_causal_rows", "block_plan", "kernels_for"]
 
 DIAGONALS = ("causal", "masked", "joined")
 BLOCK = 256  # positions per block (measured on CPU: 256 a few % faster than 128 and 64 at T = 512 and 2048)

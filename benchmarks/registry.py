@@ -56,7 +56,7 @@ class Contenders(dict):
         not_timed: name -> (status, reason) of a contender left out, status
             one of "missing" (an optional peer not installed), "refused"
             (its outputs differ from the others'), "n/a" (it cannot run this
-            scenario).
+            scenario), "failed" (its first call raised, e.g. no kernel).
         flops: name -> FLOPs of one step (the useful work of the scenario,
             the same for every contender computing the same thing).
         notes: name -> {figure: value} measured during setup (e.g. peak

@@ -18,7 +18,7 @@ from typing import Any
 
 from .timing import fmt_ms
 
-__all__ = ["extra_sections", "peak_for", "throughput"]
+__all__ = ["extra_sections", "peak_for", "ratio_matrix", "throughput"]
 
 
 def peak_for(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -52,9 +52,29 @@ def throughput(flops: dict[str, float], summary: dict[str, dict], peak: dict | N
     return out
 
 
+def ratio_matrix(record: dict[str, Any]) -> list[str]:
+    """One row per compared pair, one column per scenario: the per-round
+    median ratio (a blank where the pair was not timed in that scenario)."""
+    timed = [res for res in record["results"] if res.get("ratios")]
+    if len(timed) < 2:
+        return []
+    pairs: dict[str, dict[str, float]] = {}
+    for res in timed:
+        for name, ratio in res["ratios"].items():
+            num, den = ratio.get("numerator", name), ratio.get("denominator", res["baseline"])
+            pairs.setdefault(f"{num} / {den}", {})[res["scenario"]] = ratio["per_round"]["median"]
+    head = [res["scenario"] for res in timed]
+    out = ["", "Per-round median ratios, one column per scenario:", "",
+           "| ratio | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]  # fmt: skip
+    for pair, cells in pairs.items():
+        out.append(f"| {pair} | " + " | ".join(f"{cells[h]:.3f}" if h in cells else "" for h in head) + " |")
+    return out
+
+
 def extra_sections(record: dict[str, Any]) -> list[str]:
-    """Throughput against the GEMM peak, contenders not timed, setup figures."""
-    out: list[str] = []
+    """Ratios by scenario, throughput against the GEMM peak, contenders not
+    timed, setup figures."""
+    out: list[str] = ratio_matrix(record)
     rows = [(res, name, t) for res in record["results"] for name, t in res.get("throughput", {}).items()]
     if rows:
         out += ["", "| scenario | contender | GFLOP per step | median ms | TFLOP/s | of GEMM peak | time / FLOP floor |",

@@ -10,8 +10,10 @@ and the float64 NumPy reference.
 
 Before anything is timed, every peer's output (and in fwd+bwd its input
 gradient) is compared with multihead's (``peers.disagreement``); a peer
-that differs is refused (recorded, never timed), one whose package is
-missing or that cannot run the scenario (causal-only forms in a
+that differs is refused (recorded, never timed), one that raises a
+RuntimeError on its first call (an SDPA backend with no kernel for these
+inputs) is recorded as failed, one whose package is missing or that cannot
+run the scenario (causal-only forms in a
 non-causal scenario, the NumPy reference under backward, CUDA-only
 backends on CPU) is recorded as such. Ratios are multihead / peer
 (below 1: multihead is faster).
@@ -106,14 +108,20 @@ def peer_steps(config: dict[str, Any], names: list[str]) -> Contenders:
 
     inputs = {name: x.clone().requires_grad_(True) for name in peers} if train else {}
     results = {}
-    for name, peer in peers.items():
-        if train:
-            train_step(peer, inputs[name])()
-            with torch.no_grad():
-                results[name] = (peer.fn(x), inputs[name].grad)
-        else:
-            with torch.no_grad():
-                results[name] = (peer.fn(x), None)
+    for name, peer in list(peers.items()):
+        try:
+            if train:
+                train_step(peer, inputs[name])()
+                with torch.no_grad():
+                    results[name] = (peer.fn(x), inputs[name].grad)
+            else:
+                with torch.no_grad():
+                    results[name] = (peer.fn(x), None)
+        except RuntimeError as e:  # e.g. an SDPA backend without a kernel for these inputs
+            if name == subject:
+                raise
+            out.not_timed[name] = ("failed", str(e).strip().splitlines()[0][:300])
+            del peers[name]
     want_y, want_g = results[subject]
     flops = layer_flops(config)
     for name, peer in peers.items():

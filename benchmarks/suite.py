@@ -63,16 +63,16 @@ PLANS: dict[str, list[Item]] = {
 
 
 def run_plan(plan: str, *, out: Path | None, threads: int | None = None, only: list[str] | None = None,
-             dry: bool = False, log=print) -> list[dict[str, Any]]:  # fmt: skip
+             dry: bool = False, extra: dict[str, Any] | None = None, log=print) -> list[dict[str, Any]]:  # fmt: skip
     """Run every item of ``PLANS[plan]`` (only the cases in ``only`` when
-    given); write each record under ``out`` (None: write nothing); return
-    the records."""
+    given, with ``extra`` config overrides on top of the plan's); write each
+    record under ``out`` (None: write nothing); return the records."""
     cases = load_cases()
     records = []
     for name, scenarios, overrides, quick in PLANS[plan]:
         if only and name not in only:
             continue
-        overrides = {**overrides, **({"threads": threads} if threads is not None else {})}
+        overrides = {**overrides, **(extra or {}), **({"threads": threads} if threads is not None else {})}
         record = run_case(cases[name], quick=quick, overrides=overrides, scenarios=scenarios, log=log, dry=dry)
         record["command"] = "python -m benchmarks.suite " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         if out is not None:

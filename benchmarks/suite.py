@@ -55,7 +55,7 @@ PLANS: dict[str, list[Item]] = {
         ("mha_vs_torch", None, {}, False),
     ],
     "cuda": [
-        ("attention_peers", ["forward, causal", "fwd+bwd, causal", "forward, non-causal"], CUDA, False),
+        ("attention_peers", ["forward, causal", "fwd+bwd, causal"], CUDA, False),
         ("long_context", None, {**CUDA, "rounds": 5, "number": 3}, False),
         ("kinds_vs_mha", None, {**CUDA, "batch": 8, "seq": 1024}, False),
     ],

@@ -9,10 +9,14 @@ default) at the book configuration (B=8, T=1024, C=768, H=12, float32):
 * FLOPs from the module's own cost accounting (``cost(T, batch=B,
   causal=...)``: projections and attention core, matrix products only,
   visible pairs only);
-* the GEMM peak from ``multihead.tools.machine_limits`` (this device, this
-  thread count); the FLOP floor is FLOPs / peak;
-* the median forward time of ``--rounds`` calls (after one warm-up) and its
-  multiple of the floor;
+* the GEMM peak measured in the same rounds as the forward: each round
+  times the best of two 2048 x 2048 float32 matrix products (the size
+  ``multihead.tools.machine_limits`` uses on CPU), then one forward, so a
+  shared machine's load falls on both; the FLOP floor of a round is
+  FLOPs / that round's peak, and the figure reported is the median over
+  rounds of forward time / floor. The cached peak of ``machine_limits``
+  (measured once, maybe on a quieter machine) is printed beside it;
+* the median forward time of ``--rounds`` calls (after one warm-up);
 * a profile (``torch.profiler``, median over the rounds of each operator's
   self CPU time) grouped into projections (``addmm``/``mm``), the attention
   kernel (SDPA), the non-finite check (``sum``, ``isfinite``, the host
@@ -36,6 +40,8 @@ from torch.profiler import ProfilerActivity, profile
 
 import multihead
 from multihead.tools.machine_limits import machine_limits
+
+from .run import load_average
 
 GROUPS = (
     ("projections (addmm, mm)", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul")),
@@ -71,9 +77,18 @@ def measure(args) -> dict:
         with torch.no_grad():
             m(x, is_causal=causal)
 
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
     forward()
-    times = []
+    a @ b
+    times, peaks = [], []
     for _ in range(args.rounds):
+        gemm = []
+        for _ in range(2):
+            start = time.perf_counter()
+            a @ b
+            gemm.append(time.perf_counter() - start)
+        peaks.append(2 * n**3 / min(gemm))
         start = time.perf_counter()
         forward()
         times.append(time.perf_counter() - start)
@@ -86,7 +101,8 @@ def measure(args) -> dict:
     groups: dict[str, float] = defaultdict(float)
     for op, xs in per_op.items():
         groups[group_of(op)] += statistics.median(xs)
-    return {"cost": cost, "peak": peak, "limits": limits, "times": times, "groups": dict(groups),
+    return {"cost": cost, "peak": statistics.median(peaks), "cached_peak": peak, "limits": limits, "times": times,
+            "multiples": [t / (cost.total_flops / p) for t, p in zip(times, peaks)], "groups": dict(groups),
             "ops": {op: statistics.median(xs) for op, xs in per_op.items()}}  # fmt: skip
 
 
@@ -94,16 +110,21 @@ def report(args, r: dict) -> str:
     cost, peak = r["cost"], r["peak"]
     median = statistics.median(r["times"])
     floor = cost.total_flops / peak
+    cached = r["cached_peak"]
+    multiples = sorted(r["multiples"])
     lines = [
         f"B={args.batch}, T={args.seq}, C={args.embed_dim}, H={args.heads}, "
         f"{'non-causal' if args.non_causal else 'causal'}, float32, {torch.get_num_threads()} threads; "
-        f"GEMM peak {peak / 1e9:.1f} GFLOP/s ({r['limits'].device}, measured {r['limits'].date})",
+        f"GEMM peak in these rounds (median) {peak / 1e9:.1f} GFLOP/s; cached by machine_limits "
+        f"{cached / 1e9:.1f} GFLOP/s ({r['limits'].device}, measured {r['limits'].date}); load {load_average()}",
         "",
-        "| FLOPs (GFLOP): projections + core = total | FLOP floor ms | forward median ms (min-max) | x floor |",
-        "|---|---|---|---|",
+        "| FLOPs (GFLOP): projections + core = total | FLOP floor ms | forward median ms (min-max) "
+        "| x floor, per round: median (min-max) | x cached-peak floor |",
+        "|---|---|---|---|---|",
         f"| {cost.projection_flops / 1e9:.2f} + {cost.core_flops / 1e9:.2f} = {cost.total_flops / 1e9:.2f} "
         f"| {floor * 1e3:.1f} | {median * 1e3:.1f} ({min(r['times']) * 1e3:.1f}-{max(r['times']) * 1e3:.1f}) "
-        f"| {median / floor:.2f}x |",
+        f"| {statistics.median(multiples):.2f}x ({multiples[0]:.2f}-{multiples[-1]:.2f}) "
+        f"| {median / (cost.total_flops / cached):.2f}x |",
         "",
         "| where the time goes (profiled) | self CPU ms | share | GFLOP | GFLOP/s | x its floor |",
         "|---|---|---|---|---|---|",

@@ -1,10 +1,11 @@
 """The forward against its FLOP floor, and where the time goes.
 
     python -m benchmarks.forward_floor [--batch 8 --seq 1024 --embed-dim 768 --heads 12]
-                                       [--non-causal] [--threads N] [--rounds 7]
+                                       [--non-causal] [--no-bias] [--threads N] [--rounds 7]
 
 One ``multihead.MultiHeadAttention`` forward (eval, ``no_grad``; causal by
-default) at the book configuration (B=8, T=1024, C=768, H=12, float32):
+default; projections with biases unless ``--no-bias``) at the book
+configuration (B=8, T=1024, C=768, H=12, float32):
 
 * FLOPs from the module's own cost accounting (``cost(T, batch=B,
   causal=...)``: projections and attention core, matrix products only,
@@ -66,7 +67,7 @@ def group_of(op: str) -> str:
 def measure(args) -> dict:
     torch.manual_seed(0)
     B, T, C, H = args.batch, args.seq, args.embed_dim, args.heads
-    m = multihead.MultiHeadAttention(C, H).eval()
+    m = multihead.MultiHeadAttention(C, H, qkv_bias=not args.no_bias, out_bias=not args.no_bias).eval()
     x = torch.randn(B, T, C)
     causal = not args.non_causal
     cost = m.cost(T, batch=B, causal=causal)
@@ -114,7 +115,8 @@ def report(args, r: dict) -> str:
     multiples = sorted(r["multiples"])
     lines = [
         f"B={args.batch}, T={args.seq}, C={args.embed_dim}, H={args.heads}, "
-        f"{'non-causal' if args.non_causal else 'causal'}, float32, {torch.get_num_threads()} threads; "
+        f"{'non-causal' if args.non_causal else 'causal'}, {'no biases' if args.no_bias else 'biases'}, float32, "
+        f"{torch.get_num_threads()} threads; "
         f"GEMM peak in these rounds (median) {peak / 1e9:.1f} GFLOP/s; cached by machine_limits "
         f"{cached / 1e9:.1f} GFLOP/s ({r['limits'].device}, measured {r['limits'].date}); load {load_average()}",
         "",
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embed-dim", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--non-causal", action="store_true")
+    parser.add_argument("--no-bias", action="store_true", help="projections without biases (as attention_peers)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--top", type=int, default=10, help="operators listed one by one")

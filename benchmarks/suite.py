@@ -4,6 +4,7 @@
     python -m benchmarks.suite --plan full          # every case at its full sizes (about an hour on 2 cores)
     python -m benchmarks.suite --plan cuda --out DIR   # the CUDA subset (bfloat16), a few minutes on an H100
     python -m benchmarks.suite --check              # set up and call every step once, time nothing
+    python -m benchmarks.suite --set rounds=5       # a config override for every case of the plan
 
 Each case of the plan runs through ``benchmarks.run.run_case`` and writes
 its own ``<out>/<case>-<timestamp>.json/.md/.png``; the suite then writes
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .registry import load_cases
-from .run import RESULTS, markdown_report, run_case, write_atomic, write_record
+from .run import RESULTS, _parse_set, markdown_report, run_case, write_atomic, write_record
 
 __all__ = ["PLANS", "main", "run_plan"]
 
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for every case")
     parser.add_argument("--only", action="append", help="run only this case of the plan (repeatable)")
     parser.add_argument("--check", action="store_true", help="set up and call every step once; time nothing")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key in every case of the plan (a Python literal)")
     args = parser.parse_args(argv)
     planned = [item[0] for item in PLANS[args.plan]]
     unknown = [c for c in args.only or [] if c not in planned]
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     stamp = dt.datetime.now().strftime("%Y%m%dT%H%M%S")
-    records = run_plan(args.plan, out=args.out, threads=args.threads, only=args.only, dry=args.check, log=log)
+    records = run_plan(args.plan, out=args.out, threads=args.threads, only=args.only, dry=args.check,
+                       extra=_parse_set(args.set), log=log)  # fmt: skip
     summary = "\n\n".join(markdown_report(r) for r in records)
     print(summary)
     base = args.out / f"suite-{args.plan}-{stamp}"

@@ -1,53 +1,71 @@
-"""What a report says beside the times: FLOP/s against the measured GEMM
-peak, the contenders not timed and why, and figures measured during setup.
+"""What a report says beside the times: FLOP/s against the GEMM peak
+measured in the same rounds, the contenders not timed and why, and figures
+measured during setup.
 
-    peak_for(config)                      # {"flop_per_s": ..., "device": ...} or None
-    throughput(flops, summary, peak)      # per contender: FLOP/s, of peak, x floor
+    PEAK                                  # the name of the peak's step among the contenders
+    peak_step(config)                     # a zero-arg step: one square matrix product, or None
+    throughput(flops, samples, peak)      # per contender: FLOP/s, of peak, x floor
     extra_sections(record)                # markdown lines for the report
 
-The FLOP floor of a step is its FLOPs divided by the GEMM peak
-(``multihead.tools.machine_limits``: the best large square matrix product
-torch runs on this device at this thread count): no kernel doing that many
-matrix-product FLOPs runs faster. "time / FLOP floor" is the median time
-over that floor.
+The GEMM peak is timed as one more contender, alternating with the others
+round by round, so a shared machine's load falls on it as on them: the
+product ``multihead.tools.machine_limits`` times (n x n, n = 2048 on CPU in
+float32, 1024 in 16-bit types, 8192 on CUDA) at the scenario's device and
+dtype, 2·n³ FLOPs. The FLOP floor of a step in round i is its FLOPs over
+that round's peak: no kernel doing that many matrix-product FLOPs runs
+faster. "time / FLOP floor" is the median over rounds of time / floor; "of
+GEMM peak" is the contender's FLOP/s at its median time over the median
+peak. The peak's step is left out of the ratios and the chart.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
+
+import torch
 
 from .timing import fmt_ms
 
-__all__ = ["extra_sections", "peak_for", "ratio_matrix", "throughput"]
+__all__ = ["PEAK", "extra_sections", "peak_step", "ratio_matrix", "throughput"]
+
+PEAK = "gemm peak"
 
 
-def peak_for(config: dict[str, Any]) -> dict[str, Any] | None:
-    """The measured GEMM peak of the scenario's device and dtype
-    (``multihead.tools.machine_limits``, cached), or None when the config
-    does not ask for it (``peak``: False) or names no dtype."""
+def peak_step(config: dict[str, Any]):
+    """One n x n product at the scenario's device and dtype (2·n³ FLOPs), or
+    None when the config does not ask for the peak (``peak``: False) or
+    names no dtype. Returns (step, flops). ``peak_n`` in the config sets n."""
     if not config.get("peak") or "dtype" not in config:
         return None
-    from multihead.tools.machine_limits import machine_limits
+    device = str(config.get("device", "cpu"))
+    dtype = getattr(torch, str(config["dtype"]))
+    n = config.get("peak_n") or (8192 if device.startswith("cuda") else 2048 if dtype == torch.float32 else 1024)
+    n = int(n)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
 
-    device = "cuda" if str(config.get("device", "cpu")).startswith("cuda") else "cpu"
-    limits = machine_limits(device, [str(config["dtype"])])
-    return {"device": limits.device, "dtype": str(config["dtype"]), "threads": limits.threads,
-            "date": limits.date, "flop_per_s": limits.peak_flops[str(config["dtype"])]}  # fmt: skip
+    def step() -> None:
+        a @ b
+
+    return step, 2 * n**3
 
 
-def throughput(flops: dict[str, float], summary: dict[str, dict], peak: dict | None) -> dict[str, dict]:
+def throughput(flops: dict[str, float], samples: dict[str, list[float]],
+               peak: dict[str, Any] | None) -> dict[str, dict]:  # fmt: skip
     """Per timed contender with a FLOP count: FLOP/s at its median time and,
-    against the GEMM peak, the fraction of it and the time over the FLOP
-    floor (FLOPs / peak)."""
+    when ``peak`` ({"flops": per product, "samples_s": per round}) is given,
+    the fraction of the median peak and the median per-round time / floor."""
     out = {}
+    peaks = [peak["flops"] / t for t in peak["samples_s"]] if peak else []
     for name, f in flops.items():
-        if name not in summary:
+        if name not in samples:
             continue
-        median = summary[name]["median"]
+        median = statistics.median(samples[name])
         row: dict[str, float] = {"flops": f, "flop_per_s": f / median}
-        if peak:
-            row["of_peak"] = row["flop_per_s"] / peak["flop_per_s"]
-            row["floor_multiple"] = median / (f / peak["flop_per_s"])
+        if peaks:
+            row["of_peak"] = row["flop_per_s"] / statistics.median(peaks)
+            row["floor_multiple"] = statistics.median(t / (f / p) for t, p in zip(samples[name], peaks))
         out[name] = row
     return out
 
@@ -84,10 +102,11 @@ def extra_sections(record: dict[str, Any]) -> list[str]:
             floor = f"{t['floor_multiple']:.2f}x" if "floor_multiple" in t else "-"
             out.append(f"| {res['scenario']} | {name} | {t['flops'] / 1e9:.2f} | {fmt_ms(res['summary_s'][name]['median'])} "
                        f"| {t['flop_per_s'] / 1e12:.3f} | {of_peak} | {floor} |")  # fmt: skip
-        peaks = {(p["device"], p["dtype"]): p for res in record["results"] if (p := res.get("peak"))}
-        for p in peaks.values():
-            out.append(f"\nGEMM peak ({p['device']}, {p['dtype']}, {p['threads']} threads, measured {p['date']} "
-                       f"by multihead.tools.machine_limits): {p['flop_per_s'] / 1e12:.3f} TFLOP/s")  # fmt: skip
+        for res in record["results"]:
+            if p := res.get("peak"):
+                out.append(f"\n{res['scenario']}: GEMM peak in the same rounds ({p['n']} x {p['n']} {p['dtype']} "
+                           f"products): median {p['flop_per_s'] / 1e12:.3f} TFLOP/s "
+                           f"(range {p['min_flop_per_s'] / 1e12:.3f}-{p['max_flop_per_s'] / 1e12:.3f})")  # fmt: skip
     skipped = [(res["scenario"], n, w) for res in record["results"] for n, w in res.get("not_timed", {}).items()]
     if skipped:
         out += ["", "Not timed:", ""]

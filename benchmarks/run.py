@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from .registry import Case, load_cases
-from .report_extras import extra_sections, peak_for, throughput
+from .report_extras import PEAK, extra_sections, peak_step, throughput
 from .timing import compare, fmt_ms, summarize, threads, time_alternating
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -135,6 +136,9 @@ def run_case(
                                 "load_average_before": load_average()})  # fmt: skip
                 del steps
                 continue
+            gemm = peak_step(config) if entry["flops"] else None
+            if gemm is not None:
+                steps[PEAK] = gemm[0]
             log(f"[{case.name}] {scenario}: contenders {list(steps)}, "
                 f"warmup {config['warmup']}, rounds {config['rounds']}, number {config['number']}, "
                 f"threads {num_threads}")
@@ -154,7 +158,13 @@ def run_case(
             )
             load_after = load_average()
             del steps
-            peak = peak_for(config) if entry["flops"] else None
+        peak = None
+        if gemm is not None:
+            per_round = [gemm[1] / t for t in samples[PEAK]]
+            n = round((gemm[1] / 2) ** (1 / 3))
+            peak = {"flops": gemm[1], "n": n, "dtype": str(config["dtype"]), "samples_s": samples.pop(PEAK),
+                    "flop_per_s": statistics.median(per_round), "min_flop_per_s": min(per_round),
+                    "max_flop_per_s": max(per_round)}  # fmt: skip
         summary = {name: summarize(xs) for name, xs in samples.items()}
         if case.subject:
             ratios = {name: {**compare(samples[baseline], xs), "numerator": baseline, "denominator": name}
@@ -173,7 +183,7 @@ def run_case(
                 "summary_s": summary,
                 "ratios": ratios,
                 "peak": peak,
-                "throughput": throughput(entry["flops"], summary, peak),
+                "throughput": throughput(entry["flops"], samples, peak),
             }
         )
     return {

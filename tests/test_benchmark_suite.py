@@ -126,10 +126,28 @@ def test_flops_are_the_layer_cost_and_the_floor_is_time_over_flops_per_peak():
     core = 2 * 2 * 4 * 36 * (4 + 4)
     assert attention_peers.layer_flops(config) == projections + core
     assert attention_peers.layer_flops({**config, "mode": "train"}) == 3 * (projections + core)
-    t = throughput({"a": 1e9}, {"a": {"median": 0.02}}, {"flop_per_s": 1e11})["a"]
-    assert t["flop_per_s"] == pytest.approx(5e10)
-    assert t["of_peak"] == pytest.approx(0.5)
-    assert t["floor_multiple"] == pytest.approx(2.0)
+    # the floor of each round is FLOPs over that round's GEMM peak: round 3's slow step has no slow GEMM beside it
+    peak = {"flops": 2e9, "samples_s": [0.02, 0.04, 0.02]}  # 1e11, 5e10, 1e11 FLOP/s
+    t = throughput({"a": 1e9}, {"a": [0.02, 0.04, 0.05]}, peak)["a"]
+    assert t["flop_per_s"] == pytest.approx(1e9 / 0.04)
+    assert t["of_peak"] == pytest.approx((1e9 / 0.04) / 1e11)
+    assert t["floor_multiple"] == pytest.approx(2.0)  # per round: 2, 2, 5
+    assert "of_peak" not in throughput({"a": 1e9}, {"a": [0.02]}, None)["a"]
+
+
+def test_a_timed_run_reports_the_peak_beside_the_contenders_not_among_them():
+    overrides = {**TINY, "peers": ["multihead", "sdpa_floor"], "peak": True, "peak_n": 256, "rounds": 2,
+                 "warmup": 0}  # fmt: skip
+    record = run.run_case(_peers_case(), overrides=overrides, scenarios=["forward, causal"], log=_quiet)
+    res = record["results"][0]
+    assert res["order"] == ["multihead", "sdpa_floor"]
+    assert list(res["ratios"]) == ["sdpa_floor"]
+    assert res["ratios"]["sdpa_floor"]["numerator"] == "multihead"
+    assert res["peak"]["n"] == 256 and len(res["peak"]["samples_s"]) == 2
+    assert set(res["throughput"]) == {"multihead", "sdpa_floor"}
+    assert all(t["floor_multiple"] > 0 for t in res["throughput"].values())
+    report = run.markdown_report(record)
+    assert "GEMM peak in the same rounds (256 x 256 float32 products)" in report
 
 
 def test_ratio_chart_is_written_in_one_piece(tmp_path):

@@ -7,17 +7,17 @@ as in the report's table) with its interquartile range as an error bar; a
 line marks 1 (equal time). Below 1 the numerator is faster. The figure's
 title and footer carry the command, machine, date and load average of
 each record, so the PNG says where its numbers come from on its own.
-The PNG is written to a temporary name next to ``path`` and moved into
-place with ``os.replace``.
+The PNG is written by ``multihead.io.write_atomic`` (staged beside
+``path``, then renamed over it, with the mode a plain open() gives).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
+
+from multihead.io import write_atomic
 
 __all__ = ["ratio_bars", "ratio_chart"]
 
@@ -79,15 +79,8 @@ def ratio_chart(records: list[dict[str, Any]], path: Path) -> Path:
     fig.tight_layout(rect=(0, min(0.5, 0.12 * lines / height + 0.01), 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=110)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        write_atomic(path, lambda staged: fig.savefig(staged, format="png", dpi=110))
     finally:
         plt.close(fig)
     return path

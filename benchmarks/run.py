@@ -24,7 +24,6 @@ import platform
 import shlex
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -262,17 +261,12 @@ def markdown_report(record: dict[str, Any]) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file next to ``path``, then os.replace."""
+    """Write ``text`` to ``path`` through a staged file renamed into place
+    (``multihead.io.write_text_atomic``: the usual file mode, fsynced)."""
+    from multihead.io import write_text_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, text)
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:

@@ -44,7 +44,7 @@ ALL_PEERS = [*BOOK_PEERS, "tutorial_per_head", "numpy_reference"]
 CUDA_PEERS = ["multihead_compiled", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
 
 
-def _dtype(name: str) -> torch.dtype:
+def dtype_of(name: str) -> torch.dtype:
     dtype = getattr(torch, str(name), None)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"unknown dtype {name!r}")
@@ -69,7 +69,7 @@ def peer_steps(config: dict[str, Any], names: list[str]) -> Contenders:
     causal, mode = bool(config["causal"]), config["mode"]
     if mode not in ("forward", "train"):
         raise ValueError(f"mode must be 'forward' or 'train', got {mode!r}")
-    device, dtype = str(config.get("device", "cpu")), _dtype(config["dtype"])
+    device, dtype = str(config.get("device", "cpu")), dtype_of(config["dtype"])
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device 'cuda' asked for, but torch sees no CUDA device")
     train = mode == "train"

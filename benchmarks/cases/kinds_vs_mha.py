@@ -23,14 +23,14 @@ from typing import Any
 import torch
 
 from ..registry import Contenders, register
-from .attention_peers import _dtype
+from .attention_peers import dtype_of
 
 
 def setup_kinds(config: dict[str, Any]) -> Contenders:
     from multihead.modules.registry import build_attention, list_attention_kinds
 
     B, T, C, H = (int(config[k]) for k in ("batch", "seq", "embed_dim", "num_heads"))
-    device, dtype = str(config.get("device", "cpu")), _dtype(config["dtype"])
+    device, dtype = str(config.get("device", "cpu")), dtype_of(config["dtype"])
     train = config["mode"] == "train"
     kinds = list(config.get("kinds") or list_attention_kinds())
     kinds.sort(key=lambda k: k != "mha")  # the baseline first

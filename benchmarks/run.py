@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -310,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown case {args.case!r}; valid: {sorted(cases)}", file=sys.stderr)
         return 2
     case = cases[args.case]
+    if args.device is not None and "device" not in case.config:
+        takes = sorted(name for name, c in cases.items() if "device" in c.config)
+        print(f"case {args.case!r} runs on the CPU only and takes no --device; cases that do: {takes}", file=sys.stderr)
+        return 2
     overrides = _parse_set(args.set)
     for key in ("rounds", "warmup", "number", "threads", "device"):
         if getattr(args, key) is not None:
@@ -339,10 +344,13 @@ def write_record(record: dict[str, Any], report: str, out: Path, *, log=print) -
     write_atomic(base.with_suffix(".md"), report)
     wrote = [".json", ".md"]
     if any(res.get("ratios") for res in record["results"]):
-        from .chart import ratio_chart
+        if importlib.util.find_spec("matplotlib") is None:
+            log("no chart: matplotlib is not installed")
+        else:
+            from .chart import ratio_chart
 
-        ratio_chart([record], base.with_suffix(".png"))
-        wrote.append(".png")
+            ratio_chart([record], base.with_suffix(".png"))
+            wrote.append(".png")
     log(f"wrote {base}{{{','.join(wrote)}}}")
     return base
 

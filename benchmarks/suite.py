@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import shlex
 import sys
 from pathlib import Path
@@ -114,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     print(summary)
     base = args.out / f"suite-{args.plan}-{stamp}"
     write_atomic(base.with_suffix(".md"), summary)
-    if not args.check:
+    chart = not args.check and importlib.util.find_spec("matplotlib") is not None
+    if chart:
         from .chart import ratio_chart
 
         ratio_chart(records, base.with_suffix(".png"))
-    log(f"wrote {base}.md" + ("" if args.check else f" and {base}.png"))
+    log(f"wrote {base}.md" + (f" and {base}.png" if chart else ""))
     return 0
 
 

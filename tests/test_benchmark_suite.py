@@ -176,3 +176,26 @@ def test_peak_memory_sees_the_score_matrix_explicit_attention_holds():
     flash = peak_mib({**spec, "peer": "multihead"})
     assert explicit >= 16
     assert flash < explicit / 4
+
+
+def test_device_is_refused_for_a_case_that_runs_on_the_cpu_only(capsys):
+    assert run.main(["mha_vs_torch", "--device", "cuda", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "'mha_vs_torch' runs on the CPU only and takes no --device" in err
+    assert "'attention_peers'" in err and "'kinds_vs_mha'" in err and "'long_context'" in err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_peers_agree_in_bfloat16_and_memory_is_measured_on_the_device():
+    overrides = {**TINY, "device": "cuda", "dtype": "bfloat16", "peers": ["multihead", "sdpa_floor", "torch_mha"],
+                 "cuda_peers": ["sdpa_flash", "sdpa_efficient"]}  # fmt: skip
+    for scenario in ("forward, causal", "fwd+bwd, causal"):
+        res = run.run_case(_peers_case(), overrides=overrides, scenarios=[scenario], dry=True, log=_quiet)["results"][0]
+        assert not [n for n, w in res["not_timed"].items() if w["status"] == "refused"], res["not_timed"]
+        assert {"multihead", "sdpa_floor", "sdpa_flash"} <= set(res["order"])
+    spec = {"batch": 1, "seq": 1024, "embed_dim": 64, "num_heads": 4, "causal": False, "mode": "forward",
+            "dtype": "bfloat16", "device": "cuda", "seed": 0, "threads": 1}  # fmt: skip
+    explicit = peak_mib({**spec, "peer": "annotated"})  # (1, 4, 1024, 1024) bf16 scores: 8 MiB
+    assert explicit >= 8
+    assert peak_mib({**spec, "peer": "multihead"}) < explicit / 2

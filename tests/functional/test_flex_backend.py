@@ -195,10 +195,17 @@ def test_cuda_flex_forward_backward_and_weights_equal_math(dtype):
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-def test_cuda_auto_takes_flex_for_softcap_on_small_heads_and_equals_math(dtype):
-    """Softcap under auto on CUDA (flex), head width 8, T != S, bottom-right."""
-    q, k, v = (t.cuda() for t in make_qkv(np.random.default_rng(12), 2, 4, 2, 3, 9, 8, dtype=dtype))
+@pytest.mark.parametrize("D", [8, 16])
+def test_cuda_auto_takes_flex_for_softcap_from_head_width_16_and_equals_math(dtype, D):
+    """Softcap under auto on CUDA, T != S, bottom-right: flex from width 16, math below (seen on an
+    H100: torch's CUDA flex kernel refuses widths under 16)."""
+    q, k, v = (t.cuda() for t in make_qkv(np.random.default_rng(12), 2, 4, 2, 3, 9, D, dtype=dtype))
     call = dict(is_causal=True, causal_alignment="bottom_right", softcap=5.0, alibi_slopes=alibi_slopes(4, device="cuda"))
+    req = make_request(q, k, v, attn_mask=None, is_causal=True, causal_alignment="bottom_right", scale=None,
+                       dropout_p=0.0, training=False, return_weights=False, softcap=5.0)  # fmt: skip
+    assert select_backend("auto", req).name == ("flex" if D >= 16 else "math")
+    if D < 16:
+        assert any("below 16 on CUDA" in r for r in flex_backend.flex_not_supported(req))
     with torch.no_grad():
         torch.testing.assert_close(attention(q, k, v, **call), attention(q, k, v, backend="math", **call),
                                    atol=1e-4, rtol=1e-4)  # fmt: skip

@@ -165,7 +165,7 @@ def test_cuda_block_rows_match_cpu(diagonal):
     tok, _, sizes = block_plan(chosen, L)
     outs, grads = [], []
     for dev in ("cpu", "cuda"):
-        qd, kd, vd = (t.to(dev).requires_grad_(True) for t in (q, k, v))
+        qd, kd, vd = (t.detach().to(dev).requires_grad_(True) for t in (q, k, v))  # leaves on each device
         td = tok.to(dev)
         rows = qd.gather(2, td.unsqueeze(-1).expand(*td.shape, D))
         o = block_causal_rows(rows, qd, kd, vd, td, sizes, L, 0, diagonal=diagonal)

@@ -58,6 +58,9 @@ def flex_not_supported(req: AttentionRequest) -> list[str]:
         reasons.append(f"flex_attention is compiled here for CPU and CUDA only, not {device!r}")
     if req.dropout_p > 0.0:
         reasons.append(f"dropout in training (dropout_p={req.dropout_p}): flex_attention has no dropout")
+    D, Dv = req.q.shape[-1], req.v.shape[-1]
+    if device == "cuda" and min(D, Dv) < 16:  # torch's CUDA flex template (2.11-2.13)
+        reasons.append(f"head widths below 16 on CUDA (D={D}, Dv={Dv}): flex_attention's CUDA kernel needs 16 or more")
     if device == "cpu" and req.q.dtype == torch.float64:
         reasons.append("float64 on CPU: flex_attention's CPU kernel takes float32, float16 and bfloat16")
     if device == "cpu" and torch.compiler.is_compiling():

@@ -111,9 +111,22 @@ def _kernel_inputs(req: AttentionRequest):
     if q.device.type == "cuda" and G != H:
         k = k.repeat_interleave(H // G, dim=1)  # (B, G, S, D) -> (B, H, S, D): CUDA kernels take equal heads
         v = v.repeat_interleave(H // G, dim=1)
-    q, k, v = _unit_last_stride(q, k, v)
+    q, k, v = cuda_kernel_inputs(*_unit_last_stride(q, k, v))
     (mask,) = _unit_last_stride(mask) if mask is not None else (None,)
     return q, k, v, mask, native_causal, row_ok
+
+
+def cuda_kernel_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors as CUDA's fused kernels read them right: a CUDA tensor that is not
+    contiguous from a 16-byte aligned start is copied (a view into a fused projection
+    whose widths are not multiples of 8 elements gave wrong bfloat16 results on an
+    H100); CPU tensors and aligned ones are returned as they are."""
+    def ready(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_cuda or (t.is_contiguous() and t.data_ptr() % 16 == 0):
+            return t
+        return t.clone(memory_format=torch.contiguous_format)
+
+    return tuple(ready(t) for t in tensors)
 
 
 def _unit_last_stride(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -172,7 +185,7 @@ def lse_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
         if D != Dv:  # the CPU kernel needs equal head dims: zero columns change no score and add no output
             q, k = (F.pad(t, (0, max(D, Dv) - D)) for t in (q, k))
             v = F.pad(v, (0, max(D, Dv) - Dv))
-        q, k, v = _unit_last_stride(q, k, v)  # F.pad keeps a layout whose last stride may not be 1
+        q, k, v = cuda_kernel_inputs(*_unit_last_stride(q, k, v))  # F.pad keeps a layout whose last stride may not be 1
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out, lse = op(q, k, v, 0.0, causal, attn_mask=mask, scale=req.scale)
         out = out[..., :Dv]

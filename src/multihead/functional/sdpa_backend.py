@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .alibi import alibi_as_bias
-from .lse_backend import lse_attention, lse_not_supported
+from .lse_backend import cuda_kernel_inputs, lse_attention, lse_not_supported
 from .request import AttentionRequest
 
 __all__ = ["sdpa_attention", "sdpa_not_supported"]
@@ -118,6 +118,7 @@ def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
         if mask is not None:
             mask = _fold_mask(mask, B, H, G, T, S)
 
+    q, k, v = cuda_kernel_inputs(q, k, v)
     out = F.scaled_dot_product_attention(
         q,
         k,

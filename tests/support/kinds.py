@@ -20,6 +20,7 @@ from multihead.reference.dcmha import dcmha_attention, talking_heads_attention
 from multihead.reference.gated import hard_concrete_eval_gate
 from multihead.reference.moh import moh_learned_gates, moh_query_norm_gates
 from multihead.reference.overlapping import overlapped_heads
+from support.mla import mla_forward
 
 F64 = torch.float64
 C, H = 16, 4  # model width and query heads of every contract module (D = 4)
@@ -30,13 +31,14 @@ OPTIONS: dict[str, dict] = {
     "gated": {"num_kv_heads": 2},
     "gqa": {"num_kv_heads": 2},
     "mha": {},
+    "mla": {"q_lora_rank": 6, "kv_lora_rank": 10, "qk_nope_head_dim": 3, "qk_rope_head_dim": 4, "v_head_dim": 5},
     "moh": {"shared_heads": 2, "routed_heads": 1},  # every router gate exists; sparse path
     "mqa": {},
     "overlapping": {"overlap": 1},  # Dw = 6
     "talking_heads": {"chunk_size": 2},
 }
 LOSS_KINDS = {"moh", "gated"}  # kinds whose training forward has a loss term (aux_loss)
-SOFTMAX_KINDS = {"mha", "gqa", "mqa", "collaborative", "overlapping"}  # weights = softmax(scale q·kᵀ)
+SOFTMAX_KINDS = {"mha", "gqa", "mqa", "collaborative", "overlapping", "mla"}  # weights = softmax(scale q·kᵀ)
 COST_FORWARD = {"moh": {"path": "dense"}}  # forward options of the FLOP-counted call
 COST_OPTIONS = {"moh": {"active_heads": H}}  # cost() options describing that call
 
@@ -160,6 +162,8 @@ def numpy_forward(m, x, key=None, *, mask=None, is_causal=False, q_pos=None, k_p
 
     core = dict(mask=mask, is_causal=is_causal)
     kind = type(m).kind
+    if kind == "mla":  # its own reference, projections to output
+        return mla_forward(m, x, kv, q_pos=q_pos, k_pos=k_pos, rope=rope, norm=norm, **core)
     if kind == "collaborative":
         out, w = _collaborative(m, x, kv, normed, rotated, mask, is_causal)
     elif kind == "overlapping":

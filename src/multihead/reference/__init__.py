@@ -3,10 +3,10 @@
 ``basic`` holds the textbook forms (list of heads, vectorised, einsum);
 ``attention`` holds the general reference that torch code is tested against;
 one module per attention variant holds that variant in its paper's notation
-(``collaborative``, ``dcmha``, ``gated``, ``moh``, ``overlapping``).
+(``collaborative``, ``dcmha``, ``gated``, ``mla``, ``moh``, ``overlapping``).
 """
 
-from multihead.reference import collaborative, dcmha, gated, moh, overlapping
+from multihead.reference import collaborative, dcmha, gated, mla, moh, overlapping
 from multihead.reference.attention import attention, causal_mask
 from multihead.reference.basic import (
     multihead_attention_einsum,
@@ -19,6 +19,7 @@ from multihead.reference.basic import (
 from multihead.reference.collaborative import collaborative_attention
 from multihead.reference.dcmha import dcmha_attention, talking_heads_attention
 from multihead.reference.gated import gated_multihead_attention
+from multihead.reference.mla import mla_attention
 from multihead.reference.moh import moh_attention
 from multihead.reference.overlapping import overlapping_attention
 
@@ -38,6 +39,8 @@ __all__ = [
     "talking_heads_attention",
     "gated",
     "gated_multihead_attention",
+    "mla",
+    "mla_attention",
     "moh",
     "moh_attention",
     "overlapping",

@@ -117,6 +117,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         **options,
     ) -> None:
         super().__init__(embed_dim, num_heads, **options)
+        self.vdim = self.kdim  # a value tensor can only be the key tensor
         H, D = self.num_heads, self.head_dim
         if isinstance(q_lora_rank, bool) or not isinstance(q_lora_rank, int) or q_lora_rank < 0:
             raise ValueError(f"q_lora_rank must be an int >= 0 (0: no query bottleneck), got q_lora_rank={q_lora_rank!r}")

@@ -31,6 +31,7 @@ _CONVERTERS: dict[str, str] = {
     "mohsa_vit": "multihead.convert.mohsa",
     "collaborative": "multihead.convert.collaborative",
     "annotated_transformer": "multihead.convert.annotated",
+    "deepseek_v3_mla": "multihead.convert.deepseek_mla",
 }
 
 

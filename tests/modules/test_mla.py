@@ -231,3 +231,13 @@ def test_roofline_command_reports_each_paths_cache(machine_limits, tmp_path, cap
                                   "--attention-option", f"decode={decode}", "--context", "16", "--device", "cpu"])  # fmt: skip
         assert roofline.run(args) == 0
         assert f"KV cache: {per_layer * 4 * 2:,} bytes per token" in capsys.readouterr().out  # float32, 2 layers
+
+
+@pytest.mark.parametrize("original_seq_len", [8, 4096, 2 * math.pi * 10000**1.4])
+def test_yarn_frequencies_equal_the_references(original_seq_len):
+    from multihead.modules.kinds.mla_latent import yarn_frequencies, yarn_options
+    from multihead.reference.mla import yarn_theta
+
+    yarn = yarn_options({"factor": 40.0, "original_seq_len": original_seq_len})
+    got = yarn_frequencies(8, 10000.0, yarn).numpy()
+    np.testing.assert_allclose(got, yarn_theta(8, 10000.0, 40.0, original_seq_len), rtol=1e-14)

@@ -22,7 +22,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from multihead import build_attention
 from multihead.models.gpt import GPT, GPTConfig
 from multihead.modules.kinds.mla import MultiHeadLatentAttention
-from multihead.modules.kinds.mla_latent import LatentKVCache
+from multihead.modules.kinds.mla_latent import LatentKVCache, yarn_frequencies, yarn_options
+from multihead.reference.mla import yarn_theta
 from multihead.tools.capture import capture
 from multihead.tools.heads import mask_heads
 
@@ -235,9 +236,31 @@ def test_roofline_command_reports_each_paths_cache(machine_limits, tmp_path, cap
 
 @pytest.mark.parametrize("original_seq_len", [8, 4096, 2 * math.pi * 10000**1.4])
 def test_yarn_frequencies_equal_the_references(original_seq_len):
-    from multihead.modules.kinds.mla_latent import yarn_frequencies, yarn_options
-    from multihead.reference.mla import yarn_theta
-
     yarn = yarn_options({"factor": 40.0, "original_seq_len": original_seq_len})
     got = yarn_frequencies(8, 10000.0, yarn).numpy()
     np.testing.assert_allclose(got, yarn_theta(8, 10000.0, 40.0, original_seq_len), rtol=1e-14)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_paths_agree_with_each_other_and_with_float64_at_every_step(dtype):
+    """Prefill then one token at a time on the GPU, both paths, against the float64 CPU forward:
+    relative Frobenius error within 1e-5 (float32) or 2e-2 (bfloat16), the two paths within the same."""
+    ref = make(decode="naive", q_lora_rank=5, rope=True, qk_norm=True, yarn=YARN)
+    x = _x(2, 9)
+    want = ref(x, is_causal=True).detach()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    outs = {}
+    for decode in ("naive", "absorbed"):
+        m = make(decode=decode, q_lora_rank=5, rope=True, qk_norm=True, yarn=YARN).to("cuda", dtype)
+        cache = m.make_kv_cache(2, 9)
+        assert cache.k.device.type == "cuda" and cache.k.dtype == dtype
+        with torch.no_grad():
+            xs = x.to("cuda", dtype)
+            steps = [m(xs[:, :3], is_causal=True, kv_cache=cache)]
+            steps += [m(xs[:, t : t + 1], is_causal=True, kv_cache=cache) for t in range(3, 9)]
+        outs[decode] = torch.cat(steps, dim=1).double().cpu()
+        err = float((outs[decode] - want).norm() / want.norm())
+        assert err < tol, (decode, dtype, err)
+    err = float((outs["naive"] - outs["absorbed"]).norm() / want.norm())
+    assert err < tol, (dtype, err)

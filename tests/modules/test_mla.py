@@ -22,7 +22,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from multihead import build_attention
 from multihead.models.gpt import GPT, GPTConfig
 from multihead.modules.kinds.mla import MultiHeadLatentAttention
-from multihead.modules.kinds.mla_latent import LatentKVCache, yarn_frequencies, yarn_options
+from multihead.modules.kinds.mla_latent import yarn_frequencies, yarn_options
+from multihead.modules.kv_cache import LatentKVCache
 from multihead.reference.mla import yarn_theta
 from multihead.tools.capture import capture
 from multihead.tools.heads import mask_heads

@@ -8,6 +8,7 @@ in it, and so registers every kind (a new kind's file needs no line here).
     collaborative.py  CollaborativeAttention: "collaborative" (conversion in collaborative_compress.py)
     overlapping.py    OverlappingHeadAttention: "overlapping"
     gated.py          GatedHeadAttention: "gated"
+    mla.py            MultiHeadLatentAttention: "mla" (YaRN in mla_latent.py)
 """
 
 import importlib

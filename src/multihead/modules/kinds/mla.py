@@ -43,10 +43,10 @@ from ..._checks import positive_int
 from ..base import AttentionLayer
 from ..cost import AttentionCost, visible_pairs
 from ..head_selection import head_rows, load_selected
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, LatentKVCache
 from ..norms import HeadRMSNorm
 from ..registry import register_attention
-from .mla_latent import LatentKVCache, rotate, yarn_frequencies, yarn_mscale, yarn_options
+from .mla_latent import rotate, yarn_frequencies, yarn_mscale, yarn_options
 
 __all__ = ["MultiHeadLatentAttention"]
 

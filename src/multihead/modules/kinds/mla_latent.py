@@ -1,5 +1,6 @@
-"""Pieces of Multi-head Latent Attention (``mla.py``): YaRN rope frequencies,
-the rotation at given frequencies, and the latent cache of absorbed decoding.
+"""Pieces of Multi-head Latent Attention (``mla.py``): YaRN rope frequencies
+and the rotation at given frequencies (its cache, ``LatentKVCache``, is in
+``modules/kv_cache.py``).
 
 YaRN (Peng et al. 2023, as DeepSeek-V3's ``precompute_freqs_cis``) stretches
 the low frequencies of rope by ``factor`` and keeps the high ones, with a
@@ -24,9 +25,7 @@ import numbers
 
 import torch
 
-from ..kv_cache import KVCache, _patch_traced_length
-
-__all__ = ["LatentKVCache", "yarn_options", "yarn_frequencies", "yarn_mscale", "rotate"]
+__all__ = ["yarn_options", "yarn_frequencies", "yarn_mscale", "rotate"]
 
 _YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0}
 
@@ -95,50 +94,3 @@ def rotate(x: torch.Tensor, positions: torch.Tensor | None, freqs: torch.Tensor,
     a2, b2 = a * cos - b * sin, b * cos + a * sin
     rot = torch.stack((a2, b2), dim=-1).flatten(-2) if interleaved else torch.cat((a2, b2), dim=-1)
     return torch.cat((rot.to(x.dtype), x[..., r:]), dim=-1)
-
-
-class LatentKVCache(KVCache):
-    """The cache of absorbed decoding: per token the normalised latent c and the
-    rotated rope key, one row [c | k_R] of L + R channels shared by every head.
-
-    Args:
-        batch_size: B; max_len: S_max; latent_dim: L (kv_lora_rank);
-        rope_dim: R (qk_rope_head_dim); dtype, device: of the buffer.
-
-    Attributes:
-        k: [B, 1, S_max, L + R]; the values are its first L channels (no
-            second buffer). ``length``, ``reset``, ``check_append`` and
-            ``cross_source`` as :class:`KVCache`.
-    """
-
-    def __init__(self, batch_size: int, max_len: int, latent_dim: int, rope_dim: int, *, dtype=None, device=None):
-        torch.nn.Module.__init__(self)
-        _patch_traced_length()
-        self.latent_dim = latent_dim
-        self.max_len = max_len
-        self.length = 0
-        self.cross_source = None
-        shape = (batch_size, 1, max_len, latent_dim + rope_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-
-    def update(self, k: torch.Tensor, v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append k [B, 1, T, L + R]; return (keys [B, 1, length, L + R],
-        values [B, 1, length, L], a view of the keys' first L channels).
-
-        Raises:
-            ValueError: a shape other than the buffer's, or a write past capacity.
-        """
-        if k.dim() != 4 or k.shape[0] != self.k.shape[0] or k.shape[1] != 1 or k.shape[3] != self.k.shape[3]:
-            raise ValueError(f"latent cache holds rows (B, 1, T, {self.k.shape[3]}), got {tuple(k.shape)}")
-        start = self.length
-        self._check_room(k.shape[0], k.shape[2], start)
-        end = start + k.shape[2]
-        self.k[:, :, start:end] = k.detach()
-        self.length = end
-        keys = self.k[:, :, :end]
-        return keys, keys[..., : self.latent_dim]
-
-    def extra_repr(self) -> str:
-        B, _, S, W = self.k.shape
-        return f"batch_size={B}, max_len={S}, latent_dim={self.latent_dim}, rope_dim={W - self.latent_dim}, " \
-            f"length={self.length}"

@@ -16,7 +16,7 @@ import pytest
 import torch
 from support.attention import assert_matches
 from support.mla import mla_forward
-from support.paths import assert_paths_agree
+from support.paths import assert_cached_generation_agrees, assert_paths_agree
 from torch.utils.flop_counter import FlopCounterMode
 
 from multihead import build_attention
@@ -203,6 +203,27 @@ def test_gpt_capture_records_the_exact_weights_and_scores(decode):
     h = block.ln_1(model.token_embedding(idx) + model.position_embedding(torch.arange(6)))
     _, w = block.attn(h, is_causal=True, return_weights=True)
     assert torch.equal(layer.weights, w.detach())  # the same forward on the same input
+
+
+def test_a_gpt_trained_on_the_naive_path_decodes_on_the_absorbed_one():
+    cfg = GPTConfig(vocab_size=24, context_length=12, embed_dim=C, num_layers=2, num_heads=H, attention="mla",
+                    attention_options={**SIZES, "rope": True, "q_lora_rank": 4, "decode": "naive"})  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg, dtype=F64)
+    idx = torch.randint(0, 24, (2, 7), generator=torch.Generator().manual_seed(1))
+    loss = torch.nn.functional.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+    model.eval()
+    naive = model(idx)
+    for block in model.blocks:
+        block.attn.decode = "absorbed"
+    assert_paths_agree(model(idx), naive)
+    caches = model.make_kv_caches(2, 8)
+    assert all(isinstance(c, LatentKVCache) for c in caches)
+    assert_cached_generation_agrees(model, idx[:, :4], 3)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from .collaborative import CollaborativeAttention
 from .dcmha import DCMHA, TalkingHeadsAttention
 from .gated import GatedHeadAttention
 from .mha import MultiHeadAttention
+from .mla import MultiHeadLatentAttention
 from .moh import MoHAttention
 from .overlapping import OverlappingHeadAttention
 
@@ -29,6 +30,7 @@ __all__ = [
     "CollaborativeAttention",
     "OverlappingHeadAttention",
     "GatedHeadAttention",
+    "MultiHeadLatentAttention",
 ]
 
 for _module in pkgutil.iter_modules(__path__):

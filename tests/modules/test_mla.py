@@ -113,6 +113,19 @@ def test_naive_and_absorbed_agree_at_every_decoding_step(case, dtype):
     assert caches[0].length == caches[1].length == 9
 
 
+@pytest.mark.parametrize("decode", ["naive", "absorbed"])
+def test_yarn_with_per_row_positions_through_a_cache(decode):
+    m = make(decode=decode, **CASES["yarn"])
+    x = _x(2, 6)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])  # row 1 starts at position 7
+    want = _ref(m, x, q_pos=pos.numpy(), k_pos=pos.numpy(), is_causal=True)[0]
+    assert_matches(m(x, is_causal=True, positions=pos), want)
+    cache = m.make_kv_cache(2, 6)
+    parts = [m(x[:, :4], is_causal=True, positions=pos[:, :4], kv_cache=cache)]
+    parts += [m(x[:, t : t + 1], is_causal=True, positions=pos[:, t : t + 1], kv_cache=cache) for t in (4, 5)]
+    assert_matches(torch.cat(parts, dim=1), want)
+
+
 def test_caches_hold_what_each_path_needs_and_cost_says_so():
     for decode, per_token in (("naive", H * (5 + 4 + 3)), ("absorbed", 7 + 4)):
         m = make(decode=decode, rope=True)

@@ -159,8 +159,7 @@ def test_cost_matches_the_flop_counter_on_both_paths(decode, q_lora_rank):
 @pytest.mark.parametrize("decode", ["naive", "absorbed"])
 @pytest.mark.parametrize("q_lora_rank", [0, 4])
 def test_selected_heads_equal_the_others_masked(decode, q_lora_rank):
-    m = make(decode=decode, q_lora_rank=q_lora_rank, rope=True, qk_norm=True)
-    m.decode = "naive" if decode == "absorbed" else "absorbed"
+    m = make(decode="naive" if decode == "absorbed" else "absorbed", q_lora_rank=q_lora_rank, rope=True, qk_norm=True)
     m.decode = decode  # a path set after construction travels to the selection
     x = _x(2, 5)
     small = m.select_heads([0, 2])

@@ -93,6 +93,9 @@ def test_cross_attention_with_another_key_width(decode):
     assert_matches(m(x, mem, mem), _ref(m, x, mem)[0])
     with pytest.raises(ValueError, match="one latent of the key input"):
         m(x, mem, mem.clone())
+    cache = m.make_kv_cache(2, 6)  # the value given as the key tensor, filling and then reusing a cache
+    for _ in range(2):
+        assert_matches(m(x, mem, mem, kv_cache=cache), _ref(m, x, mem)[0])
 
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32])

@@ -187,7 +187,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         kv = self.kv_a_proj(key)  # (B, S, L + R)
         c, k_r = self.kv_a_norm(kv[..., :L]), kv[..., L:].unsqueeze(1)  # (B, S, L), (B, 1, S, R)
         if self.decode == "naive":
-            up = self.kv_b_proj(c).view(B, S, H, -1).transpose(1, 2)  # (B, S, H*(Dn+Dv)) -> (B, H, S, Dn+Dv)
+            up = self.kv_b_proj(c).view(B, S, H, Dn + self.v_head_dim).transpose(1, 2)  # (B, S, H*(Dn+Dv)) -> (B, H, S, Dn+Dv)
             k = torch.cat([up[..., :Dn], k_r.expand(B, H, S, R)], dim=-1)  # (B, H, S, Dn + R)
             return q, k, up[..., Dn:]
         W_uk, _ = self._up_weights()

@@ -58,6 +58,7 @@ CASES = {
     "rope_norm": {"rope": True, "qk_norm": True},
     "q_lora_rope_half": {"q_lora_rank": 4, "rope": {"interleaved": False, "base": 50.0, "rotary_dim": 2}},
     "yarn": {"rope": True, "yarn": YARN, "q_lora_rank": 6},
+    "yarn_rotate_half": {"rope": {"interleaved": False}, "yarn": YARN},
 }
 
 
@@ -271,11 +272,13 @@ def test_roofline_command_reports_each_paths_cache(machine_limits, tmp_path, cap
         assert f"KV cache: {per_layer * 4 * 2:,} bytes per token" in capsys.readouterr().out  # float32, 2 layers
 
 
-@pytest.mark.parametrize("original_seq_len", [8, 4096, 2 * math.pi * 10000**1.4])
-def test_yarn_frequencies_equal_the_references(original_seq_len):
+@pytest.mark.parametrize("r,original_seq_len", [(8, 8), (8, 4096), (8, 2 * math.pi * 10000**1.4), (64, 4096)])
+def test_yarn_frequencies_equal_the_references(r, original_seq_len):
+    """(64, 4096) is DeepSeek-V3's rope width and original context: the ramp runs from
+    channel 10 to 23 of 32, so the default beta_fast = 32 and beta_slow = 1 both matter."""
     yarn = yarn_options({"factor": 40.0, "original_seq_len": original_seq_len})
-    got = yarn_frequencies(8, 10000.0, yarn).numpy()
-    np.testing.assert_allclose(got, yarn_theta(8, 10000.0, 40.0, original_seq_len), rtol=1e-14)
+    got = yarn_frequencies(r, 10000.0, yarn).numpy()
+    np.testing.assert_allclose(got, yarn_theta(r, 10000.0, 40.0, original_seq_len), rtol=1e-14)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -56,6 +56,7 @@ CASES = {
     "plain": {},
     "q_lora": {"q_lora_rank": 5},
     "rope_norm": {"rope": True, "qk_norm": True},
+    "norm_only": {"qk_norm": True},
     "q_lora_rope_half": {"q_lora_rank": 4, "rope": {"interleaved": False, "base": 50.0, "rotary_dim": 2}},
     "yarn": {"rope": True, "yarn": YARN, "q_lora_rank": 6},
     "yarn_rotate_half": {"rope": {"interleaved": False}, "yarn": YARN},
@@ -195,6 +196,24 @@ def test_yarn_scale_frequencies_and_refusals():
         make(qk_rope_head_dim=3, rope=True)
     with pytest.raises(TypeError, match="does not take vdim"):
         make(vdim=4)
+
+
+def test_defaults_cache_dtype_and_device_cost_defaults_and_repr():
+    """Defaults are DeepSeek-V2's ratios at head width D: L = 4·D, R = D/2 (at least 2), no
+    query bottleneck, Dn = Dv = D, the absorbed path."""
+    for D in (4, 5, 16):
+        m = build_attention("mla", embed_dim=3 * D, num_heads=3)
+        assert (m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim) == (0, 4 * D, 2 * max(1, D // 4))
+        assert (m.qk_nope_head_dim, m.v_head_dim, m.decode) == (D, D, "absorbed") and hasattr(m, "q_proj")
+    m = make(rope=True)
+    for decode in ("naive", "absorbed"):
+        m.decode = decode
+        assert m.make_kv_cache(2, 4).k.dtype == F64
+        cache = m.make_kv_cache(2, 4, dtype=torch.float32, device="meta")
+        assert cache.k.dtype == torch.float32 and cache.k.device.type == "meta"
+        assert m.cost(5) == m.cost(5, 5, batch=1, causal=False, bytes_per_element=2)
+        assert f"decode={decode!r}" in repr(m) and "yarn" not in repr(m)
+    assert "yarn={'beta_fast': 32.0" in repr(make(rope=True, yarn=YARN))
 
 
 def test_rope_is_interleaved_unless_told():

@@ -6,7 +6,8 @@ without a row here makes those tests fail (``options``), so a new kind is
 covered from the day it is registered. ``numpy_forward`` computes a module's
 output and mixing weights from its weights in NumPy float64: the kind's
 projection, then the per-head RMS norm and the rotary embedding written out
-here, then the kind's core from ``multihead.reference``.
+here, then the kind's core from ``multihead.reference`` (``mla`` runs its
+whole reference, ``support/mla.py``).
 """
 
 from __future__ import annotations

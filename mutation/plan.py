@@ -33,6 +33,7 @@ PLAN: dict[str, list[str]] = {
     "src/multihead/modules/kinds/gated.py": ["tests/modules/test_gated.py", *CONTRACT],
     "src/multihead/modules/kinds/moh.py": ["tests/modules/test_moh.py", *CONTRACT],
     "src/multihead/modules/kinds/moh_paths.py": ["tests/modules/test_moh.py", *CONTRACT],
+    "src/multihead/modules/kinds/output_gated.py": ["tests/modules/test_output_gated.py", *CONTRACT],
     "src/multihead/modules/kinds/overlapping.py": ["tests/modules/test_overlapping.py", *CONTRACT],
     "src/multihead/modules/kinds/mla.py": ["tests/modules/test_mla.py", "tests/convert/test_deepseek_mla.py", *CONTRACT],
     "src/multihead/modules/kinds/mla_latent.py": ["tests/modules/test_mla.py", "tests/convert/test_deepseek_mla.py",

@@ -384,6 +384,10 @@ def test_run_mistakes_found_by_the_loop_write_nothing(byte_run, tmp_path, capsys
     line = refused(capsys, "train", "--data", str(small), *TINY, "--max-steps", "5", "--out", str(tmp_path / "new"))
     assert f"val split of data={str(small)!r}" in line and "128" in line, line
     assert not (tmp_path / "new").exists()
+    one = tmp_path / "one.txt"  # catches: a file too small to split reported as a bug in multihead
+    one.write_text("hi\n")
+    line = refused(capsys, "train", "--data", str(one), *TINY, "--max-steps", "5", "--out", str(tmp_path / "new"))
+    assert "one.txt: too small to split" in line and not (tmp_path / "new").exists()
 
 
 def test_generate_run_directory_mistakes(bpe_run, tmp_path, capsys):

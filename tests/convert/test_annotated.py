@@ -9,7 +9,7 @@ import torch
 
 from multihead import MultiHeadAttention
 from multihead.convert import from_official, official_kinds
-from multihead.convert.annotated import AnnotatedTransformerAttention, to_official
+from multihead.convert.official.annotated_transformer import AnnotatedTransformerAttention, to_official
 from multihead.textbook import MultiHeadedAttention, subsequent_mask
 
 F64 = torch.float64

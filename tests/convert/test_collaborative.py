@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from multihead import convert
-from multihead.convert.collaborative import from_official, to_official
+from multihead.convert.official.collaborative import from_official, to_official
 
 F64 = torch.float64
 

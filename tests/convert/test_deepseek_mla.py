@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from support.paths import assert_paths_agree
 
 from multihead import convert
-from multihead.convert.deepseek_mla import from_official, to_official
+from multihead.convert.official.deepseek_v3_mla import from_official, to_official
 
 F64 = torch.float64
 BASE = dict(dim=12, n_heads=3, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=5,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from multihead.convert import from_official
-from multihead.convert.moh import to_official
+from multihead.convert.official.moh_dit import to_official
 
 F64 = torch.float64
 

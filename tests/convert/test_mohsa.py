@@ -8,7 +8,7 @@ import torch
 from support.attention import assert_matches
 
 from multihead.convert import from_official as from_official_by_kind
-from multihead.convert.mohsa import MOHSAViTAttention, from_official, to_official, vit_layer_state_dict
+from multihead.convert.official.mohsa_vit import MOHSAViTAttention, from_official, to_official, vit_layer_state_dict
 from multihead.modules.kinds.overlapping import OverlappingHeadAttention
 
 F64 = torch.float64

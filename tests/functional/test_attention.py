@@ -141,15 +141,15 @@ def test_unknown_backend_lists_valid_names(seed):
         assert repr(name) in str(info.value)
 
 
-def test_sdpa_refuses_weights_and_says_why(seed):
-    q, k, v = make_qkv(seed, 1, 2, 2, 3, 3, 4)
-    with pytest.raises(ValueError, match=r"'sdpa' cannot serve.*return_weights=True.*weights"):
+def test_sdpa_refuses_weights_with_gradients_and_says_why(seed):
+    q, k, v = make_qkv(seed, 1, 2, 2, 3, 3, 4, requires_grad=True)
+    with pytest.raises(ValueError, match=r"'sdpa' cannot serve.*return_weights=True.*carry no gradient"):
         attention(q, k, v, backend="sdpa", return_weights=True)
 
 
 @pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"attn_mask": torch.ones(3, 5, dtype=torch.bool)}])
-def test_auto_with_weights_uses_math(kw, seed):
-    q, k, v = make_qkv(seed, 2, 4, 2, 3, 5, 4)
+def test_auto_with_weights_that_need_gradients_uses_math(kw, seed):
+    q, k, v = make_qkv(seed, 2, 4, 2, 3, 5, 4, requires_grad=True)
     out_a, w_a = attention(q, k, v, return_weights=True, **kw)
     out_m, w_m = attention(q, k, v, backend="math", return_weights=True, **kw)
     assert torch.equal(out_a, out_m) and torch.equal(w_a, w_m)  # auto runs the math path itself: bitwise

@@ -6,16 +6,17 @@ import pytest
 import torch
 from support.attention import BACKENDS, F64, assert_matches, check_against_reference, make_qkv, run_reference
 
-from multihead.functional import attention, padding_mask_from_lengths
+from multihead.functional import WeightSelection, attention, padding_mask_from_lengths
 
 both = pytest.mark.parametrize("backend", BACKENDS)
 
 
 def _call(q, k, v, backend, **kw):
-    """(out, weights or None); weights only from the math backend."""
+    """(out, weights): every weight, from the math backend, or rebuilt from
+    the fused kernel's log-sum-exp (sdpa; detached)."""
     if backend == "math":
         return attention(q, k, v, backend=backend, return_weights=True, **kw)
-    return attention(q, k, v, backend=backend, **kw), None
+    return attention(q, k, v, backend=backend, return_weights=WeightSelection(), **kw)
 
 
 def _all_false_rows(rng, B, H, T, S):

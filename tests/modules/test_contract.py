@@ -220,8 +220,12 @@ def test_observers_receive_the_mixing_weights(kind):
     handle.remove()
     m(x)
     assert len(events) == 2 and all(e.kind == m.kind == kind for e in events)
-    # the same forward twice (an observer makes the module compute its weights): bitwise
-    assert torch.equal(events[0].weights, w) and torch.equal(events[1].weights, w) and torch.equal(plain, out)
+    assert torch.equal(events[0].weights, w)  # the weights the call returned, detached
+    # weights with gradients come from the math path, an observer's alone from the fused kernel
+    # where the kind's core selects them (selects_weights): two paths, within tolerance
+    assert_paths_agree(events[1].weights, w.detach())
+    assert_paths_agree(plain, out)
+    assert events[1].heads == tuple(range(H)) and events[1].rows == tuple(range(5))
     q, k, _, _ = m.to_heads(x)
     q, k = m.position_qk(q, k, None, None)  # the forward's own steps on the same shapes: bitwise
     assert torch.equal(events[0].q, q) and torch.equal(events[0].k, k)
@@ -229,6 +233,25 @@ def test_observers_receive_the_mixing_weights(kind):
         k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, G, S, D) -> (B, H, S, D)
         scores = (q @ k.transpose(-1, -2) * events[0].scale).masked_fill(~torch.ones(5, 5).tril().bool(), -torch.inf)
         assert_paths_agree(torch.softmax(scores, -1), w)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_observers_of_some_heads_and_rows_get_their_part(kind):
+    """Two observers asking for different heads and rows each get their slice of the full
+    weights, and the output stays that of an unobserved call."""
+    m = build(kind, **BOTH)
+    x = _x(2, 6)
+    with torch.no_grad():
+        plain, w = m(x, is_causal=True, return_weights=True)
+        events = {"a": [], "b": []}
+        m.register_attention_observer(lambda mod, e: events["a"].append(e), heads=[1, 3], rows=slice(-2, None))
+        m.register_attention_observer(lambda mod, e: events["b"].append(e), heads=[0], rows=[0, 4])
+        out = m(x, is_causal=True)
+    (a,), (b,) = events["a"], events["b"]
+    assert (a.heads, a.rows, b.heads, b.rows) == ((1, 3), (4, 5), (0,), (0, 4))
+    assert_paths_agree(a.weights, w[:, [1, 3]][:, :, 4:])
+    assert_paths_agree(b.weights, w[:, [0]][:, :, [0, 4]])
+    assert_paths_agree(out, plain)
 
 
 @pytest.mark.parametrize("kind", KINDS)

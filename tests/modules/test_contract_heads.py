@@ -14,6 +14,8 @@ different shapes, so they are compared with ``assert_paths_agree``.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from support.kinds import F64, C, H, build
@@ -43,6 +45,8 @@ def test_every_kind_answers_the_capability_questions(kind):
         f"{cls.__name__} must say in head_independence why its heads are or are not independent"
     )
     assert cls.comparison_skip is None or (isinstance(cls.comparison_skip, str) and cls.comparison_skip)
+    if cls.layer_index_option is not None:  # a constructor option that takes the layer's index
+        assert cls.layer_index_option in inspect.signature(cls.__init__).parameters
     options = cls.comparison_options(kind, 8)
     assert isinstance(options, dict)
     m = build(kind, **options) if options else build(kind)

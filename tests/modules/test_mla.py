@@ -131,6 +131,23 @@ def test_yarn_with_per_row_positions_through_a_cache(decode):
     assert_matches(torch.cat(parts, dim=1), want)
 
 
+def test_alibi_and_softcap_on_both_paths_through_a_cache_and_a_selection():
+    slopes = [0.5, 0.25, 0.125]
+    layers = {d: make(decode=d, alibi=slopes, softcap=3.0, rope=True) for d in ("naive", "absorbed")}
+    x = _x(2, 6)
+    full = layers["naive"](x, is_causal=True)
+    assert_paths_agree(layers["absorbed"](x, is_causal=True), full)
+    for m in layers.values():
+        cache = m.make_kv_cache(2, 6)
+        steps = [m(x[:, :3], is_causal=True, kv_cache=cache)] + [m(x[:, t : t + 1], is_causal=True, kv_cache=cache)
+                                                                 for t in range(3, 6)]  # fmt: skip
+        assert_paths_agree(torch.cat(steps, dim=1), full)
+        small = m.select_heads([0, 2])  # slopes of one's own, one per kept head
+        assert small.alibi_slopes.tolist() == [0.5, 0.125] and small.softcap == 3.0
+        with mask_heads(m, {0: [1]}):
+            assert_paths_agree(small(x, is_causal=True), m(x, is_causal=True))
+
+
 def test_caches_hold_what_each_path_needs_and_cost_says_so():
     for decode, per_token in (("naive", H * (5 + 4 + 3)), ("absorbed", 7 + 4)):
         m = make(decode=decode, rope=True)

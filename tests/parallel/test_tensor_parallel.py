@@ -35,7 +35,8 @@ def test_two_ranks_equal_one_process_for_every_kind_that_splits(tmp_path):
     the pretrained MiniLM's embeddings in float32; AdamW steps and reloads; with sequence
     parallelism, forward and gradients (decoding refused)."""
     passed = _torchrun(2, "kinds", tmp_path)
-    for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "gpt moh", "gpt mla", "bert", "minilm",
+    for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "gpt moh", "gpt output_gated",
+                 "gpt mla", "bert", "minilm",
                  "state mha", "state moh", "sequence-parallel gpt gqa"):
         assert sum(line.startswith(f"ok {what}") for line in passed) == 2, (what, passed)
 

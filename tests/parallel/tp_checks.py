@@ -156,7 +156,8 @@ def main():
     mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
     if check == "kinds":
         for kind, options in [("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("gated", {}),
-                              ("collaborative", {"scale": 0.25}), ("moh", {}), ("mla", {"rope": True})]:  # fmt: skip
+                              ("collaborative", {"scale": 0.25}), ("moh", {}),
+                              ("output_gated", {"gate": "headwise", "qk_norm": True}), ("mla", {"rope": True})]:  # fmt: skip
             check_gpt(mesh, kind, options)
         check_bert(mesh)
         check_minilm(mesh)

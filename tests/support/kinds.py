@@ -18,8 +18,10 @@ import torch
 from multihead import build_attention
 from multihead.reference import attention as ref_attention
 from multihead.reference.dcmha import dcmha_attention, talking_heads_attention
+from multihead.reference.differential import diff_lambda, differential_attention, differential_v2_attention
 from multihead.reference.gated import hard_concrete_eval_gate
 from multihead.reference.moh import moh_learned_gates, moh_query_norm_gates
+from multihead.reference.output_gated import output_gate
 from multihead.reference.overlapping import overlapped_heads
 from support.mla import mla_forward
 
@@ -29,17 +31,21 @@ C, H = 16, 4  # model width and query heads of every contract module (D = 4)
 OPTIONS: dict[str, dict] = {
     "collaborative": {"shared_dim": 12},  # D̃ = 12: rope on the shared channels
     "dcmha": {"chunk_size": 2},  # blocks of 2 queries
+    "diff": {"depth": 2},  # H = G: any head subset; d = 2
+    "diff_v2": {"num_kv_heads": 2},  # pairs over G = 2 (each pair reads one key/value head)
     "gated": {"num_kv_heads": 2},
     "gqa": {"num_kv_heads": 2},
     "mha": {},
     "mla": {"q_lora_rank": 6, "kv_lora_rank": 10, "qk_nope_head_dim": 3, "qk_rope_head_dim": 4, "v_head_dim": 5},
     "moh": {"shared_heads": 2, "routed_heads": 1},  # every router gate exists; sparse path
     "mqa": {},
+    "output_gated": {"num_kv_heads": 2, "gate": "elementwise"},
     "overlapping": {"overlap": 1},  # Dw = 6
     "talking_heads": {"chunk_size": 2},
 }
 LOSS_KINDS = {"moh", "gated"}  # kinds whose training forward has a loss term (aux_loss)
-SOFTMAX_KINDS = {"mha", "gqa", "mqa", "collaborative", "overlapping", "mla"}  # weights = softmax(scale q·kᵀ)
+KINDS_TAKING = {"mha", "gqa", "mqa", "gated", "collaborative", "overlapping", "output_gated", "mla"}  # alibi / softcap (base core)
+SOFTMAX_KINDS = {"mha", "gqa", "mqa", "collaborative", "overlapping", "output_gated", "mla"}  # weights = softmax(scale q·kᵀ)
 COST_FORWARD = {"moh": {"path": "dense"}}  # forward options of the FLOP-counted call
 COST_OPTIONS = {"moh": {"active_heads": H}}  # cost() options describing that call
 
@@ -149,8 +155,9 @@ def numpy_forward(m, x, key=None, *, mask=None, is_causal=False, q_pos=None, k_p
 
     def normed(q, k):
         if norm and m.qk_norm is not None:
-            eps = m.qk_norm.q_norm.eps
-            q, k = np_rms(q, np64(m.qk_norm.q_norm.weight), eps), np_rms(k, np64(m.qk_norm.k_norm.weight), eps)
+            eps, offset = m.qk_norm.q_norm.eps, float(m.qk_norm.q_norm.unit_offset)  # gain (1 + w) with unit_offset
+            q = np_rms(q, offset + np64(m.qk_norm.q_norm.weight), eps)
+            k = np_rms(k, offset + np64(m.qk_norm.k_norm.weight), eps)
         return q, k
 
     def rotated(q, k):
@@ -174,6 +181,8 @@ def numpy_forward(m, x, key=None, *, mask=None, is_causal=False, q_pos=None, k_p
                    for i, inp in enumerate((x, kv, kv)))  # fmt: skip
         q, k = position(q, k)
         out, w = ref_attention(q, k, v, scale=m.head_dim**-0.5, return_weights=True, **core)
+    elif kind == "output_gated":
+        out, w = _output_gated(m, x, kv, position, core)
     elif kind in ("dcmha", "talking_heads"):
         q, k, v = _rows(m, x, kv)
         q, k = position(q, k)
@@ -182,6 +191,8 @@ def numpy_forward(m, x, key=None, *, mask=None, is_causal=False, q_pos=None, k_p
                                      np64(m.pre_static), np64(m.post_static), **core)  # fmt: skip
         else:
             out, w = talking_heads_attention(q, k, v, np64(m.pre_static), np64(m.post_static), **core)
+    elif kind in ("diff", "diff_v2"):
+        out, w = _differential(m, x, kv, position, core)
     else:  # mha, gqa, mqa, gated, moh: one fused q|k|v projection
         q, k, v = _rows(m, x, kv)
         gates = None
@@ -201,6 +212,37 @@ def numpy_forward(m, x, key=None, *, mask=None, is_causal=False, q_pos=None, k_p
             out, w = out * gates, w * gates
     merged = out.transpose(0, 2, 1, 3).reshape(B, T, -1)  # (B, H, T, Dv) -> (B, T, H*Dv)
     return _linear(merged, m.out_proj), w
+
+
+def _differential(m, x, kv, position, core):
+    """q_proj / k_proj / v_proj split into sub-heads, qk_norm and rope over d, then the reference."""
+    Hh, G, d = m.num_heads, m.num_kv_heads, m.head_dim
+    (q,) = _split(_linear(x, m.q_proj), (2 * Hh * d,), (2 * Hh,))  # (B, 2H, T, d)
+    if type(m).kind == "diff":
+        (k,) = _split(_linear(kv, m.k_proj), (2 * G * d,), (2 * G,))  # (B, 2G, S, d)
+        (v,) = _split(_linear(kv, m.v_proj), (2 * G * d,), (G,))  # (B, G, S, 2d)
+        q, k = position(q, k)
+        lam = diff_lambda(*(np64(getattr(m, f"lambda_{n}")) for n in ("q1", "k1", "q2", "k2")), m.lambda_init)
+        return differential_attention(q, k, v, lam, m.lambda_init, **core)
+    (k,) = _split(_linear(kv, m.k_proj), (G * d,), (G,))  # (B, G, S, d)
+    (v,) = _split(_linear(kv, m.v_proj), (G * d,), (G,))
+    q, k = position(q, k)
+    return differential_v2_attention(q, k, v, _linear(x, m.lambda_proj), **core)
+
+
+def _output_gated(m, x, kv, position, core):
+    """``qkv_proj`` rows [q | gate logits | k | v]: q and the gate's W_θ act on x,
+    k and v on kv; the paper's G1 gate on the attention output."""
+    W, b = np64(m.qkv_proj.weight), np64(m.qkv_proj.bias)
+    Hh, G, D, E = m.num_heads, m.num_kv_heads, m.head_dim, m.gate_width
+    widths, heads = (Hh * D, Hh * E, G * D, G * D), (Hh, Hh, G, G)
+    bias = 0.0 if b is None else b
+    q = _split(x @ W.T + bias, widths, heads)[0]
+    k, v = _split(kv @ W.T + bias, widths, heads)[2:]
+    rows = slice(Hh * D, Hh * (D + E))  # the gate rows: W_θ = W[rows].T
+    q, k = position(q, k)
+    out, w = ref_attention(q, k, v, return_weights=True, **core)
+    return output_gate(out, x, W[rows].T, None if b is None else b[rows]), w
 
 
 def _collaborative(m, x, kv, normed, rotated, mask, is_causal):

@@ -40,7 +40,8 @@ def mla_forward(m, x, kv, *, q_pos=None, k_pos=None, rope=True, norm=True, **cor
     ``rope`` / ``norm`` False leave out its rope / qk_norm."""
     qk = None
     if norm and m.qk_norm is not None:
-        qk = (_np(m.qk_norm.q_norm.weight), _np(m.qk_norm.k_norm.weight))
+        offset = float(m.qk_norm.q_norm.unit_offset)  # gain (1 + w) with unit_offset
+        qk = (offset + _np(m.qk_norm.q_norm.weight), offset + _np(m.qk_norm.k_norm.weight))
     return mla_attention(
         np.asarray(x, dtype=np.float64), np.asarray(kv, dtype=np.float64), reference_weights(m),
         q_pos=q_pos, k_pos=k_pos, rope=dict(m.rope) if rope and m.rope is not None else None,

@@ -5,7 +5,9 @@ run directory of ``multihead train``, with its own tokenizer), a sentence
 encoder saved by ``multihead prune`` or ``convert`` (``--checkpoint``) or any local
 Hugging Face model folder (``hf``: config.json, weights and tokenizer.json,
 run on multihead attention through ``multihead.hf``), runs the
-text through it while capturing every head's exact weights, scores each head
+text through it while capturing every head's exact weights (``tools.capture``:
+MHA/GQA keep the fused kernel for the output and rebuild the weights from its
+log-sum-exp; ``--layer`` observes that layer alone), scores each head
 for the documented roles (``tools.roles``), prints a short summary (the
 strongest heads of each role and the top token links, ``inspect_report``;
 with ``verbose`` a table of every head with its roles, the legend of its
@@ -49,7 +51,7 @@ from pathlib import Path
 import torch
 
 from ..paths import input_file, output_folder
-from ..tools.capture import AttentionRecord, capture
+from ..tools.capture import AttentionRecord, attention_modules, capture
 from ..tools.head_slots import HeadSlots
 from ..tools.objectives import encoder_importance, gpt_importance
 from ..tools.roles import classify_heads
@@ -135,7 +137,17 @@ def _check_out(out: str) -> Path:
     return output_folder("--out", out, OUTPUT_FILES)
 
 
-def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer: str | None = None):
+def _captured(model, layer: int | None):
+    """``capture(model)`` of every layer, or of the attention module ``layer`` only (the others record nothing)."""
+    if layer is None:
+        return capture(model)
+    count = len(attention_modules(model))
+    if layer >= count:
+        raise ValueError(f"--layer {layer} out of range: the model has layers 0..{count - 1}")
+    return capture(model, layers=[layer])
+
+
+def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer: str | None = None, layer=None):
     """The packaged MiniLM, or the sentence encoder saved in ``folder`` (what prune and convert write)."""
     from ..models.minilm import load_minilm, load_sentence_encoder
 
@@ -149,7 +161,7 @@ def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer:
         slots, extra = _pruned_slots(model.encoder.config, Path(folder) / "report.json")
     enc = encode_text(model.tokenizer, text, model.max_seq_length, model=name, truncate=truncate)
     ids = torch.tensor([enc.ids])  # (1, T)
-    with torch.no_grad(), capture(model.encoder) as record:
+    with torch.no_grad(), _captured(model.encoder, layer) as record:
         model.encoder(ids, attention_mask=torch.ones_like(ids))
     record.source = name
     note = f"; {_MINILM} is an English, uncased model" if folder is None else ""
@@ -157,7 +169,7 @@ def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer:
     return record, enc, found, lambda: encoder_importance(model, ids), slots
 
 
-def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
+def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, layer: int | None = None):
     from ..models.checkpoint import checkpoint_paths, load_checkpoint
 
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
@@ -188,7 +200,7 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool):
             f"the checkpoint's vocabulary has {vocab} tokens, not 256 bytes: pass --tokenizer tokenizer.json"
         )
     ids = torch.tensor([enc.ids])  # (1, T)
-    with torch.no_grad(), capture(model) as record:
+    with torch.no_grad(), _captured(model, layer) as record:
         model(ids)
     record.source = source
     slots, notes = _pruned_slots(model.config, folder / "report.json")
@@ -299,7 +311,8 @@ def capture_text(
             or a ``multihead train`` run directory (its latest checkpoint and
             its tokenizer); not together with ``model``.
         tokenizer: a tokenizer.json for a checkpoint whose vocabulary is not bytes.
-        layer: keep only this layer.
+        layer: capture only this layer (only its attention module is
+            observed, so the others keep their fast path and store nothing).
         truncate: analyse the first tokens of a text longer than the model's
             maximum (with a notice) instead of refusing it.
         hf: a local Hugging Face model folder (config.json, weights,
@@ -334,7 +347,7 @@ def capture_text(
         record, enc, notes, scorer, slots = _run_hf(text, hf, truncate)
         visible = _visible(record, len(enc.ids))
     elif checkpoint is not None and not is_sentence_encoder(checkpoint):
-        record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate)
+        record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
         if importance and len(enc.ids) < 2:
             raise ValueError(
@@ -342,10 +355,10 @@ def capture_text(
                 f"the text has {len(enc.ids)} token, give at least 2"
             )
     else:  # the packaged MiniLM, or a sentence encoder that prune or convert wrote
-        record, enc, notes, scorer, slots = _run_minilm(text, truncate, checkpoint, tokenizer)
+        record, enc, notes, scorer, slots = _run_minilm(text, truncate, checkpoint, tokenizer, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     record.query_tokens = list(enc.tokens)
-    if layer is not None:
+    if layer is not None and hf is not None:  # multihead.hf.capture records every layer
         if layer >= record.num_layers:
             raise ValueError(f"--layer {layer} out of range: the model has layers 0..{record.num_layers - 1}")
         record.layers = [record.layers[layer]]

@@ -4,9 +4,13 @@
 
 ``kind`` names an official code base; ``state_dict`` uses its parameter
 names and ``official_config`` its constructor's argument names. The returned
-module's forward takes the official module's inputs and returns what it
-returns, computed by multihead's module for that attention kind. Each kind's
-converter lives in ``multihead.convert.<module>``, imported on first use.
+module computes the official forward with multihead's module for that
+attention kind: either that module itself, or a thin wrapper whose forward
+takes what the official one takes (its docstring says which, and how
+positions and caches are passed where they differ). The converter of the
+official code base ``kind`` is the module ``multihead.convert.official.<kind>``
+(its ``from_official(state_dict, **official_config)``), imported on first
+use: adding a file there adds a kind, with no list to edit.
 
 Whole models have their own converters beside them: ``multihead.convert.hf_gpt2``
 maps Hugging Face GPT-2 state dicts to and from a multihead ``GPT``. Models
@@ -16,28 +20,20 @@ never import converters; converters import models.
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import pkgutil
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["from_official", "official_kinds"]
+from . import official
 
-# official kind -> module with ``from_official(state_dict, **official_config)``
-_CONVERTERS: dict[str, str] = {
-    "moh_dit": "multihead.convert.moh",
-    "dcformer": "multihead.convert.dcformer",
-    "mohsa_vit": "multihead.convert.mohsa",
-    "collaborative": "multihead.convert.collaborative",
-    "annotated_transformer": "multihead.convert.annotated",
-    "deepseek_v3_mla": "multihead.convert.deepseek_mla",
-}
+__all__ = ["from_official", "official_kinds"]
 
 
 def official_kinds() -> list[str]:
-    """The kinds ``from_official`` accepts (those whose converter is installed)."""
-    return sorted(k for k, m in _CONVERTERS.items() if importlib.util.find_spec(m) is not None)
+    """The kinds ``from_official`` accepts: the modules of ``multihead.convert.official``."""
+    return sorted(m.name for m in pkgutil.iter_modules(official.__path__) if not m.name.startswith("_"))
 
 
 def from_official(kind: str, state_dict: dict[str, torch.Tensor], **official_config: Any) -> nn.Module:
@@ -49,4 +45,4 @@ def from_official(kind: str, state_dict: dict[str, torch.Tensor], **official_con
     """
     if kind not in official_kinds():
         raise ValueError(f"unknown official kind {kind!r}; known: {official_kinds()}")
-    return importlib.import_module(_CONVERTERS[kind]).from_official(state_dict, **official_config)
+    return importlib.import_module(f"{official.__name__}.{kind}").from_official(state_dict, **official_config)

@@ -8,6 +8,7 @@ from .backends import select_backend
 from .math_backend import math_attention
 from .nonfinite import split_nonfinite
 from .request import make_request
+from .weights import WeightSelection
 
 __all__ = ["attention"]
 
@@ -23,12 +24,14 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     training: bool = False,
-    return_weights: bool = False,
+    return_weights: bool | WeightSelection = False,
     backend: str = "auto",
+    alibi_slopes: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention with GQA, exact masking and named backends.
 
-    softmax(q kᵀ · scale + bias, hiding masked keys) v, per query head h with
+    softmax(cap(q kᵀ · scale) + alibi + bias, hiding masked keys) v, per query head h with
     key/value head h // (H // G)::
 
         H = 4 query heads, G = 2 key/value heads
@@ -53,9 +56,24 @@ def attention(
             with 0 no random numbers are drawn.
         training: whether dropout is active.
         return_weights: also return the exact post-softmax weights
-            [B, H, T, S] (before dropout). Needs the ``math`` backend.
-        backend: ``"auto"`` (the fused ``sdpa`` kernel unless the request
-            needs ``math``), ``"math"`` or ``"sdpa"``.
+            (before dropout). True: all of them, [B, H, T, S], carrying
+            gradients where an input requires grad. A ``WeightSelection``:
+            those of some query heads and rows only, [B, h, r, S], detached.
+            ``sdpa`` keeps its fused kernel for the output and rebuilds the
+            weights from the kernel's log-sum-exp, only where asked
+            (``functional.lse_backend``); ``math`` forms every weight.
+        backend: ``"auto"`` (the first of ``AUTO_ORDER`` that serves the
+            call: the fused ``sdpa`` kernel unless the request needs another
+            path, e.g. weights with gradients or dropout with weights ->
+            ``math``; soft-capping -> ``flex`` on CUDA, ``math`` on CPU),
+            ``"math"``, ``"sdpa"`` or ``"flex"`` (``functional.flex_backend``).
+        alibi_slopes: (H,) ALiBi slopes (``alibi_slopes(H)``), or None: head
+            h adds -m_h·|i + offset - j| to its scores, queries placed among
+            the keys as ``causal_alignment`` places them (bottom-right:
+            query i of T sits at key S - T + i, as when decoding with a cache).
+        softcap: None, or c > 0: scaled scores x become c·tanh(x / c)
+            before ALiBi, the bias and masking (Gemma 2's logit
+            soft-capping). ``sdpa`` cannot serve it.
 
     Returns:
         out [B, H, T, Dv], or (out, weights) when ``return_weights``.
@@ -69,8 +87,9 @@ def attention(
     Raises:
         TypeError: non-tensors, non-floating q/k/v, integer masks.
         ValueError: shapes, dtypes, devices, mask shapes, scale, dropout_p,
-            causal_alignment, unknown backend, or a backend that cannot serve
-            the call (with every reason).
+            causal_alignment, unknown backend, a backend that cannot serve
+            the call (with every reason), a selection outside the call's
+            heads or rows.
     """
     req = make_request(
         q,
@@ -83,6 +102,8 @@ def attention(
         dropout_p=dropout_p,
         training=training,
         return_weights=return_weights,
+        alibi_slopes=alibi_slopes,
+        softcap=softcap,
     )
     chosen = select_backend(backend, req)
     req, fixup = split_nonfinite(req)
@@ -95,4 +116,4 @@ def attention(
         out, weights = chosen.forward(req)
     if fixup is not None:
         out, weights = fixup(out, weights)
-    return (out, weights) if return_weights else out
+    return (out, weights) if req.return_weights else out

@@ -3,7 +3,10 @@
 This is the specification path of ``multihead.functional.attention``: every
 other backend is tested against it. It materialises the (B, H, T, S) score
 matrix, so it can return the attention weights, at the cost of memory that
-grows with T x S.
+grows with T x S. Scores are scaled, soft-capped (``softcap``), then
+ALiBi and the float bias are added, then hidden keys are excluded. A
+``WeightSelection`` is cut out of the full weights at
+the end (this path computes every weight anyway).
 
 Half-precision inputs (float16, bfloat16) are computed in float32 and the
 results cast back, so large scores cannot overflow (q = k = 300 with D = 64
@@ -14,8 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from .alibi import request_alibi
 from .request import AttentionRequest
 from .softmax import masked_softmax
+from .weights import select_weights
 
 __all__ = ["math_attention"]
 
@@ -33,8 +38,8 @@ def math_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
 
     Returns:
         (out [B, H, T, Dv] in the input dtype,
-         weights [B, H, T, S] post-softmax and pre-dropout, or None when
-         not requested).
+         weights [B, H, T, S] post-softmax and pre-dropout ([B, h, r, S] for
+         a selection, detached), or None when not requested).
     """
     B, H, G, T, S, Dv = req.shape
     R = H // G
@@ -45,6 +50,10 @@ def math_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
     qg = q.reshape(B, G, R * T, D)  # (B, H, T, D) -> (B, G, R*T, D)
     scores = (qg @ k.transpose(-1, -2)) * req.scale  # (B, G, R*T, S)
     scores = scores.view(B, H, T, S)  # (B, G, R*T, S) -> (B, H, T, S)
+    if req.softcap is not None:  # Gemma 2: capped before the bias and the mask
+        scores = torch.tanh(scores / req.softcap) * req.softcap
+    if req.alibi_slopes is not None:
+        scores = scores + request_alibi(req).to(compute)  # (1, H, T, S)
     if req.bias is not None:
         scores = scores + req.bias.to(compute)
 
@@ -58,5 +67,7 @@ def math_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
     out = probs.reshape(B, G, R * T, S) @ v  # (B, G, R*T, Dv)
     out = out.view(B, H, T, Dv).to(req.q.dtype)  # (B, G, R*T, Dv) -> (B, H, T, Dv)
     if weights is not None:
+        if req.weights_detached:
+            weights = select_weights(weights.detach(), req.weight_heads, req.weight_rows)
         weights = weights.to(req.q.dtype)
     return out, weights

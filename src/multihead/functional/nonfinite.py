@@ -35,6 +35,7 @@ from dataclasses import replace
 import torch
 
 from .request import AttentionRequest
+from .weights import pick
 
 __all__ = ["split_nonfinite"]
 
@@ -139,7 +140,10 @@ def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:
         o = out.unflatten(1, (G, R))  # (B, H, T, Dv) -> (B, G, R, T, Dv)
         o = o.masked_fill(pos_hit, float("inf")).masked_fill(neg_hit, float("-inf"))
         out = o.masked_fill(nan_hit, float("nan")).flatten(1, 2)  # (B, G, R, T, Dv) -> (B, H, T, Dv)
-        if weights is not None:
+        if weights is not None and req.weights_detached:  # a selection: [B, h, r, S]
+            rows_nan = row_nan.expand(B, G, R, T, 1).flatten(1, 2)  # (B, G, R, T, 1) -> (B, H, T, 1)
+            weights = weights.masked_fill(pick(rows_nan, req.weight_heads, req.weight_rows), float("nan"))
+        elif weights is not None:
             w = weights.unflatten(1, (G, R))  # (B, H, T, S) -> (B, G, R, T, S)
             weights = w.masked_fill(row_nan, float("nan")).flatten(1, 2)  # -> (B, H, T, S)
         return out, weights

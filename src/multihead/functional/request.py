@@ -9,6 +9,21 @@ two parts that all backends read the same way:
 * ``bias``: float, broadcastable to (B, H, T, S), added to the scores, or
   None. Entries of -inf in a float mask are moved into ``allowed`` so that
   they are excluded with ``where`` and not by addition.
+
+Weights are asked for with ``return_weights``: True (every weight,
+differentiable where the inputs need gradients) or a ``WeightSelection``
+(some heads and rows, detached), resolved here into ``weight_heads`` and
+``weight_rows`` (ascending indices, None = all).
+
+Two score modifications travel as fields, not as masks, so each backend
+serves them its own way (``math`` exactly, ``sdpa`` ALiBi as an added bias,
+``flex`` both in its score function):
+
+* ``softcap``: c·tanh(x / c) of the scaled scores x (Gemma 2), before the
+  bias, ALiBi and masking;
+* ``alibi_slopes``: (H,), adding -m_h·|i + offset - j| with the
+  queries placed among the keys by ``causal_alignment`` (offset 0
+  top-left, S - T bottom-right: decoding with a cache).
 """
 
 from __future__ import annotations
@@ -20,6 +35,7 @@ import torch
 
 from .._checks import dropout_probability
 from .masks import causal_mask, check_alignment
+from .weights import WeightSelection, resolve_selection
 
 __all__ = ["AttentionRequest", "make_request"]
 
@@ -27,7 +43,9 @@ __all__ = ["AttentionRequest", "make_request"]
 @dataclass(frozen=True)
 class AttentionRequest:
     """A validated attention call. Shapes: q (B, H, T, D), k (B, G, S, D),
-    v (B, G, S, Dv); allowed / bias broadcast to (B, H, T, S)."""
+    v (B, G, S, Dv); allowed / bias broadcast to (B, H, T, S). The weights
+    asked for are those of query heads ``weight_heads`` and query rows
+    ``weight_rows`` (None: all), detached when ``weights_detached``."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -39,6 +57,17 @@ class AttentionRequest:
     scale: float
     dropout_p: float
     return_weights: bool
+    weight_heads: tuple[int, ...] | None = None
+    weight_rows: tuple[int, ...] | None = None
+    weights_detached: bool = False
+    alibi_slopes: torch.Tensor | None = None
+    softcap: float | None = None
+
+    @property
+    def alibi_offset(self) -> int:
+        """Position of query 0 among the keys for ALiBi (and causality)."""
+        _, _, _, T, S, _ = self.shape
+        return 0 if self.causal_alignment == "top_left" else S - T
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
@@ -46,6 +75,14 @@ class AttentionRequest:
         B, H, T, _ = self.q.shape
         G, S, Dv = self.k.shape[1], self.k.shape[2], self.v.shape[3]
         return B, H, G, T, S, Dv
+
+    @property
+    def weights_need_grad(self) -> bool:
+        """True when the returned weights must carry gradients: all of them were
+        asked for (not a detached selection) and an input requires grad."""
+        if not self.return_weights or self.weights_detached or not torch.is_grad_enabled():
+            return False
+        return any(t is not None and t.requires_grad for t in (self.q, self.k, self.v, self.bias))
 
     @property
     def causal_is_trivial(self) -> bool:
@@ -162,14 +199,18 @@ def make_request(
     scale: float | None,
     dropout_p: float,
     training: bool,
-    return_weights: bool,
+    return_weights: bool | WeightSelection,
+    alibi_slopes: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> AttentionRequest:
     """Validate an attention call and return the normalised request.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, integer masks.
         ValueError: shapes, dtypes, devices, mask shapes, scale, dropout_p,
-            causal_alignment; messages name the offending values.
+            causal_alignment, a weight selection outside the call's heads or
+            rows, ALiBi slopes that are not (H,), a softcap that is not a
+            positive finite float; messages name the offending values.
     """
     _check_qkv(q, k, v)
     check_alignment(causal_alignment)
@@ -182,6 +223,12 @@ def make_request(
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite float or None, got {scale!r}")
     allowed, bias = _normalise_mask(attn_mask, q, k)
+    slopes = _check_slopes(alibi_slopes, q)
+    cap = _check_softcap(softcap)
+    heads = rows = None
+    selected = isinstance(return_weights, WeightSelection)
+    if selected:
+        heads, rows = resolve_selection(return_weights, q.shape[1], q.shape[2])
     return AttentionRequest(
         q=q,
         k=k,
@@ -192,5 +239,32 @@ def make_request(
         causal_alignment=causal_alignment,
         scale=float(scale),
         dropout_p=p if training else 0.0,
-        return_weights=bool(return_weights),
+        return_weights=selected or bool(return_weights),
+        weight_heads=heads,
+        weight_rows=rows,
+        weights_detached=selected,
+        alibi_slopes=slopes,
+        softcap=cap,
     )
+
+
+def _check_slopes(slopes: object, q: torch.Tensor) -> torch.Tensor | None:
+    """(H,) slopes on q's device (float64 for float64 inputs, else float32), or None."""
+    if slopes is None:
+        return None
+    if not isinstance(slopes, torch.Tensor) or not slopes.dtype.is_floating_point:
+        raise TypeError(f"alibi_slopes must be a floating torch.Tensor (H,), got {getattr(slopes, 'dtype', type(slopes))}")
+    H = q.shape[1]
+    if slopes.dim() != 1 or slopes.shape[0] != H:
+        raise ValueError(f"alibi_slopes must have shape (H,) = ({H},), got {tuple(slopes.shape)}")
+    if slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {slopes.device} but q is on {q.device}")
+    return slopes.detach().to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+def _check_softcap(softcap: object) -> float | None:
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap <= 0:
+        raise ValueError(f"softcap must be a positive finite float or None, got {softcap!r}")
+    return float(softcap)

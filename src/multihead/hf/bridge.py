@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..functional import attention
+from ..functional import WeightSelection, attention
+from ..modules.observe import observed_selection, part_of
 from ..tools.capture import AttentionRecord, LayerAttention, padding_of
 
 __all__ = ["NAME", "register", "attention_forward", "load_hf"]
@@ -38,6 +39,7 @@ class _Scope:
     record: AttentionRecord | None = None
     gates: torch.Tensor | None = None
     order: dict[int, int] = field(default_factory=dict)
+    selection: WeightSelection = field(default_factory=WeightSelection)  # the heads and rows a capture records
 
 
 _SCOPES: contextvars.ContextVar[tuple[_Scope, ...]] = contextvars.ContextVar("multihead_hf_scopes", default=())
@@ -153,7 +155,11 @@ def attention_forward(
 
     scopes = [s for s in _SCOPES.get() if id(module) in s.module_names]
     asked = _weights_requested(kwargs)
-    want_weights = asked or any(s.record is not None for s in scopes)
+    recording = [(None, s.selection) for s in scopes if s.record is not None]
+    want_weights, got, own = asked, (None, None), []
+    if recording:  # the union of the captures' heads and rows; every weight when output_attentions asks
+        union, own = observed_selection(recording, query.shape[1], query.shape[2])
+        want_weights, got = (True, got) if asked else (union, (union.heads, union.rows))
     result = attention(
         query,
         key,
@@ -166,7 +172,8 @@ def attention_forward(
         training=module.training,
         return_weights=want_weights,
     )
-    out, weights = result if want_weights else (result, None)
+    out, weights = result if want_weights is not False else (result, None)
+    own = iter(own)
     for scope in scopes:
         if scope.gates is not None:
             layer = _layer_index(module)
@@ -182,12 +189,15 @@ def attention_forward(
             if not scope.record.layers and scope.record.attention_mask is None:
                 scope.record.attention_mask = padding_of(attention_mask, query.shape[0])
             position = scope.order.setdefault(id(module), len(scope.order))
+            heads, rows = next(own)
             scope.record.layers.append(
                 LayerAttention(
                     layer=position,
                     name=scope.module_names[id(module)],
                     kind=_kind(query.shape[1], key.shape[1]),
-                    weights=weights.detach().float().cpu(),
+                    weights=part_of(weights.detach(), (heads, rows), got).float().cpu(),
+                    heads=heads,
+                    rows=rows,
                 )
             )
     out = out.transpose(1, 2).contiguous()  # (B, H, T, Dv) -> (B, T, H, Dv)

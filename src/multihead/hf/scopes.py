@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ..functional import WeightSelection
 from ..tools.capture import AttentionRecord
 from .bridge import _SCOPES, NAME, _Scope
 
@@ -37,7 +38,7 @@ def _scoped(scope: _Scope) -> Iterator[_Scope]:
 
 
 @contextmanager
-def capture(model: nn.Module) -> Iterator[AttentionRecord]:
+def capture(model: nn.Module, *, heads=None, rows=None) -> Iterator[AttentionRecord]:
     """Record the attention weights of every attention call inside ``model``.
 
     Entries come in call order; ``layer`` numbers the attention modules in
@@ -51,18 +52,24 @@ def capture(model: nn.Module) -> Iterator[AttentionRecord]:
 
     Args:
         model: a transformers model running ``attn_implementation="multihead"``.
+        heads, rows: record only these query heads and rows (as
+            ``tools.capture``; None: all). Only they are formed, from the
+            fused kernel's log-sum-exp, unless ``output_attentions`` asks
+            for every weight anyway.
 
     Yields:
-        an ``AttentionRecord`` whose entries hold weights [B, H, T, S]
-        (float32, CPU, detached).
+        an ``AttentionRecord`` whose entries hold weights [B, H, T, S], or
+        [B, h, r, S] with their ``heads`` and ``rows`` (float32, CPU, detached).
 
     Raises:
-        ValueError: the model does not run the ``multihead`` implementation.
-        TypeError: ``model`` is not a module.
+        ValueError: the model does not run the ``multihead`` implementation;
+            heads or rows that are not ascending (beyond a call's H or T: at that call).
+        TypeError: ``model`` is not a module; heads or rows of the wrong type.
     """
     names = _check_model(model)
+    selection = WeightSelection(heads=heads, rows=rows)
     record = AttentionRecord(source=type(model).__name__)
-    with _scoped(_Scope(module_names=names, record=record)):
+    with _scoped(_Scope(module_names=names, record=record, selection=selection)):
         yield record
 
 

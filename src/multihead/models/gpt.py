@@ -29,7 +29,7 @@ from torch import nn
 from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
 from ..modules.head_selection import check_heads
-from ..modules.registry import build_attention, check_kind, total_aux_loss
+from ..modules.registry import attention_class, build_attention, check_kind, total_aux_loss
 from .generation import generate as generate_tokens
 from .gpt_inputs import (
     LMOutput,
@@ -277,8 +277,12 @@ class MLP(nn.Module):
 
 def block_attention(config: GPTConfig, layer: int = 0, **factory: Any) -> nn.Module:
     """The attention of block ``layer`` as ``config`` describes it (its head
-    counts from ``layer_head_options``), freshly initialised."""
+    counts from ``layer_head_options``; its index for a kind that declares a
+    ``layer_index_option``, unless the options set it), freshly initialised."""
     heads = layer_head_options(config, layer)
+    index = attention_class(config.attention).layer_index_option
+    if index is not None and index not in config.attention_options:
+        heads[index] = layer
     if "head_dim" in config.attention_options:  # an explicit head_dim stays the layers' D
         heads.pop("head_dim", None)
     options: dict[str, Any] = {

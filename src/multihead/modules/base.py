@@ -8,7 +8,7 @@
           k, v, extra = write_cache(...)  [kind layout] append, read everything cached
           mask = attn_mask AND key_mask
           out, weights = core(...)        [kind] default: functional.attention
-      observers <- AttentionEvent(weights, q, k, mask, ...)
+      observers <- AttentionEvent(weights, q, k, mask, heads, rows, ...)
       out = head hooks(out)               only while one is registered
       return merge_heads(out)             (B, H, T, Dv) -> (B, T, H*Dv) -> out_proj
 
@@ -46,14 +46,15 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .._checks import dropout_probability, positive_int
-from ..functional import attention, merge_masks
+from ..functional import WeightSelection, attention, merge_masks
 from ..functional.masks import check_alignment
 from .calls import check_cache_use, check_call, default_alignment, key_padding, refuse_torch_padding, rollback_on_error
 from .head_selection import check_head_selection, check_heads
 from .kv_cache import KVCache
 from .norms import QKNorm
-from .observe import AttentionEvent, Observer
+from .observe import Observer, notify, observed_selection
 from .rope import Rotary, query_positions
+from .score_options import init_score_options, keep_head_slopes, refuse_options
 
 __all__ = ["AttentionLayer"]
 
@@ -70,8 +71,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         qkv_bias, out_bias: biases of the input projections (``qkv_bias``,
             read by the kind's own projections) and of ``out_proj``.
         dropout: on the attention weights in training mode.
-        rope, qk_norm: rotary embeddings and per-head RMS norm of q and k
-            (``init_positions``; both off by default).
+        rope, qk_norm, alibi, softcap: rotary embeddings, per-head RMS norm of q and k
+            (``init_positions``), ALiBi and soft-capping (``score_options``); all off by default.
         device, dtype: of the parameters (``self.factory``).
 
     These are the options every kind shares, written once: a kind's
@@ -105,8 +106,14 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             independent (the reason ``select_heads`` gives when refusing).
         comparison_skip: None, or the reason the kind stays out of
             ``multihead compare``'s default list.
+        layer_index_option: None, or the name of the constructor option that
+            takes the layer's index in its stack (differential attention's
+            ``depth``); models fill it per layer unless the user set it.
         comparison_options(kind, num_heads): classmethod, the options a
             comparison builds the registered name ``kind`` with.
+        selects_weights: ``core`` takes a ``WeightSelection`` as ``return_weights``
+            and returns just those weights (the default core). A class defining
+            ``core`` gets False unless it says so: asked for every weight.
 
     Attributes:
         rope: a ``Rotary`` or None; qk_norm: a ``QKNorm`` or None.
@@ -130,6 +137,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
     independent_heads: bool = False
     head_independence: str = ""
     comparison_skip: str | None = None
+    layer_index_option: str | None = None
+    selects_weights: bool = True
 
     def __init__(
         self,
@@ -145,14 +154,12 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         dropout: float = 0.0,
         rope: bool | dict = False,
         qk_norm: bool = False,
+        alibi: bool | list = False, softcap: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        sizes = {"num_kv_heads": num_kv_heads, "kdim": kdim, "vdim": vdim}
-        refused = {n: v for n, v in sizes.items() if n in self.refused_options and v is not None}
-        if refused:
-            raise TypeError(f"{type(self).__name__} does not take {', '.join(refused)} (got {refused})")
+        refuse_options(self, {"num_kv_heads": num_kv_heads, "kdim": kdim, "vdim": vdim, "alibi": alibi or None, "softcap": softcap})
         H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
         self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
@@ -163,6 +170,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         self._positions = (rope, qk_norm)
         self.init_options = {n: v for n, v in (("kdim", self.kdim), ("vdim", self.vdim)) if n not in self.refused_options}
         self.init_options.update(qkv_bias=qkv_bias, out_bias=out_bias, dropout=dropout, rope=rope, qk_norm=qk_norm)
+        init_score_options(self, alibi, softcap)  # alibi_slopes [H] buffer or None, softcap
         self.scale: float | None = None
         self.rope: Rotary | None = None
         self.qk_norm: QKNorm | None = None
@@ -193,6 +201,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         super().__init_subclass__(**kwargs)
         if cls.independent_heads and not callable(getattr(cls, "subset_heads", None)):
             raise TypeError(f"{cls.__name__} declares independent_heads = True but defines no subset_heads")
+        if "core" in cls.__dict__ and "selects_weights" not in cls.__dict__:
+            cls.selects_weights = False  # a core of its own: asked for every weight
 
     @classmethod
     def comparison_options(cls, kind: str, num_heads: int) -> dict:
@@ -226,7 +236,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         if not self.independent_heads:
             raise ValueError(f"{self.kind!r} attention cannot keep a subset of its heads: {self.head_independence}")
         keep_q, keep_kv = check_head_selection(heads, kv_heads, self.num_heads, self.num_kv_heads)
-        return self.subset_heads(keep_q, keep_kv)
+        return keep_head_slopes(self.subset_heads(keep_q, keep_kv), self, keep_q)
 
     def tensor_parallel_part(self, heads: list[int]) -> AttentionLayer:
         """The part of this layer that one tensor-parallel rank computes: the
@@ -253,30 +263,27 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         """True while at least one observer is registered."""
         return bool(self._attention_observers)
 
-    def register_attention_observer(self, observer: Observer) -> RemovableHandle:
+    def register_attention_observer(self, observer: Observer, *, heads=None, rows=None) -> RemovableHandle:
         """Call ``observer(module, event)`` after every forward until removed.
 
-        While one is registered the layer computes its exact weights (the
-        weights that mix the values) on every call.
-
-        Returns:
-            a handle whose ``remove()`` unregisters the observer.
+        While one is registered the layer computes the exact weights (those that
+        mix the values) of the ``heads`` and ``rows`` observers ask for (None: all;
+        ``functional.WeightSelection``; ``modules.observe`` says where they come
+        from). Returns a handle whose ``remove()`` unregisters it. Raises
+        TypeError / ValueError: ``observer`` not callable, heads/rows not ascending ints.
         """
         if not callable(observer):
             raise TypeError(f"observer must be callable, got {type(observer).__name__}")
         handle = RemovableHandle(self._attention_observers)
-        self._attention_observers[handle.id] = observer
+        self._attention_observers[handle.id] = (observer, WeightSelection(heads=heads, rows=rows))
         return handle
 
-    def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str) -> None:
-        """Hand one call's weights [B, H, T, S] and its q/k to the observers."""
-        event = AttentionEvent(
-            weights=weights.detach(), q=q.detach(), k=k.detach(),
-            scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale,
-            attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment, kind=self.kind,
-        )  # fmt: skip
-        for observer in list(self._attention_observers.values()):
-            observer(self, event)
+    def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str, heads=None, rows=None):
+        """Hand one call's weights [B, h, r, S] of query heads ``heads`` and rows ``rows``
+        (None: all H, T) and its q/k to each observer, cut to its own part."""
+        notify(self, list(self._attention_observers.values()), weights, (heads, rows), self.num_heads, q=q, k=k,
+               attn_mask=mask, scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale, is_causal=is_causal,
+               causal_alignment=causal_alignment, kind=self.kind)  # fmt: skip
 
     # ------------------------------------------------------------------ head hooks
     def register_head_hook(self, fn: Callable) -> RemovableHandle:
@@ -351,7 +358,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         out = attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
             scale=self.scale, dropout_p=self.dropout, training=self.training,
-            return_weights=return_weights, backend=backend,
+            return_weights=return_weights, backend=backend, alibi_slopes=self.alibi_slopes, softcap=self.softcap,
         )  # fmt: skip
         return out if return_weights else (out, None)
 
@@ -451,17 +458,21 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             )
             k_pos = None if cross else q_pos  # cross-attention keys at 0 .. S-1
         q, k = self.position_qk(q, k, q_pos, k_pos)
-        observed = self.observed
+        observed, ask, got = self.observed, return_weights, (None, None)
+        if observed and not return_weights:  # observers only: the union of their heads and rows
+            ask = observed_selection(self._attention_observers.values(), self.num_heads, q.shape[2])[0]
+            ask, got = (ask, (ask.heads, ask.rows)) if self.selects_weights else (True, got)
         with rollback_on_error(kv_cache):
             if kv_cache is not None:
                 k, v, extra = self.write_cache(kv_cache, k, v, extra)
             mask = merge_masks(attn_mask, key_padding(key_mask, query.shape[0], k.shape[2]))
             out, weights = self.core(
                 q, k, v, extra, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
-                return_weights=return_weights or observed, backend=backend, **options,
+                return_weights=ask, backend=backend, **options,
             )  # fmt: skip
         if observed:
-            self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment)
+            self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment,
+                                  heads=got[0], rows=got[1])  # fmt: skip
         if self._head_hooks:
             out = self.run_head_hooks(out)
         out = self.merge_heads(out)

@@ -8,6 +8,10 @@ and Qwen3:
     q [B, H, T, D] --q_norm--> q / sqrt(mean_D(q²) + eps) · q_norm.weight
     k [B, G, S, D] --k_norm--> k / sqrt(mean_D(k²) + eps) · k_norm.weight
 
+With ``unit_offset`` the gain is (1 + weight), the weight starting at zero
+(Qwen3-Next's and Gemma's parametrisation): the same function, stored as the
+offset from one, so a low-precision weight keeps its small digits.
+
 Keeps the logits q·k/√D bounded whatever the scale of the projections
 (Dehghani et al. 2023, "Scaling Vision Transformers to 22B parameters";
 Henry et al. 2020, "Query-Key Normalization for Transformers").
@@ -26,7 +30,7 @@ from .._checks import positive_int
 __all__ = ["HeadRMSNorm", "QKNorm"]
 
 
-def _check_eps(eps: object) -> float:
+def check_eps(eps: object) -> float:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0.0 <= float(eps) < math.inf):
         raise ValueError(f"eps must be a finite float >= 0, got eps={eps!r}")
     return float(eps)
@@ -35,20 +39,22 @@ def _check_eps(eps: object) -> float:
 class HeadRMSNorm(nn.Module):
     """RMSNorm over the last (head) dimension.
 
-    y = x / sqrt(mean(x², last dim) + eps) · weight. Half-precision inputs
-    (float16, bfloat16) are normalised and scaled in float32 and the result
-    is cast back; float32 and float64 inputs stay in their dtype.
+    y = x / sqrt(mean(x², last dim) + eps) · weight, or · (1 + weight) with
+    ``unit_offset``. Half-precision inputs (float16, bfloat16) are
+    normalised and scaled in float32 (the gain too) and the result is cast
+    back; float32 and float64 inputs stay in their dtype.
 
     Args:
         head_dim: D.
         eps: added to the mean square.
-        elementwise_affine: learn ``weight`` [D] (initialised to ones);
-            without it there is no parameter.
+        elementwise_affine: learn ``weight`` [D] (initialised to ones, or to
+            zeros with ``unit_offset``); without it there is no parameter.
+        unit_offset: the gain is 1 + weight.
         device, dtype: of the weight.
 
     Raises:
         TypeError / ValueError: head_dim not a positive int, eps negative
-            or not finite.
+            or not finite, unit_offset not a bool.
     """
 
     def __init__(
@@ -57,14 +63,19 @@ class HeadRMSNorm(nn.Module):
         eps: float = 1e-6,
         elementwise_affine: bool = True,
         *,
+        unit_offset: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.head_dim = positive_int("head_dim", head_dim)
-        self.eps = _check_eps(eps)
+        self.eps = check_eps(eps)
+        if not isinstance(unit_offset, bool):
+            raise TypeError(f"unit_offset must be a bool, got unit_offset={unit_offset!r}")
+        self.unit_offset = unit_offset
         if elementwise_affine:
-            self.weight = nn.Parameter(torch.ones(head_dim, device=device, dtype=dtype))
+            init = torch.zeros if unit_offset else torch.ones
+            self.weight = nn.Parameter(init(head_dim, device=device, dtype=dtype))
         else:
             self.register_parameter("weight", None)
 
@@ -75,11 +86,13 @@ class HeadRMSNorm(nn.Module):
         work = x if x.dtype in (torch.float32, torch.float64) else x.float()
         y = work * torch.rsqrt(work.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         if self.weight is not None:
-            y = y * self.weight.to(work.dtype)
+            gain = self.weight.to(work.dtype)
+            y = y * (1.0 + gain if self.unit_offset else gain)
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.head_dim}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+        offset = ", unit_offset=True" if self.unit_offset else ""
+        return f"{self.head_dim}, eps={self.eps}, elementwise_affine={self.weight is not None}{offset}"
 
 
 class QKNorm(nn.Module):
@@ -89,7 +102,8 @@ class QKNorm(nn.Module):
         head_dim: D.
         eps: added to the mean square.
         elementwise_affine: learn ``q_norm.weight`` and ``k_norm.weight``,
-            each [D] and initialised to ones.
+            each [D] and initialised to ones (zeros with ``unit_offset``).
+        unit_offset: the gains are 1 + weight (``HeadRMSNorm``).
         device, dtype: of the weights.
 
     Example:
@@ -106,11 +120,12 @@ class QKNorm(nn.Module):
         eps: float = 1e-6,
         elementwise_affine: bool = True,
         *,
+        unit_offset: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        factory = {"device": device, "dtype": dtype}
+        factory = {"unit_offset": unit_offset, "device": device, "dtype": dtype}
         self.q_norm = HeadRMSNorm(head_dim, eps, elementwise_affine, **factory)
         self.k_norm = HeadRMSNorm(head_dim, eps, elementwise_affine, **factory)
 

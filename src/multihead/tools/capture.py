@@ -28,6 +28,21 @@ What is recorded is the event's ``weights``: the weights that mix the values
 With ``scores=True`` the pre-softmax scores are rebuilt from the projected
 queries and keys: q kᵀ · scale plus any float mask, -inf where a key is
 hidden.
+
+Some heads, some query rows, some layers: memory then grows with what is
+asked for, not with L·H·T·S::
+
+    with capture(model, layers=[3], heads=[0, 5], rows=slice(-1, None)) as record:
+        model(input_ids)
+    record.layers[0].weights        # [B, 2, 1, S]: heads 0 and 5, the last query
+    record.layers[0].heads          # (0, 5); .rows: (T - 1,)
+    record.head(layer=0, head=5)    # [1, S]
+
+The weights come from the modules' observers (``modules.observe``): for
+MHA/GQA/MQA the fused kernel computes the output and the weights asked for
+are rebuilt from its log-sum-exp; kinds with a core of their own compute
+every weight and the record keeps the part asked for. The views
+(``tools.visualize``, ``tools.roles``) need every head and query row.
 """
 
 from __future__ import annotations
@@ -43,7 +58,9 @@ import torch
 from torch import nn
 
 from .._checks import non_negative_int
+from ..functional.alibi import alibi_bias
 from ..functional.masks import causal_mask
+from ..functional.weights import WeightSelection, pick
 from ..modules.base import AttentionLayer
 from ..modules.observe import AttentionEvent
 
@@ -58,8 +75,11 @@ class LayerAttention:
         layer: index of the module among the model's attention modules.
         name: the module's path inside the model (``named_modules``).
         kind: attention kind ("mha", "gqa", ...).
-        weights: [B, H, T, S] float32 on CPU.
-        scores: [B, H, T, S] float32 pre-softmax scores, or None.
+        weights: [B, h, r, S] float32 on CPU: [B, H, T, S] unless some
+            heads or rows were asked for.
+        scores: [B, h, r, S] float32 pre-softmax scores, or None.
+        heads: the query heads ``weights`` holds (ascending), None: all H.
+        rows: the query rows ``weights`` holds (ascending), None: all T.
     """
 
     layer: int
@@ -67,6 +87,8 @@ class LayerAttention:
     kind: str
     weights: torch.Tensor
     scores: torch.Tensor | None = None
+    heads: tuple[int, ...] | None = None
+    rows: tuple[int, ...] | None = None
 
     @property
     def num_heads(self) -> int:
@@ -99,19 +121,40 @@ class AttentionRecord:
         return len(self.layers)
 
     def head(self, layer: int, head: int, batch: int = 0) -> torch.Tensor:
-        """Weights [T, S] of one head.
+        """Weights [T, S] (or [r, S] of the rows captured) of query head ``head`` of entry ``layer``.
 
         Raises:
-            IndexError: layer, head or batch out of range (with the valid range).
+            IndexError: layer, head or batch out of range (with the valid range),
+                or a head that was not captured (naming those that were).
         """
         if not 0 <= layer < len(self.layers):
             raise IndexError(f"layer {layer} out of range [0, {len(self.layers)})")
-        w = self.layers[layer].weights
-        if not 0 <= head < w.shape[1]:
+        entry = self.layers[layer]
+        w = entry.weights
+        if entry.heads is not None:
+            if head not in entry.heads:
+                raise IndexError(f"head {head} was not captured in layer {layer}: it holds heads {list(entry.heads)}")
+            head = entry.heads.index(head)
+        elif not 0 <= head < w.shape[1]:
             raise IndexError(f"head {head} out of range [0, {w.shape[1]}) in layer {layer}")
         if not 0 <= batch < w.shape[0]:
             raise IndexError(f"batch {batch} out of range [0, {w.shape[0]})")
         return w[batch, head]
+
+    def require_whole(self, reader: str) -> None:
+        """Refuse a record whose entries hold only some heads or rows, for ``reader``
+        (the views and roles), which need every head and query row.
+
+        Raises:
+            ValueError: naming the first such entry and what it holds.
+        """
+        for entry in self.layers:
+            if entry.heads is not None or entry.rows is not None:
+                held = ", ".join(f"{n} {list(v)}" for n, v in (("heads", entry.heads), ("rows", entry.rows)) if v is not None)
+                raise ValueError(
+                    f"layer {entry.layer} ({entry.name}) holds {held} only; {reader} need every head and "
+                    "query row: capture without heads= / rows="
+                )
 
     def item(self, batch: int = 0) -> AttentionRecord:
         """Batch item ``batch`` alone: weights [1, H, T', S'] without its padding, its own tokens.
@@ -136,10 +179,11 @@ class AttentionRecord:
         for entry in self.layers:
             T, S = entry.weights.shape[-2:]
             k = keep if keep is not None else torch.ones(S, dtype=torch.bool)
-            q = k if T == S else torch.ones(T, dtype=torch.bool)
+            # Padded queries leave with their keys in self-attention; captured rows stay as they are.
+            q = k if T == S and entry.rows is None else torch.ones(T, dtype=torch.bool)
             weights = entry.weights[batch : batch + 1][:, :, q][:, :, :, k]  # (1, H, T', S')
             scores = None if entry.scores is None else entry.scores[batch : batch + 1][:, :, q][:, :, :, k]
-            layers.append(LayerAttention(entry.layer, entry.name, entry.kind, weights, scores))
+            layers.append(LayerAttention(entry.layer, entry.name, entry.kind, weights, scores, entry.heads, entry.rows))
         square = all(e.weights.shape[-2] == e.weights.shape[-1] for e in self.layers)
         queries = self._tokens("query_tokens", self.query_tokens, batch, keep if square else None)
         keys = None if self.key_tokens is None else self._tokens("key_tokens", self.key_tokens, batch, keep)
@@ -197,6 +241,8 @@ class AttentionRecord:
                     "kind": entry.kind,
                     "weights": _rounded(entry.weights[0], digits),
                     **({"scores": _rounded(entry.scores[0], digits)} if entry.scores is not None else {}),
+                    **({"heads": list(entry.heads)} if entry.heads is not None else {}),
+                    **({"rows": list(entry.rows)} if entry.rows is not None else {}),
                 }
                 for entry in one.layers
             ],
@@ -220,6 +266,8 @@ class AttentionRecord:
                     kind=str(entry["kind"]),
                     weights=weights,
                     scores=None if scores is None else _from_json_floats(scores).unsqueeze(0),
+                    heads=None if entry.get("heads") is None else tuple(int(h) for h in entry["heads"]),
+                    rows=None if entry.get("rows") is None else tuple(int(r) for r in entry["rows"]),
                 )
             )
         return cls(layers, data.get("query_tokens"), data.get("key_tokens"), data.get("source", ""))
@@ -276,41 +324,76 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, AttentionLayer)]
 
 
-def _scores(event: AttentionEvent) -> torch.Tensor:
-    """Pre-softmax scores [B, H, T, S] rebuilt from the event."""
+def _scores(event: AttentionEvent, module: nn.Module) -> torch.Tensor:
+    """Pre-softmax scores [B, h, r, S] of the event's heads and rows, rebuilt from its q and k
+    (with the layer's soft-capping and ALiBi, ``modules.score_options``).
+
+    A kind whose q has more heads than its weights (differential attention's
+    2H sub-heads) gets the scores of every q head, for the event's rows.
+    """
     q, k = event.q.float(), event.k.float()
-    H, G = q.shape[1], k.shape[1]
-    k = k.repeat_interleave(H // G, dim=1)  # (B, G, S, D) -> (B, H, S, D), small tensors only
-    scores = q @ k.transpose(-1, -2) * event.scale  # (B, H, T, S)
+    H, G, T = q.shape[1], k.shape[1], q.shape[2]
+    heads = list(event.heads) if H == module.num_heads else list(range(H))
+    rows = list(event.rows)
+    q = q[:, heads][:, :, rows]  # (B, H, T, D) -> (B, h, r, D)
+    k = k[:, [h // (H // G) for h in heads]]  # (B, G, S, D) -> (B, h, S, D), small tensors only
+    scores = q @ k.transpose(-1, -2) * event.scale  # (B, h, r, S)
+    softcap, slopes = getattr(module, "softcap", None), getattr(module, "alibi_slopes", None)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if slopes is not None:  # (H, T, S) -> (h, r, S)
+        scores = scores + alibi_bias(slopes.float(), T, k.shape[2], alignment=event.causal_alignment)[heads][:, rows]
     mask = event.attn_mask
+    if mask is not None:
+        mask = mask[None, None] if mask.dim() == 2 else mask  # (T, S) -> (1, 1, T, S)
+        mask = pick(mask, tuple(heads), tuple(rows))  # (B|1, h|1, r|1, S)
     if mask is not None and mask.dtype != torch.bool:
         scores = scores + mask.float()
     hidden = torch.zeros_like(scores, dtype=torch.bool)
     if mask is not None and mask.dtype == torch.bool:
         hidden = hidden | ~mask
     if event.is_causal:
-        T, S = scores.shape[-2:]
-        hidden = hidden | ~causal_mask(T, S, alignment=event.causal_alignment, device=scores.device)
+        S = scores.shape[-1]
+        hidden = hidden | ~causal_mask(T, S, alignment=event.causal_alignment, device=scores.device)[rows]
     return scores.masked_fill(hidden, float("-inf"))
 
 
 @contextmanager
-def capture(model: nn.Module, *, scores: bool = False) -> Iterator[AttentionRecord]:
-    """Record every attention call inside ``model`` during the block.
+def capture(
+    model: nn.Module,
+    *,
+    scores: bool = False,
+    heads: list[int] | None = None,
+    rows: slice | list[int] | None = None,
+    layers: list[int] | None = None,
+) -> Iterator[AttentionRecord]:
+    """Record the attention calls inside ``model`` during the block.
 
     Args:
         model: any module containing multihead attention modules (or one).
         scores: also rebuild the pre-softmax scores.
+        heads: ascending query heads to record in every observed layer (None: all).
+        rows: query rows to record: a slice, resolved against each call's T
+            (``slice(-1, None)``: the last query, in a generation loop too),
+            or ascending ints (negative ones count from the end); None: all.
+        layers: ascending indices of the attention modules to observe, in
+            ``attention_modules`` order (None: all).
 
     Yields:
-        an ``AttentionRecord`` filled as the model runs.
+        an ``AttentionRecord`` filled as the model runs; each entry's
+        ``heads`` and ``rows`` say what its weights hold (None: all).
 
     Raises:
-        ValueError: the model contains no observable attention module.
+        ValueError: the model contains no observable attention module; layers
+            out of range or not ascending; heads or rows that are not ascending
+            (a head or row beyond a call's H or T: at that call).
+        TypeError: heads, rows or layers of the wrong type.
     """
     modules = attention_modules(model)
     if not modules:
         raise ValueError(f"{type(model).__name__} contains no multihead attention module to capture")
+    chosen = _chosen_layers(layers, len(modules))
+    WeightSelection(heads=heads, rows=rows)  # checked before anything is registered
     record = AttentionRecord(source=type(model).__name__)
     index = {id(m): i for i, (_, m) in enumerate(modules)}
     names = {id(m): name or type(m).__name__ for name, m in modules}
@@ -318,19 +401,36 @@ def capture(model: nn.Module, *, scores: bool = False) -> Iterator[AttentionReco
     def observe(module: nn.Module, event: AttentionEvent) -> None:
         if not record.layers and record.attention_mask is None:
             record.attention_mask = padding_of(event.attn_mask, event.weights.shape[0])
+        H, T = module.num_heads, event.q.shape[2]  # the heads of its weights (a kind's q may have more)
         record.layers.append(
             LayerAttention(
                 layer=index[id(module)],
                 name=names[id(module)],
                 kind=event.kind,
                 weights=event.weights.detach().float().cpu(),
-                scores=_scores(event).cpu() if scores else None,
+                scores=_scores(event, module).cpu() if scores else None,
+                heads=None if event.heads == tuple(range(H)) else event.heads,
+                rows=None if event.rows == tuple(range(T)) else event.rows,
             )
         )
 
-    handles = [m.register_attention_observer(observe) for _, m in modules]
+    handles = [modules[i][1].register_attention_observer(observe, heads=heads, rows=rows) for i in chosen]
     try:
         yield record
     finally:
         for h in handles:
             h.remove()
+
+
+def _chosen_layers(layers: object, count: int) -> list[int]:
+    """The indices of the attention modules to observe (all when ``layers`` is None)."""
+    if layers is None:
+        return list(range(count))
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, (list, tuple, range)):
+        raise TypeError(f"layers must be a list of ints, got layers={layers!r} ({type(layers).__name__})")
+    chosen = [non_negative_int("layers", x) for x in layers]
+    if not chosen or any(a >= b for a, b in zip(chosen, chosen[1:])):
+        raise ValueError(f"layers must be ascending layer indices, each once (at least one); got layers={chosen}")
+    if chosen[-1] >= count:
+        raise ValueError(f"layers={list(chosen)} asks for layer {chosen[-1]}, but the model has {count} attention modules")
+    return list(chosen)

@@ -428,7 +428,8 @@ def classify_heads(
         TypeError: record not an ``AttentionRecord``, a bad threshold type.
         ValueError: weights not [B, H, T, S] or not finite;
             batch out of range; token lists or mask not matching [T, S];
-            an unknown role in thresholds; weight on a key the mask hides.
+            an unknown role in thresholds; weight on a key the mask hides;
+            a record that holds only some heads or rows.
     """
     if not isinstance(record, AttentionRecord):
         raise TypeError(f"record must be an AttentionRecord, got {type(record).__name__}")
@@ -436,6 +437,7 @@ def classify_heads(
     if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin):
         raise TypeError(f"margin must be a finite number, got {margin!r}")
     links = positive_int("links", links)
+    record.require_whole("classify_heads")
     record = record.item(non_negative_int("batch", batch))  # its own tokens, padding left out
     q_tokens = record.query_tokens
     k_tokens = record.key_tokens if record.key_tokens is not None else q_tokens

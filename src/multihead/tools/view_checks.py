@@ -36,6 +36,7 @@ def validate(record: AttentionRecord, batch: int) -> tuple[AttentionRecord, tupl
         raise TypeError(f"record must be an AttentionRecord, got {type(record).__name__}")
     if not record.layers:
         raise ValueError("the record is empty (no layers): run the model inside `with capture(model)` first")
+    record.require_whole("the views")
     record = record.item(non_negative_int("batch", batch))
     first = None
     for entry in record.layers:

@@ -6,11 +6,13 @@ each kind finishes (the header's ``kinds_finished``). A smoke test's reports
 (``header["smoke_test"]``) say so and have no tokens/s. The JSON holds everything the
 other two show: per kind its plan (``compare_plan.KindPlan``), the final
 validation loss of every seed, the validation curves, training tokens/s and
-peak memory.
+peak memory, and (not for a smoke test) each kind's difference to the
+baseline kind with its 95% interval over seeds (``compare_stats``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -19,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..io import write_bytes_atomic, write_text_atomic
+from .compare_stats import difference
 
-__all__ = ["summarize_kind", "write_reports", "markdown_table", "SMOKE_NOTE"]
+__all__ = ["summarize_kind", "against_baseline", "write_reports", "markdown_table", "SMOKE_NOTE"]
 
 SMOKE_NOTE = (
     "**A smoke test** (`--quick`): {steps} steps show that every kind trains. Losses after so few "
@@ -49,6 +52,41 @@ def summarize_kind(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str
     }
 
 
+def against_baseline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows, each with ``vs_baseline``: its difference to the baseline kind (mha when
+    compared, else the first) with the 95% interval over seeds (``compare_stats``)."""
+    kinds = [r["kind"] for r in rows]
+    base = rows[kinds.index("mha") if "mha" in kinds else 0]
+    by_seed = {r["kind"]: dict(zip(r["seeds"], r["val_loss"], strict=True)) for r in rows}
+    return [{**r, "vs_baseline": {"baseline": base["kind"],
+                                  **dataclasses.asdict(difference(by_seed[r["kind"]], by_seed[base["kind"]]))}}
+            for r in rows]  # fmt: skip
+
+
+def _versus(d: dict[str, Any]) -> str:
+    if d["low"] is None:
+        return f"{d['mean']:+.3f}"
+    mark = "" if d["separated"] else " ≈"
+    return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]{mark}"
+
+
+def _verdict(rows: list[dict[str, Any]]) -> str:
+    """The paragraph under the table: which kinds the seeds cannot separate from the baseline."""
+    if not rows or "vs_baseline" not in rows[0]:
+        return ""
+    base = rows[0]["vs_baseline"]["baseline"]
+    others = [r for r in rows if r["kind"] != base]
+    if any(r["vs_baseline"]["low"] is None for r in others):
+        return f"\nWith one seed there is no interval: differences to {base} are not tested (run --seeds 0,1,2).\n"
+    alike = [r for r in others if not r["vs_baseline"]["separated"]]
+    if not alike:
+        return f"\nEvery kind's 95% interval against {base} leaves out 0: each difference is larger than the seed spread.\n"
+    need = ", ".join(f"{r['kind']} {r['vs_baseline']['seeds_needed'] or 'more than 10000'}" for r in alike)
+    return (f"\n≈: the 95% interval over seeds holds 0, so {len(alike)} of {len(others)} kinds cannot be told apart "
+            f"from {base} at this budget; their order in the table is not a ranking. Seeds per kind that would "
+            f"separate them if the observed difference and spread held: {need} (or train longer).\n")
+
+
 def _si(x: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
@@ -60,22 +98,25 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The comparison as a markdown table, best validation loss first (the tokens/s
     column only when the rows have a speed: a smoke test's have none)."""
     speed = all("tokens_per_s" in r for r in rows)
+    versus = all("vs_baseline" in r for r in rows) and rows
+    base = f" vs {rows[0]['vs_baseline']['baseline']} (95% CI) |" if versus else ""
     head = (
-        f"| kind | val loss (nats/token) | params | MLP width |{' tokens/s |' if speed else ''} "
+        f"| kind | val loss (nats/token) |{base} params | MLP width |{' tokens/s |' if speed else ''} "
         "attn FLOPs/token prefill | decode | KV bytes/token | peak memory |\n"
-        f"|---|---|---|---|{'---|' if speed else ''}---|---|---|---|\n"
+        f"|---|---|{'---|' if versus else ''}---|---|{'---|' if speed else ''}---|---|---|---|\n"
     )
     lines = []
     for r in sorted(rows, key=lambda r: r["val_loss_mean"]):
         spread = f" ± {r['val_loss_std']:.3f}" if len(r["val_loss"]) > 1 else ""
         tokens_per_s = f" {r['tokens_per_s']:.0f} |" if speed else ""
+        vs = f" {_versus(r['vs_baseline'])} |" if versus else ""
         lines.append(
-            f"| {r['kind']} | {r['val_loss_mean']:.3f}{spread} | {_si(r['parameters'])} | "
+            f"| {r['kind']} | {r['val_loss_mean']:.3f}{spread} |{vs} {_si(r['parameters'])} | "
             f"{r['mlp_dim'] or '4C'} |{tokens_per_s} {_si(r['prefill_flops_per_token'])} | "
             f"{_si(r['decode_flops_per_token'])} | {r['kv_cache_bytes_per_token']} | "
             f"{r['peak_memory_bytes'] / 2**20:.0f} MiB |"
         )
-    return head + "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n" + _verdict(rows)
 
 
 def _plot(rows: list[dict[str, Any]], smoke_test: bool = False) -> bytes:
@@ -119,6 +160,8 @@ def write_reports(out: Path, rows: list[dict[str, Any]], header: dict[str, Any])
     smoke = bool(header.get("smoke_test"))
     if smoke:  # a few steps measure no speed
         rows = [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    else:
+        rows = against_baseline(rows)
     bad = [r["kind"] for r in rows if not math.isfinite(r["val_loss_mean"])]
     data = {**header, "kinds": {r["kind"]: r for r in rows}, "non_finite": bad}
     paths = {

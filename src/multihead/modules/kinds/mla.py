@@ -283,8 +283,9 @@ class MultiHeadLatentAttention(AttentionLayer):
         state = {name: t[rows[name.split(".")[0]]] if name.split(".")[0] in rows else t
                  for name, t in self.state_dict().items()}  # fmt: skip
         state["out_proj.weight"] = state["out_proj.weight"][:, head_rows(heads, self.v_head_dim, dev)]
+        options = {**self.init_options, "alibi": False}  # select_heads gives the kept heads their slopes
         new = type(self)(self.embed_dim, len(heads), head_dim=self.head_dim, device="meta",
-                         dtype=self.out_proj.weight.dtype, **self.init_options)  # fmt: skip
+                         dtype=self.out_proj.weight.dtype, **options)  # fmt: skip
         new.decode = self.decode
         return load_selected(new, state, self)
 

@@ -118,7 +118,11 @@ class MoHAttention(AttentionLayer):
     """
 
     kind = "moh"
-    refused_options = ("kdim", "vdim")  # one fused projection of the model width
+    refused_options = ("kdim", "vdim", "alibi", "softcap")  # one fused projection of the model width
+    option_refusals = {
+        "alibi": "its core runs the routed heads on their own paths, which do not pass ALiBi slopes",
+        "softcap": "its core runs the routed heads on their own paths, which do not pass a softcap",
+    }
     forward_options = ("path",)
     head_independence = (
         "the router couples the heads: each token's gates come from a softmax and a top-k over the heads, "

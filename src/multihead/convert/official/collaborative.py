@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import dropout_probability, positive_int
-from ..functional import attention
-from ..modules.kinds.collaborative import CollaborativeAttention
+from ..._checks import dropout_probability, positive_int
+from ...functional import attention
+from ...modules.kinds.collaborative import CollaborativeAttention
 
 __all__ = ["OfficialCollaborativeAttention", "from_official", "to_official"]
 

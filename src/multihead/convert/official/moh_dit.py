@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..modules.kinds.moh import MoHAttention
+from ...modules.kinds.moh import MoHAttention
 
 __all__ = ["OfficialMoHDiT", "from_official", "to_official"]
 

@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import dropout_probability, positive_int
-from ..modules.kinds.mha import MultiHeadAttention
+from ..._checks import dropout_probability, positive_int
+from ...modules.kinds.mha import MultiHeadAttention
 
 __all__ = ["AnnotatedTransformerAttention", "from_official", "to_official"]
 

@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..functional import causal_mask, sliding_window_mask
-from ..modules.kinds.dcmha import DCMHA
+from ...functional import causal_mask, sliding_window_mask
+from ...modules.kinds.dcmha import DCMHA
 
 __all__ = ["DCFormerAttention", "from_official", "rope_rotate_half"]
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import positive_int
-from ..modules.kinds.mla import MultiHeadLatentAttention
+from ..._checks import positive_int
+from ...modules.kinds.mla import MultiHeadLatentAttention
 
 __all__ = ["OfficialMLA", "from_official", "to_official", "MODEL_ARGS"]
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import dropout_probability, non_negative_int, positive_int
-from ..modules.kinds.overlapping import OverlappingHeadAttention
+from ..._checks import dropout_probability, non_negative_int, positive_int
+from ...modules.kinds.overlapping import OverlappingHeadAttention
 
 __all__ = ["MOHSAViTAttention", "from_official", "to_official", "vit_layer_state_dict"]
 

@@ -1,0 +1,231 @@
+"""Which attention weights a call returns, and rebuilding them from a log-sum-exp.
+
+``return_weights=WeightSelection(heads=[...], rows=...)`` asks
+``functional.attention`` for the weights of some query heads and some query
+rows only, detached (what observers and the head explorer need): an array of
+[B, len(heads), len(rows), S] instead of [B, H, T, S].
+
+The fused kernel (``sdpa`` backend) returns, with its output, the natural
+log-sum-exp of each query row's scores, lse[b, h, t] = log Σ_s exp(x[b, h, t, s])
+with x = q kᵀ · scale + bias over the visible keys. The weights are then
+rebuilt only where asked::
+
+    P[b, h, t, s] = exp(x[b, h, t, s] - lse[b, h, t])   at visible keys, 0 elsewhere
+
+and each rebuilt row is divided by its sum. That sum is 1 up to the rounding
+of lse: in float32 a row whose scores are near 7e5 (q = k = 300, D = 64)
+knows lse only to 0.06, which would move every weight by up to 6%; the
+division takes that rounding out, so the weights equal the explicit softmax
+up to float rounding. A row that may see no key gets all-zero weights.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["WeightSelection", "resolve_selection", "pick", "select_weights", "rebuild_weights"]
+
+_HALF = (torch.float16, torch.bfloat16)
+BLOCK_SCORES = 1 << 18  # scores formed at a time when rebuilding weights on a CPU (1 MiB of float32) ...
+MIN_BLOCK_ROWS = 16  # ... but at least this many rows per block (fewer, larger calls for large batches)
+GPU_BLOCK_SCORES = 1 << 27  # on a GPU: few large blocks (each block costs kernel launches, not cache misses)
+
+
+def _int_list(name: str, values: object) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a list of ints, got {name}={values!r} ({type(values).__name__})")
+    for x in values:
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise TypeError(f"{name} must hold ints, got {x!r} ({type(x).__name__}) in {name}={list(values)!r}")
+    if not values:
+        raise ValueError(f"{name} is empty: ask for at least one, or None for all")
+    return tuple(int(x) for x in values)
+
+
+def _ascending(values: tuple[int, ...]) -> bool:
+    return all(a < b for a, b in zip(values, values[1:]))
+
+
+@dataclass(frozen=True)
+class WeightSelection:
+    """The query heads and query rows whose weights a call returns (detached).
+
+    Attributes:
+        heads: query head indices, ascending, each once; None: every head.
+        rows: query rows: a ``slice`` (resolved against each call's T, like
+            Python's, so ``slice(-1, None)`` is the last query of any call),
+            or ascending ints (negative ones count from the end); None: every row.
+
+    Raises:
+        TypeError: heads or rows of another type, or holding non-ints.
+        ValueError: an empty list, negative or repeated heads or rows, heads
+            or rows not ascending, a slice step that is not positive.
+    """
+
+    heads: tuple[int, ...] | None = None
+    rows: slice | tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.heads is not None:
+            heads = _int_list("heads", self.heads)
+            if any(h < 0 for h in heads) or not _ascending(heads):
+                raise ValueError(f"heads must be ascending head indices >= 0, each once; got heads={list(heads)}")
+            object.__setattr__(self, "heads", heads)
+        rows = self.rows
+        if isinstance(rows, range):
+            rows = tuple(rows)
+        if isinstance(rows, slice):
+            for part in ("start", "stop", "step"):
+                value = getattr(rows, part)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                    raise TypeError(f"rows={rows!r}: the slice's {part} must be an int or None")
+            if rows.step is not None and rows.step <= 0:
+                raise ValueError(f"rows={rows!r}: the slice's step must be positive")
+        elif rows is not None:
+            rows = _int_list("rows", rows)
+            split = next((i for i, r in enumerate(rows) if r < 0), len(rows))
+            front, back = rows[:split], rows[split:]  # rows from the start, then rows from the end
+            if any(r >= 0 for r in back) or not _ascending(front) or not _ascending(back):
+                raise ValueError(
+                    f"rows={list(rows)} are not ascending (each once; negative rows, counted from the end, come last)"
+                )
+        object.__setattr__(self, "rows", rows)
+
+    @property
+    def everything(self) -> bool:
+        """True when every head and every row is asked for."""
+        return self.heads is None and self.rows is None
+
+
+def resolve_selection(selection: WeightSelection, H: int, T: int) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """The selection's (heads, rows) as ascending indices into [0, H) and [0, T); None = all.
+
+    Raises:
+        ValueError: a head >= H, or a row outside [-T, T), or rows that are
+            not ascending once negative ones are counted from the end (with
+            H, T and the values).
+    """
+    heads = selection.heads
+    if heads is not None and heads[-1] >= H:
+        raise ValueError(f"heads={list(heads)} asks for head {heads[-1]}, but the call has H={H} query heads")
+    rows = selection.rows
+    if isinstance(rows, slice):
+        rows = tuple(range(T)[rows])
+        if rows == tuple(range(T)):
+            rows = None
+    elif rows is not None:
+        bad = [r for r in rows if not -T <= r < T]
+        if bad:
+            raise ValueError(f"rows={list(rows)} asks for row {bad[0]}, but the call has T={T} query rows")
+        rows = tuple(r % T for r in rows)
+        if any(a >= b for a, b in zip(rows, rows[1:])):
+            raise ValueError(f"rows={list(selection.rows)} are not ascending rows of T={T} (each once)")
+    if heads is not None and heads == tuple(range(H)):
+        heads = None
+    return heads, rows
+
+
+def pick(t: torch.Tensor, heads: tuple[int, ...] | None, rows: tuple[int, ...] | None) -> torch.Tensor:
+    """Heads (dim 1) and rows (dim 2) of a tensor broadcastable to [B, H, T, ...];
+    a dim of size 1 (broadcast) is kept as it is."""
+    if heads is not None and t.shape[1] != 1:
+        t = t[:, list(heads)]  # (B, H, ...) -> (B, h, ...)
+    if rows is not None and t.shape[2] != 1:
+        t = t[:, :, list(rows)]  # (B, h, T, ...) -> (B, h, r, ...)
+    return t
+
+
+def select_weights(weights: torch.Tensor, heads: tuple[int, ...] | None, rows: tuple[int, ...] | None) -> torch.Tensor:
+    """[B, H, T, S] weights -> [B, h, r, S] of the selected heads and rows."""
+    return pick(weights, heads, rows)
+
+
+def rebuild_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    scale: float,
+    bias: torch.Tensor | None,
+    visible: torch.Tensor | None,
+    heads: tuple[int, ...] | None,
+    rows: tuple[int, ...] | None,
+    causal_offset: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """The weights of the selected heads and rows from the kernel's log-sum-exp.
+
+    Rows are formed in blocks small enough to stay in the CPU's cache (about
+    a megabyte of scores each), and with causality a block reads only the
+    keys its last row may see (the rest is zero), as the kernel itself does.
+
+    Args:
+        q: [B, H, T, D] queries; k: [B, G, S, D] keys (head h reads h // (H // G)).
+        lse: [B, H, T] natural log-sum-exp of each row's scaled, biased scores
+            (float32 for half-precision inputs).
+        scale: the score multiplier.
+        bias: the float mask the kernel added, broadcastable to [B, H, T, S], or None.
+        visible: bool, broadcastable to [B, H, T, S], True = may attend
+            (before causality), or None when every key is visible.
+        heads, rows: from ``resolve_selection`` (None = all).
+        causal_offset: with causality, query t sees keys up to t + offset
+            (0 top-left, S - T bottom-right), applied here; None without.
+        softcap: c when the kernel capped the scaled scores to c·tanh(x / c)
+            before adding the bias; None without.
+
+    Returns:
+        [B, h, r, S] in q's dtype, detached: 0 at hidden keys and on rows
+        that may see no key, each other row summing to 1.
+    """
+    B, H, T, D = q.shape
+    G, S = k.shape[1], k.shape[2]
+    R = H // G
+    compute = torch.float32 if q.dtype in _HALF else q.dtype
+    with torch.no_grad():
+        qs = pick(q, heads, rows).to(compute) * scale  # (B, h, r, D), scaled once
+        h, r = qs.shape[1], qs.shape[2]
+        kv = [x // R for x in (range(H) if heads is None else heads)]  # the key head each head reads
+        kt = k.to(compute) if kv == list(range(G)) else k.to(compute)[:, kv]  # (B, h, S, D): keys only, small
+        kt = kt.transpose(-1, -2).reshape(B * h, D, S)  # (B, h, S, D) -> (B*h, D, S), small: keys only
+        q3 = qs.reshape(B * h, r, D)  # (B, h, r, D) -> (B*h, r, D)
+        lse = pick(lse, heads, rows).to(compute).unsqueeze(-1)  # (B, h, r, 1)
+        bias = None if bias is None else pick(bias, heads, rows)
+        visible = None if visible is None else pick(visible, heads, rows)
+        index = range(T) if rows is None else rows
+        positions = torch.tensor(index, device=q.device)[:, None]  # (r, 1): each row's query index
+        out = torch.empty(B, h, r, S, dtype=compute, device=q.device)
+        out3 = out.view(B * h, r, S)
+        block = BLOCK_SCORES if q.device.type == "cpu" else GPU_BLOCK_SCORES
+        step = max(MIN_BLOCK_ROWS, block // max(1, B * h * S), 1)  # rows per block
+        for a in range(0, r, step):
+            b = min(r, a + step)
+            s1 = S if causal_offset is None else min(S, max(0, index[b - 1] + causal_offset + 1))
+            torch.bmm(q3[:, a:b], kt[:, :, :s1], out=out3[:, a:b, :s1])  # scores written in place
+            x = out[:, :, a:b, :s1]  # (B, h, c, s1)
+            if softcap is not None:
+                x.div_(softcap).tanh_().mul_(softcap)
+            if bias is not None:
+                x += _block(bias, a, b, s1)
+            x -= lse[:, :, a:b]
+            if visible is not None:
+                x.masked_fill_(~_block(visible, a, b, s1), float("-inf"))
+            if causal_offset is not None:  # keys before lo are seen by every row of the block
+                lo = min(s1, max(0, index[a] + causal_offset + 1))
+                j = torch.arange(lo, s1, device=q.device)  # (s1 - lo,)
+                x[..., lo:].masked_fill_(j > positions[a:b] + causal_offset, float("-inf"))  # (c, s1 - lo): the band
+            x.exp_()
+            total = x.sum(dim=-1, keepdim=True)  # (B, h, c, 1): 1 up to lse's rounding, 0 for rows that see nothing
+            x /= torch.where(total > 0, total, torch.ones((), dtype=compute, device=total.device))
+            out[:, :, a:b, s1:] = 0.0
+    return out.to(q.dtype)
+
+
+def _block(t: torch.Tensor, a: int, b: int, s1: int) -> torch.Tensor:
+    """Rows a:b and keys :s1 of a tensor broadcastable to [B, h, r, S] (a row dim of 1 stays)."""
+    if t.shape[2] != 1:
+        t = t[:, :, a:b]
+    return t[..., :s1]

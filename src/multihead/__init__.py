@@ -9,7 +9,7 @@ The public API on one screen:
 * ``KVCache``              static cache sized by key/value heads
 * ``TorchMultiheadAttention`` drop-in for ``torch.nn.MultiheadAttention``
 * ``build_attention(name, ...)`` attention kinds by name: mha, gqa, mqa, moh,
-  dcmha, talking_heads, overlapping, collaborative, gated (docs/variants.md),
+  dcmha, talking_heads, overlapping, collaborative, gated, mla (docs/variants.md),
   and those of installed packages (entry points "multihead.attention_kinds");
   ``attention_class(name)`` answers what a kind can do, ``kind_options(name)``
   which options it takes
@@ -50,6 +50,7 @@ _NAMES = {
     "OverlappingHeadAttention": "modules",
     "CollaborativeAttention": "modules",
     "GatedHeadAttention": "modules",
+    "MultiHeadLatentAttention": "modules",
     "KVCache": "modules",
     "TorchMultiheadAttention": "modules",
     "build_attention": "modules.registry",
@@ -92,6 +93,7 @@ __all__ = [
     "OverlappingHeadAttention",
     "CollaborativeAttention",
     "GatedHeadAttention",
+    "MultiHeadLatentAttention",
     "convert",
     "KVCache",
     "TorchMultiheadAttention",

@@ -16,10 +16,11 @@ from .kinds import (
     GatedHeadAttention,
     MoHAttention,
     MultiHeadAttention,
+    MultiHeadLatentAttention,
     OverlappingHeadAttention,
     TalkingHeadsAttention,
 )
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LatentKVCache
 from .norms import QKNorm
 from .registry import load_entry_point_kinds
 from .rope import Rotary
@@ -35,6 +36,8 @@ __all__ = [
     "OverlappingHeadAttention",
     "CollaborativeAttention",
     "GatedHeadAttention",
+    "MultiHeadLatentAttention",
+    "LatentKVCache",
     "QKNorm",
     "Rotary",
 ]

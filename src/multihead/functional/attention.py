@@ -28,6 +28,7 @@ def attention(
     backend: str = "auto",
     alibi_slopes: torch.Tensor | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention with GQA, exact masking and named backends.
 
@@ -74,6 +75,10 @@ def attention(
         softcap: None, or c > 0: scaled scores x become c·tanh(x / c)
             before ALiBi, the bias and masking (Gemma 2's logit
             soft-capping). ``sdpa`` cannot serve it.
+        sinks: None, or [H] learned sink logits (gpt-oss): one more column of
+            each row's softmax holding s_h, mixing no value, dropped after
+            the softmax; rows of the weights sum to less than 1 and a row
+            that may see no key gets output 0 (``functional.sinks``).
 
     Returns:
         out [B, H, T, Dv], or (out, weights) when ``return_weights``.
@@ -89,7 +94,7 @@ def attention(
         ValueError: shapes, dtypes, devices, mask shapes, scale, dropout_p,
             causal_alignment, unknown backend, a backend that cannot serve
             the call (with every reason), a selection outside the call's
-            heads or rows.
+            heads or rows, sinks that are not [H] on q's device.
     """
     req = make_request(
         q,
@@ -104,6 +109,7 @@ def attention(
         return_weights=return_weights,
         alibi_slopes=alibi_slopes,
         softcap=softcap,
+        sinks=sinks,
     )
     chosen = select_backend(backend, req)
     req, fixup = split_nonfinite(req)

@@ -56,6 +56,8 @@ def flex_not_supported(req: AttentionRequest) -> list[str]:
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (req.q, req.k, req.v))
     if device not in ("cpu", "cuda"):
         reasons.append(f"flex_attention is compiled here for CPU and CUDA only, not {device!r}")
+    if req.sinks is not None:
+        reasons.append("sinks: the flex backend's score function has no sink column (math and sdpa serve sinks)")
     if req.dropout_p > 0.0:
         reasons.append(f"dropout in training (dropout_p={req.dropout_p}): flex_attention has no dropout")
     D, Dv = req.q.shape[-1], req.v.shape[-1]

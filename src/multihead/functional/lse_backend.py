@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from .request import AttentionRequest
 from .weights import rebuild_weights
 
-__all__ = ["lse_not_supported", "lse_attention"]
+__all__ = ["lse_not_supported", "lse_attention", "fused_out_lse", "lse_weights"]
 
 _FLASH, _EFFICIENT, _CUDNN = 1, 2, 3  # torch.nn.attention.SDPBackend values of _fused_sdp_choice
 _CUDA_KERNELS = {_FLASH: "flash", _EFFICIENT: "efficient", _CUDNN: "cudnn"}
@@ -177,6 +177,23 @@ def lse_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
         (out [B, H, T, Dv] with the kernel's gradients, weights [B, h, r, S]
         detached: every head and row, or ``req.weight_heads`` x ``req.weight_rows``).
     """
+    out, lse = fused_out_lse(req)
+    return out, lse_weights(req, lse)
+
+
+def lse_weights(req: AttentionRequest, lse: torch.Tensor) -> torch.Tensor:
+    """The weights ``req`` asks for [B, h, r, S], rebuilt from the kernel's lse [B, H, T]."""
+    bias = None if req.bias is None else req.bias.to(req.q.dtype)  # what the kernel added
+    B, H, G, T, S, Dv = req.shape
+    offset = None if req.causal_is_trivial else 0 if req.causal_alignment == "top_left" else S - T
+    return rebuild_weights(
+        req.q, req.k, lse, scale=req.scale, bias=bias, visible=req.allowed,
+        heads=req.weight_heads, rows=req.weight_rows, causal_offset=offset,
+    )  # fmt: skip
+
+
+def fused_out_lse(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, H, T, Dv], lse [B, H, T]) of the fused kernel; out is 0 on rows that see no key."""
     q, k, v, mask, causal, row_ok = _kernel_inputs(req)
     if q.device.type == "cuda":
         out, lse = _cuda_kernel(q, k, v, mask, causal, req.scale)
@@ -191,11 +208,4 @@ def lse_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
         out = out[..., :Dv]
     if row_ok is not None:
         out = out.masked_fill(~row_ok, 0.0)
-    bias = None if req.bias is None else req.bias.to(req.q.dtype)  # what the kernel added
-    B, H, G, T, S, Dv = req.shape
-    offset = None if req.causal_is_trivial else 0 if req.causal_alignment == "top_left" else S - T
-    weights = rebuild_weights(
-        req.q, req.k, lse, scale=req.scale, bias=bias, visible=req.allowed,
-        heads=req.weight_heads, rows=req.weight_rows, causal_offset=offset,
-    )  # fmt: skip
-    return out, weights
+    return out, lse

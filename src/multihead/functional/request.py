@@ -24,6 +24,9 @@ serves them its own way (``math`` exactly, ``sdpa`` ALiBi as an added bias,
 * ``alibi_slopes``: (H,), adding -m_h·|i + offset - j| with the
   queries placed among the keys by ``causal_alignment`` (offset 0
   top-left, S - T bottom-right: decoding with a cache).
+
+``sinks`` [H] (or None): one learned logit per query head, an extra column
+of every row's softmax that mixes no value (``functional.sinks``).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class AttentionRequest:
     weights_detached: bool = False
     alibi_slopes: torch.Tensor | None = None
     softcap: float | None = None
+    sinks: torch.Tensor | None = None
 
     @property
     def alibi_offset(self) -> int:
@@ -82,7 +86,7 @@ class AttentionRequest:
         asked for (not a detached selection) and an input requires grad."""
         if not self.return_weights or self.weights_detached or not torch.is_grad_enabled():
             return False
-        return any(t is not None and t.requires_grad for t in (self.q, self.k, self.v, self.bias))
+        return any(t is not None and t.requires_grad for t in (self.q, self.k, self.v, self.bias, self.sinks))
 
     @property
     def causal_is_trivial(self) -> bool:
@@ -145,6 +149,15 @@ def _check_qkv(q: object, k: object, v: object) -> None:
         raise ValueError(f"q and k head dims differ: {_shapes(q=q, k=k)}")
 
 
+def _check_sinks(sinks: object, q: torch.Tensor) -> None:
+    if not isinstance(sinks, torch.Tensor) or not sinks.dtype.is_floating_point:
+        raise TypeError(f"sinks must be a floating torch.Tensor [H] or None, got {getattr(sinks, 'dtype', type(sinks))}")
+    if tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(f"sinks must be [H] = [{q.shape[1]}] (one logit per query head), got {tuple(sinks.shape)}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks are on {sinks.device} but q is on {q.device}")
+
+
 def _normalise_mask(
     mask: object, q: torch.Tensor, k: torch.Tensor
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -202,6 +215,7 @@ def make_request(
     return_weights: bool | WeightSelection,
     alibi_slopes: torch.Tensor | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> AttentionRequest:
     """Validate an attention call and return the normalised request.
 
@@ -210,9 +224,12 @@ def make_request(
         ValueError: shapes, dtypes, devices, mask shapes, scale, dropout_p,
             causal_alignment, a weight selection outside the call's heads or
             rows, ALiBi slopes that are not (H,), a softcap that is not a
-            positive finite float; messages name the offending values.
+            positive finite float, sinks that are not a floating [H] tensor
+            on q's device; messages name the offending values.
     """
     _check_qkv(q, k, v)
+    if sinks is not None:
+        _check_sinks(sinks, q)
     check_alignment(causal_alignment)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
@@ -245,6 +262,7 @@ def make_request(
         weights_detached=selected,
         alibi_slopes=slopes,
         softcap=cap,
+        sinks=sinks,
     )
 
 

@@ -20,7 +20,8 @@ promises:
 A call that asks for weights runs the same kernel through the operator that
 also returns its log-sum-exp, and the weights asked for are rebuilt from it
 (``lse_backend``); where that cannot serve, the reasons say why and ``auto``
-uses ``math``.
+uses ``math``. A call with sinks corrects the same kernel's output by its
+log-sum-exp (``sinks``).
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ import torch.nn.functional as F
 from .alibi import alibi_as_bias
 from .lse_backend import cuda_kernel_inputs, lse_attention, lse_not_supported
 from .request import AttentionRequest
+from .sinks import sink_attention
 
 __all__ = ["sdpa_attention", "sdpa_not_supported"]
 
 
 def sdpa_not_supported(req: AttentionRequest) -> list[str]:
     """Reasons the fused kernel cannot serve ``req`` (empty when it can)."""
-    reasons = lse_not_supported(req) if req.return_weights else []
+    reasons = lse_not_supported(req) if req.return_weights or req.sinks is not None else []
     if req.softcap is not None:
         reasons.append(f"softcap={req.softcap}: the kernel adds a mask to the scores but cannot cap them (tanh)")
     if req.bias is not None and req.bias.dtype != req.q.dtype:
@@ -81,6 +83,8 @@ def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
         passed to the kernel as part of its float mask.
     """
     req = alibi_as_bias(req)  # (1, H, T, S) added to the scores, as any float mask
+    if req.sinks is not None:
+        return sink_attention(req)
     if req.return_weights:
         return lse_attention(req)
     B, H, G, T, S, Dv = req.shape

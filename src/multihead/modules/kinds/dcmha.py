@@ -145,8 +145,9 @@ class DCMHA(AttentionLayer):
         self.init_positions(D)
 
     kind = "dcmha"
-    refused_options = ("num_kv_heads", "kdim", "vdim", "alibi", "softcap")  # H key heads from one fused projection
+    refused_options = ("num_kv_heads", "kdim", "vdim", "alibi", "softcap", "sinks")  # H key heads from one fused projection
     option_refusals = {
+        "sinks": "its core is its own, not functional.attention's softmax with a sink column",
         "alibi": "the composed core mixes every head's scores, so a per-head ALiBi bias has no defined place in it",
         "softcap": "the composed core forms its own scores (functional.attention's soft-capping is not applied there)",
     }

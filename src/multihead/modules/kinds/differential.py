@@ -103,8 +103,9 @@ class DifferentialAttention(AttentionLayer):
     """
 
     kind = "diff"
-    refused_options = ("alibi", "softcap")
+    refused_options = ("alibi", "softcap", "sinks")
     option_refusals = {
+        "sinks": "its core is its own, not functional.attention's softmax with a sink column",
         "alibi": "each head subtracts two score maps (2H sub-heads); which slope each map takes is not defined",
         "softcap": "each head subtracts two softmax maps; the paper defines no soft-capping of them",
     }

@@ -152,6 +152,8 @@ class MultiHeadAttention(AttentionLayer):
                 if f"{name}.{suffix}" in state:
                     state[f"{name}.{suffix}"] = state[f"{name}.{suffix}"][idx]
         state["out_proj.weight"] = state["out_proj.weight"][:, q_rows]  # (C, H*D) -> (C, H'*D)
+        if "sinks" in state:
+            state["sinks"] = state["sinks"][heads]  # (H,) -> (H',): each head's sink logit
         return state
 
     def subset_heads(self, heads: list[int], kv_heads: list[int]) -> MultiHeadAttention:

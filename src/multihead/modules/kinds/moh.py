@@ -118,8 +118,9 @@ class MoHAttention(AttentionLayer):
     """
 
     kind = "moh"
-    refused_options = ("kdim", "vdim", "alibi", "softcap")  # one fused projection of the model width
+    refused_options = ("kdim", "vdim", "alibi", "softcap", "sinks")  # one fused projection of the model width
     option_refusals = {
+        "sinks": "its core is its own, not functional.attention's softmax with a sink column",
         "alibi": "its core runs the routed heads on their own paths, which do not pass ALiBi slopes",
         "softcap": "its core runs the routed heads on their own paths, which do not pass a softcap",
     }

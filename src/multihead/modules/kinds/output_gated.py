@@ -163,6 +163,8 @@ class OutputGatedAttention(AttentionLayer):
             if f"qkv_proj.{suffix}" in state:
                 state[f"qkv_proj.{suffix}"] = state[f"qkv_proj.{suffix}"][rows]
         state["out_proj.weight"] = state["out_proj.weight"][:, q_rows]  # (C, H*D) -> (C, H'*D)
+        if "sinks" in state:
+            state["sinks"] = state["sinks"][heads]  # (H,) -> (H',): each head's sink logit
         new = type(self)(
             self.embed_dim, len(heads), num_kv_heads=len(kv_heads), head_dim=D,
             device="meta", dtype=self.out_proj.weight.dtype, **self.init_options,

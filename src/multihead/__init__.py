@@ -6,7 +6,8 @@ The public API on one screen:
 * ``multihead.functional`` ``attention(q, k, v, ...)``, masks, backends
 * ``multihead.textbook``   the tutorial classes with their exact signatures
 * ``MultiHeadAttention``   the production module (MHA / GQA / MQA, cross, cache)
-* ``KVCache``              static cache sized by key/value heads
+* ``KVCache``              static cache sized by key/value heads;
+  ``StreamingKVCache`` / ``streaming_cache`` (sink tokens + the last positions)
 * ``TorchMultiheadAttention`` drop-in for ``torch.nn.MultiheadAttention``
 * ``build_attention(name, ...)`` attention kinds by name: mha, gqa, mqa, moh,
   dcmha, talking_heads, overlapping, collaborative, gated, mla (docs/variants.md),
@@ -52,6 +53,8 @@ _NAMES = {
     "GatedHeadAttention": "modules",
     "MultiHeadLatentAttention": "modules",
     "KVCache": "modules",
+    "StreamingKVCache": "modules",
+    "streaming_cache": "modules",
     "TorchMultiheadAttention": "modules",
     "build_attention": "modules.registry",
     "list_attention_kinds": "modules.registry",
@@ -96,6 +99,8 @@ __all__ = [
     "MultiHeadLatentAttention",
     "convert",
     "KVCache",
+    "StreamingKVCache",
+    "streaming_cache",
     "TorchMultiheadAttention",
     "build_attention",
     "list_attention_kinds",

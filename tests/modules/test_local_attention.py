@@ -160,3 +160,14 @@ def test_streaming_cache_with_a_window_layer_and_its_errors():
         streaming_cache(build("dcmha"), 1, sink_tokens=1, window=2, max_step=1)
     cache.reset()
     assert cache.length == 0 and cache.key_positions().numel() == 0
+
+
+def test_cost_counts_the_pairs_inside_the_window():
+    m, plain = _gqa(window=3), _gqa()
+    pairs = int(sliding_window_mask(7, window=3).sum())  # 3 + 3 + ... from the mask builder
+    D = m.head_dim
+    assert m.cost(7, causal=True).core_flops == 2 * H * pairs * 2 * D
+    assert plain.cost(7, causal=True).core_flops == 2 * H * 28 * 2 * D
+    assert m.cost(7).kv_cache_bytes_per_token == plain.cost(7).kv_cache_bytes_per_token
+    assert m.cost(7).parameters == plain.cost(7).parameters
+    assert _gqa(sinks=True).cost(7).parameters == plain.cost(7).parameters + H  # one sink logit per head

@@ -292,7 +292,7 @@ class CollaborativeAttention(AttentionLayer):
         """
         S = T if S is None else S
         H, Dv, Dt = self.num_heads, self.head_dim, self.shared_dim
-        pairs = visible_pairs(T, S, causal=causal)
+        pairs = visible_pairs(T, S, causal=causal, window=self.sliding_window)
         core = 2 * batch * H * pairs * (Dt + H + Dv) + batch * H * T * Dt
         proj = (
             2

@@ -263,7 +263,7 @@ class DCMHA(AttentionLayer):
         """
         S = T if S is None else S
         H, D, C, R, K = self.num_heads, self.head_dim, self.embed_dim, self.rank, self.dynamic_hidden_dim
-        pairs = visible_pairs(T, S, causal=causal)
+        pairs = visible_pairs(T, S, causal=causal, window=self.sliding_window)
         per_pair = (8 * R * H if self.dynamic else 0) + (2 * H * H if self.static else 0)
         core = 2 * batch * H * pairs * 2 * D + 2 * batch * pairs * per_pair
         proj = 2 * batch * (T + 2 * S) * C * H * D + 2 * batch * T * H * D * C

@@ -171,3 +171,17 @@ def test_cost_counts_the_pairs_inside_the_window():
     assert m.cost(7).kv_cache_bytes_per_token == plain.cost(7).kv_cache_bytes_per_token
     assert m.cost(7).parameters == plain.cost(7).parameters
     assert _gqa(sinks=True).cost(7).parameters == plain.cost(7).parameters + H  # one sink logit per head
+
+
+def test_observers_get_the_exact_weights_with_the_sinks_share():
+    m = _gqa(sinks=True, window=3)
+    x = _x()
+    events = []
+    handle = m.register_attention_observer(lambda layer, event: events.append(event), heads=[1, 2], rows=[-1])
+    with torch.no_grad():
+        m(x, is_causal=True)
+        _, w = m(x, is_causal=True, return_weights=True, backend="math")
+    handle.remove()
+    got = events[0].weights
+    assert_paths_agree(got, w[:, [1, 2]][:, :, [-1]])
+    assert bool((got.sum(-1) < 1).all())

@@ -170,5 +170,9 @@ def test_cuda_kernels_with_sinks_follow_the_math_path():
             grads.append([g.float() for g in torch.autograd.grad(out.float().square().sum(), (q, k, v, sinks))])
         kws = {} if tol is None else {"rtol": tol, "atol": tol}
         torch.testing.assert_close(outs[0], outs[1], **kws)
+        with torch.no_grad():  # exact weights of some heads and rows: the rebuilt softmax times the sink factor
+            sel = WeightSelection(heads=[1, 6], rows=[0, -1])
+            w = [attention(q, k, v, sinks=sinks, backend=b, return_weights=sel, **kw)[1].float() for b in ("sdpa", "math")]
+        torch.testing.assert_close(w[0], w[1], **kws)
         for a, b in zip(*grads):
             torch.testing.assert_close(a, b, **({} if tol is None else {"rtol": tol, "atol": tol * b.abs().max().item()}))

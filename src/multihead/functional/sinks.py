@@ -106,7 +106,7 @@ def augmented_attention(req: AttentionRequest, q, k, v, sinks) -> torch.Tensor:
     vx = torch.cat([vc, torch.zeros(B, G, 1, Dv, dtype=compute, device=dev)], dim=2)  # (B, G, S + 1, Dv)
     allowed, bias = req.visible(), req.bias
     parts = [t for t in (allowed, bias) if t is not None]
-    Bm, Hm = (max((t.shape[i] for t in parts), default=1) for i in (0, 1))
+    Bm, Hm = (max([1, *(t.shape[i] for t in parts)]) for i in (0, 1))
     mask = torch.zeros(Bm, Hm, T, S + 1, dtype=compute, device=dev)  # the sink column stays 0: always visible
     if bias is not None:
         mask[..., :S] += bias.to(compute)

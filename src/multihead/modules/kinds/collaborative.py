@@ -141,7 +141,8 @@ class CollaborativeAttention(AttentionLayer):
     """
 
     kind = "collaborative"
-    refused_options = ("num_kv_heads", "sinks")  # one key head serves every head; its own core (no sink column)
+    refused_options = ("num_kv_heads", "sinks")  # one key head serves every head
+    option_refusals = {"sinks": "its core is its own, not functional.attention's softmax with a sink column"}
     independent_heads = True
     selects_weights = True  # its core is functional.attention over a stride-0 view of the key head
     head_independence = (

@@ -274,8 +274,8 @@ class MultiHeadLatentAttention(AttentionLayer):
     # ------------------------------------------------------------------ heads
     def subset_heads(self, heads: list[int], kv_heads: list[int]) -> MultiHeadLatentAttention:
         """The kept heads' rows of the query projection (q_proj or q_b_proj) and
-        of kv_b_proj, their columns of out_proj; the latent and rope-key
-        projections and both norms stay whole."""
+        of kv_b_proj, their columns of out_proj and their sink logits; the latent
+        and rope-key projections and both norms stay whole."""
         dev = self.out_proj.weight.device
         Dq, Dkv = self.qk_nope_head_dim + self.qk_rope_head_dim, self.qk_nope_head_dim + self.v_head_dim
         q_name = "q_b_proj" if self.q_lora_rank else "q_proj"
@@ -283,6 +283,8 @@ class MultiHeadLatentAttention(AttentionLayer):
         state = {name: t[rows[name.split(".")[0]]] if name.split(".")[0] in rows else t
                  for name, t in self.state_dict().items()}  # fmt: skip
         state["out_proj.weight"] = state["out_proj.weight"][:, head_rows(heads, self.v_head_dim, dev)]
+        if "sinks" in state:
+            state["sinks"] = state["sinks"][heads]  # (H,) -> (H',): each head's sink logit
         options = {**self.init_options, "alibi": False}  # select_heads gives the kept heads their slopes
         new = type(self)(self.embed_dim, len(heads), head_dim=self.head_dim, device="meta",
                          dtype=self.out_proj.weight.dtype, **options)  # fmt: skip

@@ -7,11 +7,11 @@
 # Needs torch with CUDA and the project's dependencies importable (PYTHONPATH=src is set here;
 # nothing is installed). Each step's log goes to OUT_DIR/<step>.log and its results under
 # OUT_DIR/<step>/; the last lines of each log are printed. STEPs (default: all): tests peers
-# capture flex moh decode.
+# capture flex moh syncs decode.
 set -u
 out=${1:?usage: bash benchmarks/cuda_checks.sh OUT_DIR [STEP ...]}
 shift
-steps=${*:-tests peers capture flex moh decode}
+steps=${*:-tests peers capture flex moh syncs decode}
 mkdir -p "$out"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 MULTIHEAD_CACHE="$out/cache"
 py=${PYTHON:-python3}
@@ -46,6 +46,7 @@ for step in $steps; do
         --scenario causal --scenario "causal + alibi" --scenario "causal + softcap" ;;
     moh) bench moh 60 moh_active_heads --set device=cuda --rounds 20 --scenario "core forward, 50% active" \
         --scenario "core forward causal, 50% active, B=1 T=2048" --scenario "forward causal, 50% active, B=1 T=2048" ;;
+    syncs) TAIL=12 run syncs 90 $py -m benchmarks.cuda_syncs ;;
     decode) run decode 90 $py -m benchmarks.decode_vs_hf --device cuda --out "$out/decode" ;;
     *) echo "unknown step $step" ;;
     esac

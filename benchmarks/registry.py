@@ -25,7 +25,14 @@ compute the same thing, so two different computations are never timed.
 Timing keys the runner reads from the config (all optional):
 ``warmup`` (alternating warm-up rounds), ``rounds`` (measured rounds),
 ``number`` (calls per measurement, the time is divided by it) and
-``threads`` (``torch.set_num_threads``; None keeps torch's default).
+``threads`` (``torch.set_num_threads``; None keeps torch's default) and
+``device`` ("cuda": the clock is read after ``torch.cuda.synchronize()``).
+
+``setup`` may return a :class:`Contenders` instead of a plain dict, to say
+which contenders it could not time and why (a peer that is not installed,
+one whose outputs differ, one that does not apply to the scenario), how
+many FLOPs one step does (the runner then reports FLOP/s) and any other
+figures measured during setup (e.g. peak memory); the runner records them.
 """
 
 from __future__ import annotations
@@ -34,12 +41,33 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CASES", "TIMING_DEFAULTS", "Case", "load_cases", "register"]
+__all__ = ["CASES", "TIMING_DEFAULTS", "Case", "Contenders", "load_cases", "register"]
 
 Step = Callable[[], None]
 Setup = Callable[[dict[str, Any]], dict[str, Step]]
 
 TIMING_DEFAULTS: dict[str, Any] = {"warmup": 3, "rounds": 20, "number": 1, "threads": None}
+
+
+class Contenders(dict):
+    """``{contender name: step}`` plus what the runner records beside the times.
+
+    Attributes:
+        not_timed: name -> (status, reason) of a contender left out, status
+            one of "missing" (an optional peer not installed), "refused"
+            (its outputs differ from the others'), "n/a" (it cannot run this
+            scenario), "failed" (its first call raised, e.g. no kernel).
+        flops: name -> FLOPs of one step (the useful work of the scenario,
+            the same for every contender computing the same thing).
+        notes: name -> {figure: value} measured during setup (e.g. peak
+            memory in MiB), recorded in the JSON and the report.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.not_timed: dict[str, tuple[str, str]] = {}
+        self.flops: dict[str, float] = {}
+        self.notes: dict[str, dict[str, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -57,6 +85,9 @@ class Case:
             a case has a single setting.
         baseline: the contender other contenders are divided by in ratios
             (None: the first contender ``setup`` returns).
+        subject: when set, ratios are ``subject / contender`` for every
+            other contender (one row per peer, the subject's time over the
+            peer's), instead of ``contender / baseline``.
     """
 
     name: str
@@ -66,6 +97,7 @@ class Case:
     quick: dict[str, Any] = field(default_factory=dict)
     scenarios: dict[str, dict[str, Any]] = field(default_factory=lambda: {"default": {}})
     baseline: str | None = None
+    subject: str | None = None
 
     def resolve(
         self, scenario: str, *, quick: bool = False, overrides: dict[str, Any] | None = None
@@ -92,6 +124,7 @@ def register(
     quick: dict[str, Any] | None = None,
     scenarios: dict[str, dict[str, Any]] | None = None,
     baseline: str | None = None,
+    subject: str | None = None,
 ) -> Callable[[Setup], Setup]:
     """Decorator: register ``setup`` as the case ``name`` in ``CASES``.
 
@@ -110,6 +143,7 @@ def register(
             quick=dict(quick or {}),
             scenarios=dict(scenarios or {"default": {}}),
             baseline=baseline,
+            subject=subject,
         )
         return setup
 

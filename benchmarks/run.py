@@ -2,13 +2,15 @@
 
     python -m benchmarks.run --list
     python -m benchmarks.run CASE [--quick] [--rounds N] [--warmup N]
-                             [--threads N] [--scenario NAME ...]
-                             [--set KEY=VALUE ...] [--out DIR]
+                             [--threads N] [--scenario NAME ...] [--device cuda]
+                             [--set KEY=VALUE ...] [--out DIR] [--check]
 
 Prints a markdown table and writes ``<out>/<case>-<timestamp>.json`` (all
 samples, summaries, config, machine) and ``.md`` (the table with the
-command, machine and date), each written to a temporary name first and
-moved into place with ``os.replace``.
+command, machine, date and load) and ``.png`` (a bar chart of the ratios),
+each written to a temporary name first and moved into place with
+``os.replace``. ``--check`` sets every scenario up (the agreement checks)
+and calls each step once, timing nothing.
 """
 
 from __future__ import annotations
@@ -16,18 +18,20 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
 import shlex
+import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .registry import Case, load_cases
+from .report_extras import PEAK, extra_sections, peak_step, throughput
 from .timing import compare, fmt_ms, summarize, threads, time_alternating
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -83,6 +87,11 @@ def load_average() -> list[float] | None:
 
 
 # ---------------------------------------------------------------- running
+def _sync(config: dict[str, Any]):
+    """``torch.cuda.synchronize`` for a CUDA scenario (None on CPU)."""
+    return torch.cuda.synchronize if str(config.get("device", "cpu")).startswith("cuda") else None
+
+
 def run_case(
     case: Case,
     *,
@@ -90,8 +99,14 @@ def run_case(
     overrides: dict[str, Any] | None = None,
     scenarios: list[str] | None = None,
     log=print,
+    dry: bool = False,
 ) -> dict[str, Any]:
-    """Set up and time every scenario of ``case``; return the result record."""
+    """Set up and time every scenario of ``case``; return the result record.
+
+    With ``dry=True`` nothing is timed: each scenario is set up (which runs
+    the case's agreement checks) and every step called once; the record
+    lists the contenders and those not timed, without samples.
+    """
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     results = []
     for scenario in scenarios or list(case.scenarios):
@@ -99,9 +114,31 @@ def run_case(
         with threads(config.get("threads")):
             num_threads = torch.get_num_threads()
             steps = case.setup(config)
-            baseline = case.baseline or next(iter(steps))
+            not_timed = {name: {"status": status, "reason": reason}
+                         for name, (status, reason) in getattr(steps, "not_timed", {}).items()}  # fmt: skip
+            entry: dict[str, Any] = {
+                "scenario": scenario,
+                "config": config,
+                "threads": num_threads,
+                "not_timed": not_timed,
+                "flops": dict(getattr(steps, "flops", {})),
+                "notes": dict(getattr(steps, "notes", {})),
+            }
+            for name, why in not_timed.items():
+                log(f"[{case.name}] {scenario}: not timed: {name} ({why['status']}: {why['reason']})")
+            baseline = case.subject or case.baseline or next(iter(steps))
             if baseline not in steps:
                 raise KeyError(f"baseline {baseline!r} is not a contender of {case.name}: {list(steps)}")
+            if dry:
+                for step in steps.values():
+                    step()
+                results.append({**entry, "baseline": baseline, "order": list(steps),
+                                "load_average_before": load_average()})  # fmt: skip
+                del steps
+                continue
+            gemm = peak_step(config) if entry["flops"] else None
+            if gemm is not None:
+                steps[PEAK] = gemm[0]
             log(f"[{case.name}] {scenario}: contenders {list(steps)}, "
                 f"warmup {config['warmup']}, rounds {config['rounds']}, number {config['number']}, "
                 f"threads {num_threads}")
@@ -116,32 +153,44 @@ def run_case(
                 warmup=int(config["warmup"]),
                 rounds=int(config["rounds"]),
                 number=int(config["number"]),
+                sync=_sync(config),
                 progress=progress,
             )
             load_after = load_average()
             del steps
+        peak = None
+        if gemm is not None:
+            per_round = [gemm[1] / t for t in samples[PEAK]]
+            n = round((gemm[1] / 2) ** (1 / 3))
+            peak = {"flops": gemm[1], "n": n, "dtype": str(config["dtype"]), "samples_s": samples.pop(PEAK),
+                    "flop_per_s": statistics.median(per_round), "min_flop_per_s": min(per_round),
+                    "max_flop_per_s": max(per_round)}  # fmt: skip
+        summary = {name: summarize(xs) for name, xs in samples.items()}
+        if case.subject:
+            ratios = {name: {**compare(samples[baseline], xs), "numerator": baseline, "denominator": name}
+                      for name, xs in samples.items() if name != baseline}  # fmt: skip
+        else:
+            ratios = {name: {**compare(xs, samples[baseline]), "numerator": name, "denominator": baseline}
+                      for name, xs in samples.items() if name != baseline}  # fmt: skip
         results.append(
             {
-                "scenario": scenario,
-                "config": config,
-                "threads": num_threads,
+                **entry,
                 "baseline": baseline,
                 "order": list(samples),
                 "load_average_before": load_before,
                 "load_average_after": load_after,
                 "samples_s": samples,
-                "summary_s": {name: summarize(xs) for name, xs in samples.items()},
-                "ratios": {
-                    name: compare(xs, samples[baseline])
-                    for name, xs in samples.items()
-                    if name != baseline
-                },
+                "summary_s": summary,
+                "ratios": ratios,
+                "peak": peak,
+                "throughput": throughput(entry["flops"], samples, peak),
             }
         )
     return {
         "case": case.name,
         "description": case.description,
         "quick": quick,
+        "dry": dry,
         "overrides": overrides or {},
         "command": "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "started": started,
@@ -152,8 +201,9 @@ def run_case(
 
 # ---------------------------------------------------------------- reporting
 def markdown_table(record: dict[str, Any]) -> str:
-    """One row per (scenario, non-baseline contender); times are medians in
-    ms with the interquartile range; ratios are contender / baseline."""
+    """One row per (scenario, ratio); times are medians in ms with the
+    interquartile range; the ratio is contender / baseline (for a case with
+    a ``subject``: the subject over each other contender)."""
     lines = [
         (
             "| scenario | contender | median ms [IQR] | baseline | baseline median ms [IQR] "
@@ -162,15 +212,14 @@ def markdown_table(record: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for res in record["results"]:
-        base = res["baseline"]
-        b = res["summary_s"][base]
-        for name, ratio in res["ratios"].items():
-            s = res["summary_s"][name]
+        for name, ratio in res.get("ratios", {}).items():
+            num, den = ratio.get("numerator", name), ratio.get("denominator", res["baseline"])
+            s, b = res["summary_s"][num], res["summary_s"][den]
             pr = ratio["per_round"]
             lines.append(
-                f"| {res['scenario']} | {name} "
+                f"| {res['scenario']} | {num} "
                 f"| {fmt_ms(s['median'])} [{fmt_ms(s['q1'])}-{fmt_ms(s['q3'])}] "
-                f"| {base} | {fmt_ms(b['median'])} [{fmt_ms(b['q1'])}-{fmt_ms(b['q3'])}] "
+                f"| {den} | {fmt_ms(b['median'])} [{fmt_ms(b['q1'])}-{fmt_ms(b['q3'])}] "
                 f"| {ratio['ratio_of_medians']:.3f} "
                 f"| {pr['median']:.3f} [{pr['q1']:.3f}-{pr['q3']:.3f}] ({pr['min']:.3f}-{pr['max']:.3f}) |"
             )
@@ -181,6 +230,14 @@ def markdown_report(record: dict[str, Any]) -> str:
     m = record["machine"]
     res0 = record["results"][0] if record["results"] else {}
     timing = ", ".join(f"{k} {res0.get('config', {}).get(k)}" for k in ("warmup", "rounds", "number"))
+    loads = [x for res in record["results"] for x in (res.get("load_average_before"), res.get("load_average_after")) if x]
+    device = res0.get("config", {}).get("device", "cpu")
+    gpu = f"; device {torch.cuda.get_device_name()}" if str(device).startswith("cuda") and torch.cuda.is_available() else ""
+    if record.get("dry"):
+        body = ["(dry run: set up and called once, not timed)", ""]
+        body += [f"- {res['scenario']}: {', '.join(res['order'])}" for res in record["results"]]
+    else:
+        body = [markdown_table(record)]
     return "\n".join(
         [
             f"# {record['case']}{' (quick)' if record['quick'] else ''}",
@@ -191,29 +248,26 @@ def markdown_report(record: dict[str, Any]) -> str:
             f"- date: {record.get('started', '?')} to {m['date']}",
             (
                 f"- machine: {m['cpu_model']}, {m['cpus_usable']} usable CPUs of {m['cpu_count']}, "
-                f"{m['platform']}"
+                f"{m['platform']}{gpu}"
             ),
-            f"- torch {m['torch']}, {m['torch_num_threads']} threads; multihead {m['multihead']}",
+            f"- torch {m['torch']}, {res0.get('threads', m['torch_num_threads'])} threads; multihead {m['multihead']}",
+            f"- load average (1, 5, 15 min): {loads[0] if loads else '?'} before, {loads[-1] if loads else '?'} after",
             f"- timing: {timing}; contenders alternate within each round",
             "",
-            markdown_table(record),
+            *body,
+            *extra_sections(record),
             "",
         ]
     )
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file next to ``path``, then os.replace."""
+    """Write ``text`` to ``path`` through a staged file renamed into place
+    (``multihead.io.write_text_atomic``: the usual file mode, fsynced)."""
+    from multihead.io import write_text_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, text)
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:
@@ -241,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (value parsed as a Python literal)")
+    parser.add_argument("--device", help="run on this device where the case supports it (cpu, cuda)")
+    parser.add_argument("--check", action="store_true",
+                        help="set up every scenario (agreement checks) and call each step once; time nothing")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
     args = parser.parse_args(argv)
 
@@ -254,8 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown case {args.case!r}; valid: {sorted(cases)}", file=sys.stderr)
         return 2
     case = cases[args.case]
+    if args.device is not None and "device" not in case.config:
+        takes = sorted(name for name, c in cases.items() if "device" in c.config)
+        print(f"case {args.case!r} runs on the CPU only and takes no --device; cases that do: {takes}", file=sys.stderr)
+        return 2
     overrides = _parse_set(args.set)
-    for key in ("rounds", "warmup", "number", "threads"):
+    for key in ("rounds", "warmup", "number", "threads", "device"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     for s in args.scenario or []:
@@ -266,15 +327,32 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    record = run_case(case, quick=args.quick, overrides=overrides, scenarios=args.scenario, log=log)
+    record = run_case(case, quick=args.quick, overrides=overrides, scenarios=args.scenario, log=log, dry=args.check)
     report = markdown_report(record)
     print(report)
+    write_record(record, report, args.out, log=log)
+    return 0
+
+
+def write_record(record: dict[str, Any], report: str, out: Path, *, log=print) -> Path:
+    """``<out>/<case>-<timestamp>``: .json (the record), .md (``report``) and,
+    for a timed run with ratios, .png (``benchmarks.chart``); each written to
+    a temporary name and moved into place. Returns the path without suffix."""
     stamp = dt.datetime.now().strftime("%Y%m%dT%H%M%S")
-    base = args.out / f"{case.name}-{stamp}"
+    base = out / f"{record['case']}-{stamp}"
     write_atomic(base.with_suffix(".json"), json.dumps(record, indent=1, default=str) + "\n")
     write_atomic(base.with_suffix(".md"), report)
-    print(f"wrote {base}.json and {base}.md", file=sys.stderr)
-    return 0
+    wrote = [".json", ".md"]
+    if any(res.get("ratios") for res in record["results"]):
+        if importlib.util.find_spec("matplotlib") is None:
+            log("no chart: matplotlib is not installed")
+        else:
+            from .chart import ratio_chart
+
+            ratio_chart([record], base.with_suffix(".png"))
+            wrote.append(".png")
+    log(f"wrote {base}{{{','.join(wrote)}}}")
+    return base
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ and plain ``multihead.MultiHeadAttention`` of the same size (same
   (what the official code does).
 * ``mha``: the baseline, all H heads, no router.
 
-Sizes: embed 768, 12 heads (D = 64), B=4, T=512 (one scenario B=1, T=2048,
-where the attention core outweighs the projections), float32, CPU,
-self-attention, non-causal (MoH-DiT's setting) and causal. Active fractions:
-50 % (shared 3 + top-3 of 9 routed) and 75 % (shared 6 + top-3 of 6).
+Sizes: embed 768, 12 heads (D = 64), B=4, T=512 (and a sweep T = 256 ..
+2048 at B·T = 2048 tokens, where the attention core outweighs the projections
+as T grows), float32, self-attention, non-causal (MoH-DiT's setting) and
+causal. Active fractions: 25 % (shared 1 + top-2 of 11 routed), 50 % (shared
+3 + top-3 of 9) and 75 % (shared 6 + top-3 of 6). Runs on CUDA with
+``--set device=cuda`` (then each step ends with a synchronize).
 The "core" scenarios time only the attention core on precomputed q, k, v
 and gates (``MoHAttention.mix_heads``; ``functional.attention`` over all
 heads for mha), without the projections, which dominate the layer at T=512.
@@ -38,7 +40,7 @@ from multihead.modules.kinds.moh import MoHAttention
 
 from ..registry import register
 
-SPLITS = {0.5: (3, 3), 0.75: (6, 3)}  # active fraction -> (shared_heads, routed_heads) at H = 12
+SPLITS = {0.25: (1, 2), 0.5: (3, 3), 0.75: (6, 3)}  # active fraction -> (shared_heads, routed_heads) at H = 12
 
 
 def build(config: dict[str, Any]) -> tuple[MoHAttention, multihead.MultiHeadAttention]:
@@ -88,7 +90,7 @@ def _core_steps(moh: MoHAttention, x: torch.Tensor, causal: bool, *, train: bool
             "moh dense": fwd(lambda: mix("dense")),
             "moh sparse": fwd(lambda: mix("sparse")),
         }
-    g_heads = torch.randn(q.shape, generator=gen)  # (B, H, T, D)
+    g_heads = torch.randn(q.shape, generator=gen).to(q.device)  # (B, H, T, D)
     g_mixed = g_heads.transpose(1, 2)  # (B, T, H, D)
 
     def back(fn, grad):
@@ -132,6 +134,7 @@ def _core_steps(moh: MoHAttention, x: torch.Tensor, causal: bool, *, train: bool
         "warmup": 2,
         "rounds": 15,
         "number": 1,
+        "device": "cpu",
     },
     quick={"batch": 2, "seq": 64, "warmup": 1, "rounds": 3},
     scenarios={
@@ -142,6 +145,11 @@ def _core_steps(moh: MoHAttention, x: torch.Tensor, causal: bool, *, train: bool
         "core forward, 50% active": {"active": 0.5, "mode": "core"},
         "core forward, 75% active": {"active": 0.75, "mode": "core"},
         "core fwd+bwd, 50% active": {"active": 0.5, "mode": "core_train"},
+        "core forward, 25% active": {"active": 0.25, "mode": "core"},
+        "core forward causal, 50% active": {"active": 0.5, "mode": "core", "causal": True},
+        "core forward causal, 50% active, B=1 T=2048": {"active": 0.5, "mode": "core", "causal": True, "batch": 1, "seq": 2048},
+        **{f"forward{c}, 50% active, B={max(1, 2048 // n)} T={n}": {"active": 0.5, "causal": bool(c), "batch": max(1, 2048 // n), "seq": n}
+           for n in (256, 512, 1024, 2048) for c in ("", " causal")},
         "fwd+bwd, 50% active": {"active": 0.5, "mode": "train"},
         "fwd+bwd, 75% active": {"active": 0.75, "mode": "train"},
     },
@@ -152,9 +160,25 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
     causal, mode = bool(config["causal"]), config["mode"]
     if mode not in ("forward", "train", "core", "core_train"):
         raise ValueError(f"mode must be 'forward', 'train', 'core' or 'core_train', got {mode!r}")
-    moh, mha = build(config)
+    device = torch.device(config["device"])
+    moh, mha = (m.to(device) for m in build(config))
     gen = torch.Generator().manual_seed(int(config["seed"]) + 1)
-    x = torch.randn(B, T, C, generator=gen)
+    x = torch.randn(B, T, C, generator=gen).to(device)
+    steps = _steps(moh, mha, x, causal, mode, gen)
+    if device.type != "cuda":
+        return steps
+
+    def synced(step):
+        def run() -> None:
+            step()
+            torch.cuda.synchronize(device)
+        return run
+
+    return {name: synced(step) for name, step in steps.items()}
+
+
+def _steps(moh, mha, x, causal: bool, mode: str, gen) -> dict[str, Any]:
+    B, T, C = x.shape
     if mode.startswith("core"):
         return _core_steps(moh, x, causal, train=mode == "core_train", gen=gen)
 
@@ -174,7 +198,7 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
 
     moh.train()
     mha.train()
-    grad_out = torch.randn(B, T, C, generator=gen)
+    grad_out = torch.randn(B, T, C, generator=gen).to(x.device)
     inputs = {name: x.clone().requires_grad_(True) for name in ("mha", "moh dense", "moh sparse")}
 
     def train(module, name, **kw):

@@ -6,10 +6,11 @@ The public API on one screen:
 * ``multihead.functional`` ``attention(q, k, v, ...)``, masks, backends
 * ``multihead.textbook``   the tutorial classes with their exact signatures
 * ``MultiHeadAttention``   the production module (MHA / GQA / MQA, cross, cache)
-* ``KVCache``              static cache sized by key/value heads
+* ``KVCache``              static cache sized by key/value heads;
+  ``StreamingKVCache`` / ``streaming_cache`` (sink tokens + the last positions)
 * ``TorchMultiheadAttention`` drop-in for ``torch.nn.MultiheadAttention``
 * ``build_attention(name, ...)`` attention kinds by name: mha, gqa, mqa, moh,
-  dcmha, talking_heads, overlapping, collaborative, gated (docs/variants.md),
+  dcmha, talking_heads, overlapping, collaborative, gated, mla (docs/variants.md),
   and those of installed packages (entry points "multihead.attention_kinds");
   ``attention_class(name)`` answers what a kind can do, ``kind_options(name)``
   which options it takes
@@ -50,7 +51,10 @@ _NAMES = {
     "OverlappingHeadAttention": "modules",
     "CollaborativeAttention": "modules",
     "GatedHeadAttention": "modules",
+    "MultiHeadLatentAttention": "modules",
     "KVCache": "modules",
+    "StreamingKVCache": "modules",
+    "streaming_cache": "modules",
     "TorchMultiheadAttention": "modules",
     "build_attention": "modules.registry",
     "list_attention_kinds": "modules.registry",
@@ -92,8 +96,11 @@ __all__ = [
     "OverlappingHeadAttention",
     "CollaborativeAttention",
     "GatedHeadAttention",
+    "MultiHeadLatentAttention",
     "convert",
     "KVCache",
+    "StreamingKVCache",
+    "streaming_cache",
     "TorchMultiheadAttention",
     "build_attention",
     "list_attention_kinds",

@@ -337,7 +337,7 @@ def test_construction_errors_name_the_values(kw, match):
 def test_builder_and_sizes_errors():
     with pytest.raises(ValueError, match="embed_dim=10 is not divisible by num_heads=4"):
         build_attention("gated", embed_dim=10, num_heads=4)
-    with pytest.raises(TypeError, match=r"'gated' has no option 'shared_heads'; its options: device, dropout, dtype, eps"):
+    with pytest.raises(TypeError, match=r"'gated' has no option 'shared_heads'; its options: alibi, device, dropout, dtype, eps"):
         build_attention("gated", embed_dim=8, num_heads=2, shared_heads=1)
     m = build_attention("gated", embed_dim=8, num_heads=2, stretch=[-0.2, 1.2], num_kv_heads=1)
     assert isinstance(m, GatedHeadAttention) and m.kind == "gated" and m.stretch == (-0.2, 1.2)

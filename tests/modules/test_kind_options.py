@@ -43,7 +43,7 @@ def test_a_misspelt_option_names_the_nearest_and_lists_the_kind_options():
     message = str(err.value)
     assert "attention kind 'gqa' has no option 'num_kv_head' (did you mean 'num_kv_heads'?)" in message
     assert message.endswith("its options: " + ", ".join(kind_options("gqa")))
-    with pytest.raises(TypeError, match=r"'mha' has no option 'foo'; its options: device, dropout"):
+    with pytest.raises(TypeError, match=r"'mha' has no option 'foo'; its options: alibi, device, dropout"):
         build_attention("mha", embed_dim=16, num_heads=4, foo=1)
     with pytest.raises(TypeError, match=r"no options 'shared_head' \(did you mean 'shared_heads'\?\), 'zzz'"):
         check_kind_options("moh", ["shared_head", "zzz", "router"])

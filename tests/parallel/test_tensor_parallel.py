@@ -36,7 +36,7 @@ def test_two_ranks_equal_one_process_for_every_kind_that_splits(tmp_path):
     parallelism, forward and gradients (decoding refused)."""
     passed = _torchrun(2, "kinds", tmp_path)
     for what in ("gpt mha", "gpt gqa", "gpt mqa", "gpt gated", "gpt collaborative", "gpt moh", "gpt output_gated",
-                 "bert", "minilm",
+                 "gpt mla", "bert", "minilm",
                  "state mha", "state moh", "sequence-parallel gpt gqa"):
         assert sum(line.startswith(f"ok {what}") for line in passed) == 2, (what, passed)
 

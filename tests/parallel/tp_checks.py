@@ -157,7 +157,7 @@ def main():
     if check == "kinds":
         for kind, options in [("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("gated", {}),
                               ("collaborative", {"scale": 0.25}), ("moh", {}),
-                              ("output_gated", {"gate": "headwise", "qk_norm": True})]:  # fmt: skip
+                              ("output_gated", {"gate": "headwise", "qk_norm": True}), ("mla", {"rope": True})]:  # fmt: skip
             check_gpt(mesh, kind, options)
         check_bert(mesh)
         check_minilm(mesh)

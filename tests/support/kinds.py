@@ -6,7 +6,8 @@ without a row here makes those tests fail (``options``), so a new kind is
 covered from the day it is registered. ``numpy_forward`` computes a module's
 output and mixing weights from its weights in NumPy float64: the kind's
 projection, then the per-head RMS norm and the rotary embedding written out
-here, then the kind's core from ``multihead.reference``.
+here, then the kind's core from ``multihead.reference`` (``mla`` runs its
+whole reference, ``support/mla.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from multihead.reference.gated import hard_concrete_eval_gate
 from multihead.reference.moh import moh_learned_gates, moh_query_norm_gates
 from multihead.reference.output_gated import output_gate
 from multihead.reference.overlapping import overlapped_heads
+from support.mla import mla_forward
 
 F64 = torch.float64
 C, H = 16, 4  # model width and query heads of every contract module (D = 4)
@@ -34,6 +36,7 @@ OPTIONS: dict[str, dict] = {
     "gated": {"num_kv_heads": 2},
     "gqa": {"num_kv_heads": 2},
     "mha": {},
+    "mla": {"q_lora_rank": 6, "kv_lora_rank": 10, "qk_nope_head_dim": 3, "qk_rope_head_dim": 4, "v_head_dim": 5},
     "moh": {"shared_heads": 2, "routed_heads": 1},  # every router gate exists; sparse path
     "mqa": {},
     "output_gated": {"num_kv_heads": 2, "gate": "elementwise"},
@@ -41,7 +44,8 @@ OPTIONS: dict[str, dict] = {
     "talking_heads": {"chunk_size": 2},
 }
 LOSS_KINDS = {"moh", "gated"}  # kinds whose training forward has a loss term (aux_loss)
-SOFTMAX_KINDS = {"mha", "gqa", "mqa", "collaborative", "overlapping", "output_gated"}  # weights = softmax(scale q·kᵀ)
+KINDS_TAKING = {"mha", "gqa", "mqa", "gated", "collaborative", "overlapping", "output_gated", "mla"}  # alibi / softcap (base core)
+SOFTMAX_KINDS = {"mha", "gqa", "mqa", "collaborative", "overlapping", "output_gated", "mla"}  # weights = softmax(scale q·kᵀ)
 COST_FORWARD = {"moh": {"path": "dense"}}  # forward options of the FLOP-counted call
 COST_OPTIONS = {"moh": {"active_heads": H}}  # cost() options describing that call
 
@@ -166,6 +170,8 @@ def numpy_forward(m, x, key=None, *, mask=None, is_causal=False, q_pos=None, k_p
 
     core = dict(mask=mask, is_causal=is_causal)
     kind = type(m).kind
+    if kind == "mla":  # its own reference, projections to output
+        return mla_forward(m, x, kv, q_pos=q_pos, k_pos=k_pos, rope=rope, norm=norm, **core)
     if kind == "collaborative":
         out, w = _collaborative(m, x, kv, normed, rotated, mask, is_causal)
     elif kind == "overlapping":

@@ -28,7 +28,7 @@ def test_the_cache_is_read_kept_per_key_and_extended(tmp_path, monkeypatch):
     def fake(device, dtypes):
         calls.append(tuple(dtypes))
         return ml.MachineLimits(ml.device_name(device), torch.get_num_threads(), torch.__version__, "2026-01-01",
-                                {d: 1e9 for d in dtypes}, 2e9)  # fmt: skip
+                                {d: 1e9 * len(calls) for d in dtypes}, 2e9 * len(calls))  # fmt: skip
 
     monkeypatch.setattr(ml, "measure_limits", fake)
     first = ml.machine_limits("cpu", ["float32"])
@@ -36,6 +36,9 @@ def test_the_cache_is_read_kept_per_key_and_extended(tmp_path, monkeypatch):
     assert first == again and calls == [("float32",)]  # the second came from the cache
     both = ml.machine_limits("cpu", ["float32", "bfloat16"])  # a new dtype: measured, the old one kept
     assert set(both.peak_flops) == {"float32", "bfloat16"} and len(calls) == 2
+    # catches: every asked dtype measured again, overwriting the cached peak and bandwidth
+    assert calls[1] == ("bfloat16",) and both.peak_flops == {"float32": 1e9, "bfloat16": 2e9}
+    assert both.bandwidth == first.bandwidth
     stored = json.loads((tmp_path / "machine-limits.json").read_text())
     (key,) = stored
     assert f"{torch.get_num_threads()} threads" in key and torch.__version__ in key

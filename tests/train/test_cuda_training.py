@@ -33,7 +33,10 @@ def test_bf16_cuda_resume_restores_the_cuda_generator_and_follows_the_straight_r
         assert torch.equal(split_state.rng[key], straight_state.rng[key]), key
     got, want = _metrics(resumed.run_dir), _metrics(straight.run_dir)
     assert [m["step"] for m in got] == [m["step"] for m in want] == list(range(1, 7))
-    # CUDA kernels may reduce in another order between runs: bfloat16 autocast tolerance
-    torch.testing.assert_close(torch.tensor([m["train_loss"] for m in got]),
-                               torch.tensor([m["train_loss"] for m in want]), rtol=2e-2, atol=1e-3)  # fmt: skip
+    # CUDA kernels may add in another order between runs (atomics in backward): the resumed run must
+    # follow the straight one as closely as a second straight run does, plus a bfloat16 floor
+    again = _metrics(train(tiny_config(tmp_path / "again", TEXT, **values), progress=False).run_dir)
+    losses = [torch.tensor([m["train_loss"] for m in run]) for run in (got, want, again)]
+    spread = float((losses[2] - losses[1]).abs().max())
+    assert float((losses[0] - losses[1]).abs().max()) <= 3 * spread + 1e-2 * float(losses[1].abs().max()), losses
     assert next(resumed.model.parameters()).device.type == "cuda"

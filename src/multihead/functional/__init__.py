@@ -5,10 +5,12 @@ from .attention import attention
 from .backends import AUTO_ORDER, Backend, list_backends, register_backend
 from .masks import (
     causal_mask,
+    document_mask,
     merge_masks,
     padding_mask_from_ignore,
     padding_mask_from_keep,
     padding_mask_from_lengths,
+    prefix_lm_mask,
     sliding_window_mask,
 )
 from .rope import apply_rope, rope_frequencies, rope_options
@@ -27,6 +29,8 @@ __all__ = [
     "causal_mask",
     "merge_masks",
     "sliding_window_mask",
+    "document_mask",
+    "prefix_lm_mask",
     "padding_mask_from_lengths",
     "padding_mask_from_keep",
     "padding_mask_from_ignore",

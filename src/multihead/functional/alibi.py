@@ -13,13 +13,14 @@ P heads and the other H - P heads take the odd powers r'^1, r'^3, ... of the
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from .._checks import positive_int
 from .masks import check_alignment
 
-__all__ = ["alibi_slopes", "alibi_bias"]
+__all__ = ["alibi_slopes", "alibi_bias", "request_alibi", "alibi_as_bias"]
 
 
 def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
@@ -45,3 +46,20 @@ def alibi_bias(slopes: torch.Tensor, T: int, S: int | None = None, *, alignment:
     i = torch.arange(T, device=slopes.device, dtype=slopes.dtype)[:, None] + offset  # (T, 1)
     j = torch.arange(S, device=slopes.device, dtype=slopes.dtype)[None, :]  # (1, S)
     return -slopes[:, None, None] * (i - j).abs()  # (H, 1, 1) * (T, S) -> (H, T, S)
+
+
+def request_alibi(req) -> torch.Tensor:
+    """The (1, H, T, S) ALiBi bias of an ``AttentionRequest`` in its slopes' dtype,
+    queries placed by its causal alignment (``AttentionRequest.alibi_offset``)."""
+    _, _, _, T, S, _ = req.shape
+    return alibi_bias(req.alibi_slopes, T, S, alignment=req.causal_alignment)[None]  # (H, T, S) -> (1, H, T, S)
+
+
+def alibi_as_bias(req):
+    """The request with its ALiBi slopes folded into its float bias (for kernels
+    that take an added mask); the request itself when it has no slopes."""
+    if req.alibi_slopes is None:
+        return req
+    alibi = request_alibi(req)
+    bias = alibi if req.bias is None else req.bias + alibi.to(req.bias.dtype)
+    return replace(req, bias=bias, alibi_slopes=None)

@@ -26,10 +26,13 @@ def attention(
     training: bool = False,
     return_weights: bool | WeightSelection = False,
     backend: str = "auto",
+    alibi_slopes: torch.Tensor | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention with GQA, exact masking and named backends.
 
-    softmax(q kᵀ · scale + bias, hiding masked keys) v, per query head h with
+    softmax(cap(q kᵀ · scale) + alibi + bias, hiding masked keys) v, per query head h with
     key/value head h // (H // G)::
 
         H = 4 query heads, G = 2 key/value heads
@@ -60,9 +63,22 @@ def attention(
             ``sdpa`` keeps its fused kernel for the output and rebuilds the
             weights from the kernel's log-sum-exp, only where asked
             (``functional.lse_backend``); ``math`` forms every weight.
-        backend: ``"auto"`` (the fused ``sdpa`` kernel unless the request
-            needs ``math``: weights with gradients, dropout with weights,
-            ...), ``"math"`` or ``"sdpa"``.
+        backend: ``"auto"`` (the first of ``AUTO_ORDER`` that serves the
+            call: the fused ``sdpa`` kernel unless the request needs another
+            path, e.g. weights with gradients or dropout with weights ->
+            ``math``; soft-capping -> ``flex`` on CUDA, ``math`` on CPU),
+            ``"math"``, ``"sdpa"`` or ``"flex"`` (``functional.flex_backend``).
+        alibi_slopes: (H,) ALiBi slopes (``alibi_slopes(H)``), or None: head
+            h adds -m_h·|i + offset - j| to its scores, queries placed among
+            the keys as ``causal_alignment`` places them (bottom-right:
+            query i of T sits at key S - T + i, as when decoding with a cache).
+        softcap: None, or c > 0: scaled scores x become c·tanh(x / c)
+            before ALiBi, the bias and masking (Gemma 2's logit
+            soft-capping). ``sdpa`` cannot serve it.
+        sinks: None, or [H] learned sink logits (gpt-oss): one more column of
+            each row's softmax holding s_h, mixing no value, dropped after
+            the softmax; rows of the weights sum to less than 1 and a row
+            that may see no key gets output 0 (``functional.sinks``).
 
     Returns:
         out [B, H, T, Dv], or (out, weights) when ``return_weights``.
@@ -78,7 +94,7 @@ def attention(
         ValueError: shapes, dtypes, devices, mask shapes, scale, dropout_p,
             causal_alignment, unknown backend, a backend that cannot serve
             the call (with every reason), a selection outside the call's
-            heads or rows.
+            heads or rows, sinks that are not [H] on q's device.
     """
     req = make_request(
         q,
@@ -91,6 +107,9 @@ def attention(
         dropout_p=dropout_p,
         training=training,
         return_weights=return_weights,
+        alibi_slopes=alibi_slopes,
+        softcap=softcap,
+        sinks=sinks,
     )
     chosen = select_backend(backend, req)
     req, fixup = split_nonfinite(req)

@@ -5,6 +5,12 @@ A backend is ``forward(request) -> (out, weights | None)`` plus
 in ``AUTO_ORDER`` that supports the request; asking for a named backend that
 cannot serve the request raises ``ValueError`` listing every reason. Nothing
 falls back silently.
+
+``AUTO_ORDER`` is sdpa, flex, math: the fused ``sdpa`` kernel first; ``flex``
+where it is the only fused path (soft-capping), on the devices named in its
+``auto_devices`` (CUDA: on a CPU it compiles for seconds per shape family
+and serves inference only, so ``auto`` uses ``math`` there; name
+``backend="flex"`` to use it); ``math`` serves everything.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .flex_backend import flex_attention_backend, flex_not_supported
 from .math_backend import math_attention
 from .request import AttentionRequest
 from .sdpa_backend import sdpa_attention, sdpa_not_supported
@@ -31,6 +38,7 @@ class Backend:
     forward: Forward
     not_supported: Callable[[AttentionRequest], list[str]]
     description: str
+    auto_devices: tuple[str, ...] | None = None  # device types "auto" picks it on (None: all)
 
 
 def _always(_: AttentionRequest) -> list[str]:
@@ -38,7 +46,7 @@ def _always(_: AttentionRequest) -> list[str]:
 
 
 BACKENDS: dict[str, Backend] = {}
-AUTO_ORDER: list[str] = ["sdpa", "math"]
+AUTO_ORDER: list[str] = ["sdpa", "flex", "math"]
 
 
 def register_backend(backend: Backend) -> None:
@@ -51,6 +59,10 @@ register_backend(
 )
 register_backend(
     Backend("sdpa", sdpa_attention, sdpa_not_supported, "torch scaled_dot_product_attention kernels")
+)
+register_backend(
+    Backend("flex", flex_attention_backend, flex_not_supported, "torch flex_attention, compiled; score and block masks",
+            auto_devices=("cuda",))  # fmt: skip
 )
 
 
@@ -69,6 +81,8 @@ def select_backend(name: str, req: AttentionRequest) -> Backend:
     if name == "auto":
         for candidate in AUTO_ORDER:
             backend = BACKENDS[candidate]
+            if backend.auto_devices is not None and req.q.device.type not in backend.auto_devices:
+                continue
             if not backend.not_supported(req):
                 return backend
         raise ValueError("no backend supports this request")  # math supports all

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from .request import AttentionRequest
 from .weights import rebuild_weights
 
-__all__ = ["lse_not_supported", "lse_attention"]
+__all__ = ["lse_not_supported", "lse_attention", "fused_out_lse", "lse_weights"]
 
 _FLASH, _EFFICIENT, _CUDNN = 1, 2, 3  # torch.nn.attention.SDPBackend values of _fused_sdp_choice
 _CUDA_KERNELS = {_FLASH: "flash", _EFFICIENT: "efficient", _CUDNN: "cudnn"}
@@ -111,9 +111,22 @@ def _kernel_inputs(req: AttentionRequest):
     if q.device.type == "cuda" and G != H:
         k = k.repeat_interleave(H // G, dim=1)  # (B, G, S, D) -> (B, H, S, D): CUDA kernels take equal heads
         v = v.repeat_interleave(H // G, dim=1)
-    q, k, v = _unit_last_stride(q, k, v)
+    q, k, v = cuda_kernel_inputs(*_unit_last_stride(q, k, v))
     (mask,) = _unit_last_stride(mask) if mask is not None else (None,)
     return q, k, v, mask, native_causal, row_ok
+
+
+def cuda_kernel_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors as CUDA's fused kernels read them right: a CUDA tensor that is not
+    contiguous from a 16-byte aligned start is copied (a view into a fused projection
+    whose widths are not multiples of 8 elements gave wrong bfloat16 results on an
+    H100); CPU tensors and aligned ones are returned as they are."""
+    def ready(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_cuda or (t.is_contiguous() and t.data_ptr() % 16 == 0):
+            return t
+        return t.clone(memory_format=torch.contiguous_format)
+
+    return tuple(ready(t) for t in tensors)
 
 
 def _unit_last_stride(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -164,6 +177,23 @@ def lse_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
         (out [B, H, T, Dv] with the kernel's gradients, weights [B, h, r, S]
         detached: every head and row, or ``req.weight_heads`` x ``req.weight_rows``).
     """
+    out, lse = fused_out_lse(req)
+    return out, lse_weights(req, lse)
+
+
+def lse_weights(req: AttentionRequest, lse: torch.Tensor) -> torch.Tensor:
+    """The weights ``req`` asks for [B, h, r, S], rebuilt from the kernel's lse [B, H, T]."""
+    bias = None if req.bias is None else req.bias.to(req.q.dtype)  # what the kernel added
+    B, H, G, T, S, Dv = req.shape
+    offset = None if req.causal_is_trivial else 0 if req.causal_alignment == "top_left" else S - T
+    return rebuild_weights(
+        req.q, req.k, lse, scale=req.scale, bias=bias, visible=req.allowed,
+        heads=req.weight_heads, rows=req.weight_rows, causal_offset=offset,
+    )  # fmt: skip
+
+
+def fused_out_lse(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, H, T, Dv], lse [B, H, T]) of the fused kernel; out is 0 on rows that see no key."""
     q, k, v, mask, causal, row_ok = _kernel_inputs(req)
     if q.device.type == "cuda":
         out, lse = _cuda_kernel(q, k, v, mask, causal, req.scale)
@@ -172,17 +202,10 @@ def lse_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor]:
         if D != Dv:  # the CPU kernel needs equal head dims: zero columns change no score and add no output
             q, k = (F.pad(t, (0, max(D, Dv) - D)) for t in (q, k))
             v = F.pad(v, (0, max(D, Dv) - Dv))
-        q, k, v = _unit_last_stride(q, k, v)  # F.pad keeps a layout whose last stride may not be 1
+        q, k, v = cuda_kernel_inputs(*_unit_last_stride(q, k, v))  # F.pad keeps a layout whose last stride may not be 1
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out, lse = op(q, k, v, 0.0, causal, attn_mask=mask, scale=req.scale)
         out = out[..., :Dv]
     if row_ok is not None:
         out = out.masked_fill(~row_ok, 0.0)
-    bias = None if req.bias is None else req.bias.to(req.q.dtype)  # what the kernel added
-    B, H, G, T, S, Dv = req.shape
-    offset = None if req.causal_is_trivial else 0 if req.causal_alignment == "top_left" else S - T
-    weights = rebuild_weights(
-        req.q, req.k, lse, scale=req.scale, bias=bias, visible=req.allowed,
-        heads=req.weight_heads, rows=req.weight_rows, causal_offset=offset,
-    )  # fmt: skip
-    return out, weights
+    return out, lse

@@ -5,6 +5,8 @@ broadcast against attention scores of shape (B, H, T, S):
 
 * ``causal_mask`` and ``sliding_window_mask`` -> (T, S)
 * the padding builders -> (B, 1, 1, S)
+* ``document_mask`` (packed sequences) -> (B, 1, T, S)
+* ``prefix_lm_mask`` -> (T, S), or (B, 1, T, S) for one prefix per row
 
 Causal alignment when T != S (``x`` = may attend), T = 2, S = 4::
 
@@ -36,6 +38,8 @@ __all__ = [
     "padding_mask_from_ignore",
     "check_alignment",
     "merge_masks",
+    "document_mask",
+    "prefix_lm_mask",
 ]
 
 
@@ -204,3 +208,70 @@ def merge_masks(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor 
     if b.dtype == torch.bool:
         return torch.where(b, a, torch.full((), float("-inf"), dtype=a.dtype, device=a.device))
     return a + b
+
+
+def document_mask(document_ids: torch.Tensor, key_document_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed sequences: a query may attend only to keys of its own document.
+
+    Pass ``is_causal=True`` as well for causal packing (each document then
+    sees only its own past). The ``flex`` backend skips the key blocks of
+    other documents.
+
+    Args:
+        document_ids: (B, T) integer document index of each query.
+        key_document_ids: (B, S) of each key; default ``document_ids`` (self-attention).
+
+    Returns:
+        bool [B, 1, T, S], True = same document (may attend).
+
+    Raises:
+        TypeError / ValueError: non-integer or non-2-D ids, batch sizes that differ.
+    """
+    key_document_ids = document_ids if key_document_ids is None else key_document_ids
+    for name, ids in (("document_ids", document_ids), ("key_document_ids", key_document_ids)):
+        if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer torch.Tensor (B, T), got {getattr(ids, 'dtype', type(ids))}")
+        if ids.dim() != 2:
+            raise ValueError(f"{name} must have shape (B, T), got {tuple(ids.shape)}")
+    if document_ids.shape[0] != key_document_ids.shape[0]:
+        raise ValueError(
+            f"document_ids {tuple(document_ids.shape)} and key_document_ids "
+            f"{tuple(key_document_ids.shape)} have different batch sizes"
+        )
+    return (document_ids[:, :, None] == key_document_ids[:, None, :])[:, None]  # (B, T, S) -> (B, 1, T, S)
+
+
+def prefix_lm_mask(
+    T: int,
+    prefix: int | torch.Tensor,
+    S: int | None = None,
+    *,
+    alignment: str = "top_left",
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Prefix-LM: every query sees the first ``prefix`` keys, and the rest causally.
+
+    Query i (at aligned position p = i + offset) may attend to key j iff
+    j < prefix or j <= p. Pass it as ``attn_mask`` with ``is_causal=False``
+    (causality is inside it).
+
+    Args:
+        T, S: query and key lengths (S defaults to T).
+        prefix: int, or (B,) integer tensor of one prefix length per batch row.
+        alignment: as ``causal_mask``.
+
+    Returns:
+        bool [T, S] for an int prefix, [B, 1, T, S] for a tensor; True = may attend.
+
+    Raises:
+        ValueError: a negative prefix, negative lengths, an unknown alignment.
+    """
+    causal = causal_mask(T, S, alignment=alignment, device=device)  # (T, S)
+    j = torch.arange(causal.shape[1], device=causal.device)
+    if isinstance(prefix, torch.Tensor):
+        if prefix.dim() != 1 or prefix.dtype.is_floating_point or prefix.dtype == torch.bool:
+            raise ValueError(f"prefix must be an int or a 1-D integer tensor (B,), got shape {tuple(prefix.shape)} dtype {prefix.dtype}")
+        shared = j[None, :] < prefix.to(causal.device)[:, None]  # (B, S)
+        return causal[None, None] | shared[:, None, None, :]  # (B, 1, T, S)
+    prefix = non_negative_int("prefix", prefix)
+    return causal | (j < prefix)[None, :]

@@ -3,7 +3,10 @@
 This is the specification path of ``multihead.functional.attention``: every
 other backend is tested against it. It materialises the (B, H, T, S) score
 matrix, so it can return the attention weights, at the cost of memory that
-grows with T x S. A ``WeightSelection`` is cut out of the full weights at
+grows with T x S. Scores are scaled, soft-capped (``softcap``), then
+ALiBi and the float bias are added, then hidden keys are excluded. With
+``sinks`` each row gets one more column, the head's sink logit, before the
+softmax, which is dropped afterwards. A ``WeightSelection`` is cut out of the full weights at
 the end (this path computes every weight anyway).
 
 Half-precision inputs (float16, bfloat16) are computed in float32 and the
@@ -15,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from .alibi import request_alibi
 from .request import AttentionRequest
-from .softmax import masked_softmax
+from .softmax import masked_softmax, sink_softmax
 from .weights import select_weights
 
 __all__ = ["math_attention"]
@@ -47,11 +51,18 @@ def math_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
     qg = q.reshape(B, G, R * T, D)  # (B, H, T, D) -> (B, G, R*T, D)
     scores = (qg @ k.transpose(-1, -2)) * req.scale  # (B, G, R*T, S)
     scores = scores.view(B, H, T, S)  # (B, G, R*T, S) -> (B, H, T, S)
+    if req.softcap is not None:  # Gemma 2: capped before the bias and the mask
+        scores = torch.tanh(scores / req.softcap) * req.softcap
+    if req.alibi_slopes is not None:
+        scores = scores + request_alibi(req).to(compute)  # (1, H, T, S)
     if req.bias is not None:
         scores = scores + req.bias.to(compute)
 
     # Hidden keys excluded with where, empty rows all zeros (see masked_softmax).
-    probs = masked_softmax(scores, req.visible())  # (B, H, T, S)
+    if req.sinks is None:
+        probs = masked_softmax(scores, req.visible())  # (B, H, T, S)
+    else:  # one more column, the head's sink logit, always visible; dropped after the softmax
+        probs = sink_softmax(scores, req.visible(), req.sinks.to(compute))  # (B, H, T, S), rows sum <= 1
 
     weights = probs if req.return_weights else None
     if req.dropout_p > 0.0:

@@ -18,13 +18,15 @@ backend and patching the output afterwards:
 
 Two ways to the same numbers:
 
-* eager: one reduction over q, k and v decides (a host sync); only when a
-  non-finite number is present is the patch computed, so the common path
-  pays one pass over the inputs;
-* inside ``torch.compile`` (``torch.compiler.is_compiling()``): no host
-  sync and no data-dependent branch. The inputs are always sanitised and the
-  patch masks always computed; with finite inputs the ``where`` keeps every
-  entry and the masks are all False, so the result equals the eager one.
+* eager on CPU: one reduction over q, k and v decides (a host sync, free
+  there); only when a non-finite number is present is the patch computed,
+  so the common path pays one pass over the inputs;
+* inside ``torch.compile`` (``torch.compiler.is_compiling()``) and on CUDA:
+  no host sync and no data-dependent branch (a sync per call would leave
+  the GPU idle while the host launches the next kernels). The inputs are
+  always sanitised and the patch masks always computed; with finite inputs
+  the ``where`` keeps every entry and the masks are all False, so the
+  result equals the CPU one.
 """
 
 from __future__ import annotations
@@ -151,16 +153,22 @@ def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:
     return safe, fixup
 
 
+def sync_free(req: AttentionRequest) -> bool:
+    """Whether the patch is computed without looking at the data first (no host sync):
+    inside ``torch.compile`` and for tensors on a GPU."""
+    return torch.compiler.is_compiling() or req.q.device.type != "cpu"
+
+
 def split_nonfinite(req: AttentionRequest) -> tuple[AttentionRequest, Fixup | None]:
     """Return a request with finite q/k/v and a function that restores
     the non-finite effects on the output.
 
-    In eager mode the function is None when every entry is finite (the
-    request is returned as it is); inside ``torch.compile`` it is always
-    returned, and is the identity on finite inputs.
+    On the CPU in eager mode the function is None when every entry is
+    finite (the request is returned as it is); where ``sync_free`` it is
+    always returned, and is the identity on finite inputs.
     """
     if req.k.numel() == 0 or req.q.numel() == 0:
         return req, None
-    if not torch.compiler.is_compiling() and _all_finite(req):
+    if not sync_free(req) and _all_finite(req):
         return req, None
     return _sanitise(req)

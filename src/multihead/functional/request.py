@@ -14,6 +14,19 @@ Weights are asked for with ``return_weights``: True (every weight,
 differentiable where the inputs need gradients) or a ``WeightSelection``
 (some heads and rows, detached), resolved here into ``weight_heads`` and
 ``weight_rows`` (ascending indices, None = all).
+
+Two score modifications travel as fields, not as masks, so each backend
+serves them its own way (``math`` exactly, ``sdpa`` ALiBi as an added bias,
+``flex`` both in its score function):
+
+* ``softcap``: c·tanh(x / c) of the scaled scores x (Gemma 2), before the
+  bias, ALiBi and masking;
+* ``alibi_slopes``: (H,), adding -m_h·|i + offset - j| with the
+  queries placed among the keys by ``causal_alignment`` (offset 0
+  top-left, S - T bottom-right: decoding with a cache).
+
+``sinks`` [H] (or None): one learned logit per query head, an extra column
+of every row's softmax that mixes no value (``functional.sinks``).
 """
 
 from __future__ import annotations
@@ -50,6 +63,15 @@ class AttentionRequest:
     weight_heads: tuple[int, ...] | None = None
     weight_rows: tuple[int, ...] | None = None
     weights_detached: bool = False
+    alibi_slopes: torch.Tensor | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+
+    @property
+    def alibi_offset(self) -> int:
+        """Position of query 0 among the keys for ALiBi (and causality)."""
+        _, _, _, T, S, _ = self.shape
+        return 0 if self.causal_alignment == "top_left" else S - T
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
@@ -64,7 +86,7 @@ class AttentionRequest:
         asked for (not a detached selection) and an input requires grad."""
         if not self.return_weights or self.weights_detached or not torch.is_grad_enabled():
             return False
-        return any(t is not None and t.requires_grad for t in (self.q, self.k, self.v, self.bias))
+        return any(t is not None and t.requires_grad for t in (self.q, self.k, self.v, self.bias, self.sinks))
 
     @property
     def causal_is_trivial(self) -> bool:
@@ -127,6 +149,15 @@ def _check_qkv(q: object, k: object, v: object) -> None:
         raise ValueError(f"q and k head dims differ: {_shapes(q=q, k=k)}")
 
 
+def _check_sinks(sinks: object, q: torch.Tensor) -> None:
+    if not isinstance(sinks, torch.Tensor) or not sinks.dtype.is_floating_point:
+        raise TypeError(f"sinks must be a floating torch.Tensor [H] or None, got {getattr(sinks, 'dtype', type(sinks))}")
+    if tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(f"sinks must be [H] = [{q.shape[1]}] (one logit per query head), got {tuple(sinks.shape)}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks are on {sinks.device} but q is on {q.device}")
+
+
 def _normalise_mask(
     mask: object, q: torch.Tensor, k: torch.Tensor
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -182,6 +213,9 @@ def make_request(
     dropout_p: float,
     training: bool,
     return_weights: bool | WeightSelection,
+    alibi_slopes: torch.Tensor | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> AttentionRequest:
     """Validate an attention call and return the normalised request.
 
@@ -189,9 +223,13 @@ def make_request(
         TypeError: non-tensor or non-floating inputs, integer masks.
         ValueError: shapes, dtypes, devices, mask shapes, scale, dropout_p,
             causal_alignment, a weight selection outside the call's heads or
-            rows; messages name the offending values.
+            rows, ALiBi slopes that are not (H,), a softcap that is not a
+            positive finite float, sinks that are not a floating [H] tensor
+            on q's device; messages name the offending values.
     """
     _check_qkv(q, k, v)
+    if sinks is not None:
+        _check_sinks(sinks, q)
     check_alignment(causal_alignment)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
@@ -202,6 +240,8 @@ def make_request(
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite float or None, got {scale!r}")
     allowed, bias = _normalise_mask(attn_mask, q, k)
+    slopes = _check_slopes(alibi_slopes, q)
+    cap = _check_softcap(softcap)
     heads = rows = None
     selected = isinstance(return_weights, WeightSelection)
     if selected:
@@ -220,4 +260,29 @@ def make_request(
         weight_heads=heads,
         weight_rows=rows,
         weights_detached=selected,
+        alibi_slopes=slopes,
+        softcap=cap,
+        sinks=sinks,
     )
+
+
+def _check_slopes(slopes: object, q: torch.Tensor) -> torch.Tensor | None:
+    """(H,) slopes on q's device (float64 for float64 inputs, else float32), or None."""
+    if slopes is None:
+        return None
+    if not isinstance(slopes, torch.Tensor) or not slopes.dtype.is_floating_point:
+        raise TypeError(f"alibi_slopes must be a floating torch.Tensor (H,), got {getattr(slopes, 'dtype', type(slopes))}")
+    H = q.shape[1]
+    if slopes.dim() != 1 or slopes.shape[0] != H:
+        raise ValueError(f"alibi_slopes must have shape (H,) = ({H},), got {tuple(slopes.shape)}")
+    if slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {slopes.device} but q is on {q.device}")
+    return slopes.detach().to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+def _check_softcap(softcap: object) -> float | None:
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap <= 0:
+        raise ValueError(f"softcap must be a positive finite float or None, got {softcap!r}")
+    return float(softcap)

@@ -9,6 +9,8 @@ promises:
   output is set to zero afterwards, so no NaN reaches outputs or gradients
   (inside ``torch.compile`` this is done unconditionally, without reading
   the mask on the host);
+* ALiBi is added to the float mask the kernel takes (so the weights rebuilt
+  from its log-sum-exp stay exact); soft-capping is refused (not additive);
 * GQA never expands keys/values: with a causal triangle the kernel's
   ``enable_gqa`` is used; otherwise the R = H // G query heads of a group are
   folded into the query axis, (B, H, T, D) -> (B, G, R*T, D), which on CPU is
@@ -18,7 +20,8 @@ promises:
 A call that asks for weights runs the same kernel through the operator that
 also returns its log-sum-exp, and the weights asked for are rebuilt from it
 (``lse_backend``); where that cannot serve, the reasons say why and ``auto``
-uses ``math``.
+uses ``math``. A call with sinks corrects the same kernel's output by its
+log-sum-exp (``sinks``).
 """
 
 from __future__ import annotations
@@ -26,15 +29,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .lse_backend import lse_attention, lse_not_supported
+from .alibi import alibi_as_bias
+from .lse_backend import cuda_kernel_inputs, lse_attention, lse_not_supported
 from .request import AttentionRequest
+from .sinks import sink_attention
 
 __all__ = ["sdpa_attention", "sdpa_not_supported"]
 
 
 def sdpa_not_supported(req: AttentionRequest) -> list[str]:
     """Reasons the fused kernel cannot serve ``req`` (empty when it can)."""
-    reasons = lse_not_supported(req) if req.return_weights else []
+    reasons = lse_not_supported(req) if req.return_weights or req.sinks is not None else []
+    if req.softcap is not None:
+        reasons.append(f"softcap={req.softcap}: the kernel adds a mask to the scores but cannot cap them (tanh)")
     if req.bias is not None and req.bias.dtype != req.q.dtype:
         # float16/bfloat16 inputs: the float32 mask is cast to q's dtype for the
         # kernel, where e.g. finfo(float32).min becomes -inf and hides a key
@@ -72,8 +79,12 @@ def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
 
     Returns:
         (out [B, H, T, Dv], None), or with weights asked for (out, weights
-        rebuilt from the kernel's log-sum-exp: ``lse_backend``).
+        rebuilt from the kernel's log-sum-exp: ``lse_backend``). ALiBi is
+        passed to the kernel as part of its float mask.
     """
+    req = alibi_as_bias(req)  # (1, H, T, S) added to the scores, as any float mask
+    if req.sinks is not None:
+        return sink_attention(req)
     if req.return_weights:
         return lse_attention(req)
     B, H, G, T, S, Dv = req.shape
@@ -111,6 +122,7 @@ def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
         if mask is not None:
             mask = _fold_mask(mask, B, H, G, T, S)
 
+    q, k, v = cuda_kernel_inputs(q, k, v)
     out = F.scaled_dot_product_attention(
         q,
         k,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["masked_softmax"]
+__all__ = ["masked_softmax", "sink_softmax"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -62,3 +62,25 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None, dim: int 
     scores = scores.masked_fill(~row_ok, 0.0)
     probs = torch.softmax(scores, dim=dim, dtype=compute).masked_fill(~row_ok, 0.0)
     return probs.to(scores.dtype)
+
+
+def sink_softmax(scores: torch.Tensor, allowed: torch.Tensor | None, sinks: torch.Tensor) -> torch.Tensor:
+    """``masked_softmax`` over the keys plus one always-visible column per row holding
+    the head's sink logit, which is then dropped (gpt-oss's learned sinks).
+
+    Args:
+        scores: [B, H, T, S]; allowed: as for ``masked_softmax`` (broadcastable
+            to [B, H, T, S]) or None; sinks: [H] logits, in the scores' dtype.
+
+    Returns:
+        [B, H, T, S]: each row sums to 1 - p_sink < 1; a row with no allowed key
+        is all zeros (its whole probability sits on the sink).
+    """
+    B, H, T, S = scores.shape
+    column = sinks[None, :, None, None].expand(B, H, T, 1)  # (H,) -> (B, H, T, 1)
+    scores = torch.cat([scores, column], dim=-1)  # (B, H, T, S + 1)
+    if allowed is not None:
+        allowed = allowed.expand(*allowed.shape[:2], T, S)  # rows may broadcast: give them T
+        ones = torch.ones((*allowed.shape[:3], 1), dtype=torch.bool, device=allowed.device)
+        allowed = torch.cat([allowed, ones], dim=-1)  # (B|1, H|1, T, S + 1): the sink always visible
+    return masked_softmax(scores, allowed)[..., :S]

@@ -155,6 +155,7 @@ def rebuild_weights(
     heads: tuple[int, ...] | None,
     rows: tuple[int, ...] | None,
     causal_offset: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The weights of the selected heads and rows from the kernel's log-sum-exp.
 
@@ -173,6 +174,8 @@ def rebuild_weights(
         heads, rows: from ``resolve_selection`` (None = all).
         causal_offset: with causality, query t sees keys up to t + offset
             (0 top-left, S - T bottom-right), applied here; None without.
+        softcap: c when the kernel capped the scaled scores to c·tanh(x / c)
+            before adding the bias; None without.
 
     Returns:
         [B, h, r, S] in q's dtype, detached: 0 at hidden keys and on rows
@@ -203,6 +206,8 @@ def rebuild_weights(
             s1 = S if causal_offset is None else min(S, max(0, index[b - 1] + causal_offset + 1))
             torch.bmm(q3[:, a:b], kt[:, :, :s1], out=out3[:, a:b, :s1])  # scores written in place
             x = out[:, :, a:b, :s1]  # (B, h, c, s1)
+            if softcap is not None:
+                x.div_(softcap).tanh_().mul_(softcap)
             if bias is not None:
                 x += _block(bias, a, b, s1)
             x -= lse[:, :, a:b]

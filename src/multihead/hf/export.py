@@ -96,6 +96,8 @@ def check_hf_export(model: nn.Module, *, zero_heads: bool = False) -> str:
             f"this model's attention is {config.attention!r}{kv}, which it cannot hold"
         )
     options = dict(getattr(config, "attention_options", {}) or {})
+    for per_layer in getattr(config, "layer_attention_options", None) or []:  # local / global layers
+        options.update(per_layer)
     if options:
         why = []
         if options.get("rope"):

@@ -13,6 +13,9 @@ Hugging Face's ``GPT2LMHeadModel`` (``multihead.convert.hf_gpt2``).
 Left-padded batches (``attention_mask`` [B, S], 1 = real token, Hugging
 Face's polarity) count positions over real tokens only, as Hugging Face does
 for batched generation (``gpt_inputs``: the forward's input checks).
+
+The file is longer than the house's 500 lines because the config, its
+checks and the model it describes read best side by side.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .gpt_inputs import (
 )
 from .gpt_presets import GPT_PRESETS
 from .head_layout import check_layer_heads, layer_head_options
+from .layer_options import check_layer_options, layer_options
 
 __all__ = [
     "GPTConfig",
@@ -85,9 +89,12 @@ class GPTConfig:
             ``tools.prune.prune_heads`` (see ``models.head_layout``).
         layer_kv_heads: key/value heads of each block, with
             ``layer_heads`` and ``num_kv_heads`` only (None: ``num_kv_heads``).
+        layer_attention_options: None, or dicts of options over
+            ``attention_options`` per block (a shorter list repeats: local and
+            global layers, ``models.layer_options``).
 
-    ``to_dict`` leaves out ``layer_heads`` / ``layer_kv_heads`` while they
-    are None, so configs of uniform models read and write as before.
+    ``to_dict`` leaves out ``layer_heads`` / ``layer_kv_heads`` /
+    ``layer_attention_options`` while they are None, so configs of uniform models read and write as before.
 
     Raises:
         TypeError / ValueError: a field of the wrong type or value (the
@@ -109,6 +116,7 @@ class GPTConfig:
     mlp_dim: int | None = None
     layer_heads: list[int] | None = None
     layer_kv_heads: list[int] | None = None
+    layer_attention_options: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "num_layers"):
@@ -129,6 +137,7 @@ class GPTConfig:
                 raise TypeError(f"{name} must be a bool, got {name}={getattr(self, name)!r}")
         if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
             raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
+        self.layer_attention_options = check_layer_options(self.layer_attention_options, self.num_layers)
         self.layer_heads, self.layer_kv_heads = check_layer_heads(
             attention=self.attention, num_layers=self.num_layers, num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads, layer_heads=self.layer_heads, layer_kv_heads=self.layer_kv_heads,
@@ -175,7 +184,7 @@ class GPTConfig:
         """The fields as a JSON-ready dict (``from_dict`` inverts it); per-layer
         head counts only when set."""
         values = asdict(self)
-        for name in ("layer_heads", "layer_kv_heads"):
+        for name in ("layer_heads", "layer_kv_heads", "layer_attention_options"):
             if values[name] is None:
                 del values[name]
         return values
@@ -280,15 +289,16 @@ def block_attention(config: GPTConfig, layer: int = 0, **factory: Any) -> nn.Mod
     counts from ``layer_head_options``; its index for a kind that declares a
     ``layer_index_option``, unless the options set it), freshly initialised."""
     heads = layer_head_options(config, layer)
+    given = layer_options(config.attention_options, config.layer_attention_options, layer)
     index = attention_class(config.attention).layer_index_option
-    if index is not None and index not in config.attention_options:
+    if index is not None and index not in given:
         heads[index] = layer
-    if "head_dim" in config.attention_options:  # an explicit head_dim stays the layers' D
+    if "head_dim" in given:  # an explicit head_dim stays the layers' D
         heads.pop("head_dim", None)
     options: dict[str, Any] = {
         "qkv_bias": config.qkv_bias,
         "dropout": config.dropout,
-        **config.attention_options,
+        **given,
         **heads,
         **factory,
     }

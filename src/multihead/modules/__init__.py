@@ -3,6 +3,8 @@
     base.py        AttentionLayer: the forward every kind shares
     kinds/         one file per attention kind (importing it registers every kind)
     kv_cache.py    the cache classes; norms.py, rope.py: the qk_norm / rope submodules
+    streaming_cache.py  StreamingKVCache: sink tokens + a window of the last positions
+    local.py       the shared options sinks and window
     observe.py     observer events; cost.py: cost conventions; registry.py: kinds by name
     projections.py, calls.py: pieces the kinds share
     compat/        the torch.nn.MultiheadAttention drop-in
@@ -16,18 +18,22 @@ from .kinds import (
     GatedHeadAttention,
     MoHAttention,
     MultiHeadAttention,
+    MultiHeadLatentAttention,
     OverlappingHeadAttention,
     TalkingHeadsAttention,
 )
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LatentKVCache
 from .norms import QKNorm
 from .registry import load_entry_point_kinds
 from .rope import Rotary
+from .streaming_cache import StreamingKVCache, streaming_cache
 
 __all__ = [
     "AttentionLayer",
     "MultiHeadAttention",
     "KVCache",
+    "StreamingKVCache",
+    "streaming_cache",
     "TorchMultiheadAttention",
     "MoHAttention",
     "DCMHA",
@@ -35,6 +41,8 @@ __all__ = [
     "OverlappingHeadAttention",
     "CollaborativeAttention",
     "GatedHeadAttention",
+    "MultiHeadLatentAttention",
+    "LatentKVCache",
     "QKNorm",
     "Rotary",
 ]

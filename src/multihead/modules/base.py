@@ -26,6 +26,8 @@ A kind subclasses :class:`AttentionLayer` and supplies (``project`` and
 ``__init__`` calls ``super().__init__`` (sizes, dropout, observers), creates
 its projections, then ``init_output`` (``out_proj``) and ``init_positions``
 (``rope``/``qk_norm``). ``docs/adding-a-kind.md`` walks through a new kind.
+The file is longer than the house's 500 lines because the one forward and
+the options every kind shares are written here once.
 
 Cross-attention with a cache: ``kv_cache`` given together with ``key``
 holds the keys/values of that ``key`` tensor (an encoder's memory). The
@@ -51,9 +53,11 @@ from ..functional.masks import check_alignment
 from .calls import check_cache_use, check_call, default_alignment, key_padding, refuse_torch_padding, rollback_on_error
 from .head_selection import check_head_selection, check_heads
 from .kv_cache import KVCache
+from .local import check_window, local_mask, make_sinks
 from .norms import QKNorm
 from .observe import Observer, notify, observed_selection
 from .rope import Rotary, query_positions
+from .score_options import init_score_options, keep_head_slopes, refuse_options
 from .weight_only import layer_dtype_device
 
 __all__ = ["AttentionLayer"]
@@ -71,8 +75,13 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         qkv_bias, out_bias: biases of the input projections (``qkv_bias``,
             read by the kind's own projections) and of ``out_proj``.
         dropout: on the attention weights in training mode.
-        rope, qk_norm: rotary embeddings and per-head RMS norm of q and k
-            (``init_positions``; both off by default).
+        rope, qk_norm, alibi, softcap: rotary embeddings, per-head RMS norm of q and k
+            (``init_positions``), ALiBi and soft-capping (``score_options``); all off by default.
+        sinks: a learned sink logit per query head, ``self.sinks`` [H]
+            (``modules.local``; kinds whose core is not ``functional.attention``
+            refuse it).
+        window: None, or w: query i sees keys j with i - w < j <= i
+            (``modules.local``), through the mask.
         device, dtype: of the parameters (``self.factory``).
 
     These are the options every kind shares, written once: a kind's
@@ -154,14 +163,15 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         dropout: float = 0.0,
         rope: bool | dict = False,
         qk_norm: bool = False,
+        alibi: bool | list = False, softcap: float | None = None,
+        sinks: bool = False,
+        window: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        sizes = {"num_kv_heads": num_kv_heads, "kdim": kdim, "vdim": vdim}
-        refused = {n: v for n, v in sizes.items() if n in self.refused_options and v is not None}
-        if refused:
-            raise TypeError(f"{type(self).__name__} does not take {', '.join(refused)} (got {refused})")
+        refuse_options(self, {"num_kv_heads": num_kv_heads, "kdim": kdim, "vdim": vdim, "alibi": alibi or None,
+                              "softcap": softcap, "sinks": sinks or None, "window": window})  # fmt: skip
         H, G, D = check_heads(embed_dim, num_heads, num_kv_heads, head_dim)
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, H, G, D
         self.kdim = embed_dim if kdim is None else positive_int("kdim", kdim)
@@ -172,6 +182,10 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         self._positions = (rope, qk_norm)
         self.init_options = {n: v for n, v in (("kdim", self.kdim), ("vdim", self.vdim)) if n not in self.refused_options}
         self.init_options.update(qkv_bias=qkv_bias, out_bias=out_bias, dropout=dropout, rope=rope, qk_norm=qk_norm)
+        init_score_options(self, alibi, softcap)  # alibi_slopes [H] buffer or None, softcap
+        self.sliding_window = check_window(window)
+        self.sinks = make_sinks(sinks, H, self.factory)
+        self.init_options.update({n: v for n, v in (("sinks", sinks), ("window", window)) if v})
         self.scale: float | None = None
         self.rope: Rotary | None = None
         self.qk_norm: QKNorm | None = None
@@ -237,7 +251,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         if not self.independent_heads:
             raise ValueError(f"{self.kind!r} attention cannot keep a subset of its heads: {self.head_independence}")
         keep_q, keep_kv = check_head_selection(heads, kv_heads, self.num_heads, self.num_kv_heads)
-        return self.subset_heads(keep_q, keep_kv)
+        return keep_head_slopes(self.subset_heads(keep_q, keep_kv), self, keep_q)
 
     def tensor_parallel_part(self, heads: list[int]) -> AttentionLayer:
         """The part of this layer that one tensor-parallel rank computes: the
@@ -359,7 +373,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         out = attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
             scale=self.scale, dropout_p=self.dropout, training=self.training,
-            return_weights=return_weights, backend=backend,
+            return_weights=return_weights, backend=backend, alibi_slopes=self.alibi_slopes, softcap=self.softcap,
+            sinks=self.sinks,
         )  # fmt: skip
         return out if return_weights else (out, None)
 
@@ -466,6 +481,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             if kv_cache is not None:
                 k, v, extra = self.write_cache(kv_cache, k, v, extra)
             mask = merge_masks(attn_mask, key_padding(key_mask, query.shape[0], k.shape[2]))
+            mask = merge_masks(mask, local_mask(self.sliding_window, kv_cache, q.shape[2], k.shape[2], causal_alignment,
+                                                cross, q.device))  # fmt: skip
             out, weights = self.core(
                 q, k, v, extra, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
                 return_weights=ask, backend=backend, **options,
@@ -487,6 +504,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             parts.append(f"kdim={self.kdim}, vdim={self.vdim}")
         if self.dropout:
             parts.append(f"dropout={self.dropout}")
+        parts += [f"{n}={v}" for n, v in (("sinks", self.sinks is not None), ("window", self.sliding_window)) if v]
         return ", ".join(parts)
 
     def _check_forward_options(self, backend: str, options: dict) -> None:

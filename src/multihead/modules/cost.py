@@ -7,7 +7,11 @@ Conventions (the same for every kind, so kinds compare):
   ``cost`` docstring says what else it adds, e.g. routers or composition).
 * Attention-core FLOPs count only (query, key) pairs that are actually
   visible: with ``causal=True`` the hidden pairs are not computed by the
-  fused kernels, so they are not counted.
+  fused kernels, so they are not counted. A layer's ``window`` counts as
+  a windowed kernel computes it: only the pairs inside the window (torch's
+  SDPA takes the window as a mask and computes every pair of the causal
+  triangle). ``kv_cache_bytes_per_token`` stays per token: a windowed
+  layer needs at most ``window`` tokens of it (``StreamingKVCache``).
 * ``parameters`` equals ``sum(p.numel() for p in module.parameters())``.
 * ``kv_cache_bytes_per_token``: bytes one layer caches per token of one
   sequence at ``bytes_per_element`` (2 for fp16/bf16).
@@ -41,13 +45,15 @@ class AttentionCost:
         return self.core_flops + self.projection_flops
 
 
-def visible_pairs(T: int, S: int, *, causal: bool, alignment: str = "top_left") -> int:
+def visible_pairs(T: int, S: int, *, causal: bool, alignment: str = "top_left", window: int | None = None) -> int:
     """Number of (query, key) pairs a query may attend to, T queries x S keys.
 
     Causal top-left: query i sees keys 0..min(i, S-1); bottom-right: keys
-    0..min(i + S - T, S - 1) (none when that is negative).
+    0..min(i + S - T, S - 1) (none when that is negative). A ``window`` w
+    (which implies causality) keeps keys j > i + offset - w of those.
     """
-    if not causal:
+    if not causal and window is None:
         return T * S
     offset = 0 if alignment == "top_left" else S - T
-    return sum(max(0, min(i + offset, S - 1) + 1) for i in range(T))
+    first = (lambda p: 0) if window is None else (lambda p: max(0, p - window + 1))
+    return sum(max(0, min(i + offset, S - 1) + 1 - first(i + offset)) for i in range(T))

@@ -2,6 +2,8 @@
 
 Keys and values live in preallocated buffers of shape (B, G, S_max, D) —
 G key/value heads, not H query heads, so GQA/MQA shrink the cache by H / G.
+``DynamicKVCache`` adds DCMHA's per-key weights; ``LatentKVCache`` holds
+multi-head latent attention's one row [latent | rope key] per token.
 The buffers are non-persistent: they never enter a state_dict.
 
     cache = attn.make_kv_cache(batch_size=2, max_len=64)
@@ -31,7 +33,7 @@ from torch import nn
 
 from .._checks import positive_int
 
-__all__ = ["KVCache", "DynamicKVCache"]
+__all__ = ["KVCache", "DynamicKVCache", "LatentKVCache"]
 
 
 class KVCache(nn.Module):
@@ -200,6 +202,54 @@ class DynamicKVCache(KVCache):
         k_all, v_all = super().update(k, v)
         self.kw[:, start : self.length] = kw.detach()
         return k_all, v_all, self.kw[:, : self.length]
+
+
+class LatentKVCache(KVCache):
+    """The cache of absorbed decoding: per token the normalised latent c and the
+    rotated rope key, one row [c | k_R] of L + R channels shared by every head.
+
+    Args:
+        batch_size: B; max_len: S_max; latent_dim: L (kv_lora_rank);
+        rope_dim: R (qk_rope_head_dim); dtype, device: of the buffer.
+
+    Attributes:
+        k: [B, 1, S_max, L + R]; the values are its first L channels (no
+            second buffer). ``length``, ``reset``, ``check_append`` and
+            ``cross_source`` as :class:`KVCache`.
+    """
+
+    def __init__(self, batch_size: int, max_len: int, latent_dim: int, rope_dim: int, *, dtype=None, device=None):
+        torch.nn.Module.__init__(self)
+        _patch_traced_length()
+        B, S = positive_int("batch_size", batch_size), positive_int("max_len", max_len)
+        self.latent_dim = positive_int("latent_dim", latent_dim)
+        self.max_len = S
+        self.length = 0
+        self.cross_source = None
+        shape = (B, 1, S, self.latent_dim + positive_int("rope_dim", rope_dim))
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k [B, 1, T, L + R]; return (keys [B, 1, length, L + R],
+        values [B, 1, length, L], a view of the keys' first L channels).
+
+        Raises:
+            ValueError: a shape other than the buffer's, or a write past capacity.
+        """
+        if k.dim() != 4 or k.shape[0] != self.k.shape[0] or k.shape[1] != 1 or k.shape[3] != self.k.shape[3]:
+            raise ValueError(f"latent cache holds rows (B, 1, T, {self.k.shape[3]}), got {tuple(k.shape)}")
+        start = self.length
+        self._check_room(k.shape[0], k.shape[2], start)
+        end = start + k.shape[2]
+        self.k[:, :, start:end] = k.detach()
+        self.length = end
+        keys = self.k[:, :, :end]
+        return keys, keys[..., : self.latent_dim]
+
+    def extra_repr(self) -> str:
+        B, _, S, W = self.k.shape
+        return f"batch_size={B}, max_len={S}, latent_dim={self.latent_dim}, rope_dim={W - self.latent_dim}, " \
+            f"length={self.length}"
 
 
 def _length_plus_zero(cache: KVCache) -> int:

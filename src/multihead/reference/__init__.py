@@ -3,11 +3,11 @@
 ``basic`` holds the textbook forms (list of heads, vectorised, einsum);
 ``attention`` holds the general reference that torch code is tested against;
 one module per attention variant holds that variant in its paper's notation
-(``collaborative``, ``dcmha``, ``differential``, ``gated``, ``moh``,
+(``collaborative``, ``dcmha``, ``differential``, ``gated``, ``mla``, ``moh``,
 ``output_gated``, ``overlapping``).
 """
 
-from multihead.reference import collaborative, dcmha, differential, gated, moh, output_gated, overlapping
+from multihead.reference import collaborative, dcmha, differential, gated, mla, moh, output_gated, overlapping
 from multihead.reference.attention import attention, causal_mask
 from multihead.reference.basic import (
     multihead_attention_einsum,
@@ -21,6 +21,7 @@ from multihead.reference.collaborative import collaborative_attention
 from multihead.reference.dcmha import dcmha_attention, talking_heads_attention
 from multihead.reference.differential import differential_attention, differential_v2_attention
 from multihead.reference.gated import gated_multihead_attention
+from multihead.reference.mla import mla_attention
 from multihead.reference.moh import moh_attention
 from multihead.reference.output_gated import output_gated_attention
 from multihead.reference.overlapping import overlapping_attention
@@ -44,6 +45,8 @@ __all__ = [
     "differential_v2_attention",
     "gated",
     "gated_multihead_attention",
+    "mla",
+    "mla_attention",
     "moh",
     "moh_attention",
     "output_gated",

@@ -90,8 +90,10 @@ def attention(
     causal_alignment="top_left",
     scale=None,
     return_weights=False,
+    sinks=None,
+    window=None,
 ):
-    """Scaled dot-product attention with grouped-query heads and masks.
+    """Scaled dot-product attention with grouped-query heads, masks, sinks and windows.
 
     For each batch b, query head h and query t, with allowed(b, h, t, s) the
     positions the query may attend to::
@@ -126,6 +128,18 @@ def attention(
             even when ``is_causal`` is False.
         scale: factor on q . k; defaults to 1 / sqrt(D).
         return_weights: also return the post-softmax weights.
+        sinks: None or [H] sink logits (gpt-oss): the softmax of each row of
+            head h runs over its allowed scores plus s_h, and s_h's share
+            mixes no value::
+
+                p[s] = exp(score[s]) / (exp(sinks[h]) + sum over allowed s' of exp(score[s']))
+
+            so rows sum to less than 1, and a row with no allowed key has
+            weights 0 and output 0.
+        window: None or an int >= 1: key s is allowed to query t only when
+            t' - window < s <= t', t' = t + offset the query's aligned
+            position (offset 0 top-left, S - T bottom-right; the query and
+            the window - 1 keys before it).
 
     Returns:
         out [B, H, T, Dv] (float64), or ``(out, weights)`` with weights
@@ -184,16 +198,29 @@ def attention(
             bias = mask
     if is_causal:
         allowed &= causal_mask(T, S, causal_alignment)  # (T, S) broadcasts
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(f"window must be an int >= 1, got {window!r}")
+        pos = np.arange(T)[:, None] + (0 if causal_alignment == "top_left" else S - T)  # (T, 1)
+        j = np.arange(S)[None, :]  # (1, S)
+        allowed &= (j <= pos) & (j > pos - window)
+    sink = np.full((1, H, 1, 1), -np.inf)
+    if sinks is not None:
+        sink = np.asarray(sinks, dtype=np.float64)
+        if sink.shape != (H,):
+            raise ValueError(f"sinks must have shape (H,) = ({H},), got {sink.shape}")
+        sink = sink[None, :, None, None]  # (H,) -> (1, H, 1, 1)
 
     # Masked positions may hold NaN/inf: silence IEEE warnings for the raw
     # arithmetic, then keep only the allowed entries with np.where.
     with np.errstate(invalid="ignore", over="ignore"):
         raw = scale * np.einsum("bhtd,bhsd->bhts", q, k_h) + bias  # (B, H, T, S)
         scores = np.where(allowed, raw, -np.inf)
-        row_max = scores.max(axis=-1, keepdims=True) if S else np.zeros((B, H, T, 1))
+        row_max = scores.max(axis=-1, keepdims=True) if S else np.full((B, H, T, 1), -np.inf)
+        row_max = np.maximum(row_max, sink)  # the sink's logit counts (-inf without sinks)
         row_max = np.where(np.isneginf(row_max), 0.0, row_max)  # empty rows
         e = np.where(allowed, np.exp(scores - row_max), 0.0)
-        total = e.sum(axis=-1, keepdims=True)  # (B, H, T, 1)
+        total = e.sum(axis=-1, keepdims=True) + np.exp(sink - row_max)  # (B, H, T, 1)
         weights = np.divide(e, total, out=np.zeros_like(e), where=total != 0)
         # (B, H, T, S, 1) * (B, H, 1, S, Dv) -> (B, H, T, S, Dv), summed over S
         terms = weights[..., None] * v_h[:, :, None, :, :]

@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from .._checks import non_negative_int
+from ..functional.alibi import alibi_bias
 from ..functional.masks import causal_mask
 from ..functional.weights import WeightSelection, pick
 from ..modules.base import AttentionLayer
@@ -323,19 +324,25 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, AttentionLayer)]
 
 
-def _scores(event: AttentionEvent, num_heads: int) -> torch.Tensor:
-    """Pre-softmax scores [B, h, r, S] of the event's heads and rows, rebuilt from its q and k.
+def _scores(event: AttentionEvent, module: nn.Module) -> torch.Tensor:
+    """Pre-softmax scores [B, h, r, S] of the event's heads and rows, rebuilt from its q and k
+    (with the layer's soft-capping and ALiBi, ``modules.score_options``).
 
     A kind whose q has more heads than its weights (differential attention's
     2H sub-heads) gets the scores of every q head, for the event's rows.
     """
     q, k = event.q.float(), event.k.float()
     H, G, T = q.shape[1], k.shape[1], q.shape[2]
-    heads = list(event.heads) if H == num_heads else list(range(H))
+    heads = list(event.heads) if H == module.num_heads else list(range(H))
     rows = list(event.rows)
     q = q[:, heads][:, :, rows]  # (B, H, T, D) -> (B, h, r, D)
     k = k[:, [h // (H // G) for h in heads]]  # (B, G, S, D) -> (B, h, S, D), small tensors only
     scores = q @ k.transpose(-1, -2) * event.scale  # (B, h, r, S)
+    softcap, slopes = getattr(module, "softcap", None), getattr(module, "alibi_slopes", None)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if slopes is not None:  # (H, T, S) -> (h, r, S)
+        scores = scores + alibi_bias(slopes.float(), T, k.shape[2], alignment=event.causal_alignment)[heads][:, rows]
     mask = event.attn_mask
     if mask is not None:
         mask = mask[None, None] if mask.dim() == 2 else mask  # (T, S) -> (1, 1, T, S)
@@ -401,7 +408,7 @@ def capture(
                 name=names[id(module)],
                 kind=event.kind,
                 weights=event.weights.detach().float().cpu(),
-                scores=_scores(event, module.num_heads).cpu() if scores else None,
+                scores=_scores(event, module).cpu() if scores else None,
                 heads=None if event.heads == tuple(range(H)) else event.heads,
                 rows=None if event.rows == tuple(range(T)) else event.rows,
             )

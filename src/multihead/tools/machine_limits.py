@@ -141,9 +141,11 @@ def machine_limits(device: str = "cpu", dtypes: list[str] | tuple[str, ...] = ("
             return MachineLimits(**entry)
         except TypeError:
             pass  # an entry of another layout: measure again
-    limits = measure_limits(device, dtypes)
-    if isinstance(entry, dict) and not remeasure:  # keep the dtypes measured before
-        limits = MachineLimits(**{**asdict(limits), "peak_flops": {**entry.get("peak_flops", {}), **limits.peak_flops}})
+    known = entry.get("peak_flops", {}) if isinstance(entry, dict) and not remeasure else {}
+    limits = measure_limits(device, [d for d in dtypes if d not in known])
+    if known:  # keep what was measured before (the peaks and the bandwidth); add the new dtypes' peaks
+        limits = MachineLimits(**{**asdict(limits), "bandwidth": entry.get("bandwidth", limits.bandwidth),
+                                  "peak_flops": {**limits.peak_flops, **known}})  # fmt: skip
     cached[key] = asdict(limits)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(cached, indent=2, sort_keys=True) + "\n")

@@ -8,6 +8,7 @@ in it, and so registers every kind (a new kind's file needs no line here).
     collaborative.py  CollaborativeAttention: "collaborative" (conversion in collaborative_compress.py)
     overlapping.py    OverlappingHeadAttention: "overlapping"
     gated.py          GatedHeadAttention: "gated"
+    mla.py            MultiHeadLatentAttention: "mla" (YaRN in mla_latent.py)
 """
 
 import importlib
@@ -17,6 +18,7 @@ from .collaborative import CollaborativeAttention
 from .dcmha import DCMHA, TalkingHeadsAttention
 from .gated import GatedHeadAttention
 from .mha import MultiHeadAttention
+from .mla import MultiHeadLatentAttention
 from .moh import MoHAttention
 from .overlapping import OverlappingHeadAttention
 
@@ -28,6 +30,7 @@ __all__ = [
     "CollaborativeAttention",
     "OverlappingHeadAttention",
     "GatedHeadAttention",
+    "MultiHeadLatentAttention",
 ]
 
 for _module in pkgutil.iter_modules(__path__):

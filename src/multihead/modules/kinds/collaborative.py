@@ -141,7 +141,8 @@ class CollaborativeAttention(AttentionLayer):
     """
 
     kind = "collaborative"
-    refused_options = ("num_kv_heads",)  # one key head serves every head
+    refused_options = ("num_kv_heads", "sinks")  # one key head serves every head
+    option_refusals = {"sinks": "its core is its own, not functional.attention's softmax with a sink column"}
     independent_heads = True
     selects_weights = True  # its core is functional.attention over a stride-0 view of the key head
     head_independence = (
@@ -292,7 +293,7 @@ class CollaborativeAttention(AttentionLayer):
         """
         S = T if S is None else S
         H, Dv, Dt = self.num_heads, self.head_dim, self.shared_dim
-        pairs = visible_pairs(T, S, causal=causal)
+        pairs = visible_pairs(T, S, causal=causal, window=self.sliding_window)
         core = 2 * batch * H * pairs * (Dt + H + Dv) + batch * H * T * Dt
         proj = (
             2

@@ -145,7 +145,12 @@ class DCMHA(AttentionLayer):
         self.init_positions(D)
 
     kind = "dcmha"
-    refused_options = ("num_kv_heads", "kdim", "vdim")  # H key heads from one fused projection
+    refused_options = ("num_kv_heads", "kdim", "vdim", "alibi", "softcap", "sinks")  # H key heads from one fused projection
+    option_refusals = {
+        "sinks": "its core is its own, not functional.attention's softmax with a sink column",
+        "alibi": "the composed core mixes every head's scores, so a per-head ALiBi bias has no defined place in it",
+        "softcap": "the composed core forms its own scores (functional.attention's soft-capping is not applied there)",
+    }
     backends = ("auto", "math")  # composition needs the scores themselves: no fused kernel
     head_independence = (
         "the composition mixes heads: every head's scores and weights are combined with every other head's "
@@ -258,7 +263,7 @@ class DCMHA(AttentionLayer):
         """
         S = T if S is None else S
         H, D, C, R, K = self.num_heads, self.head_dim, self.embed_dim, self.rank, self.dynamic_hidden_dim
-        pairs = visible_pairs(T, S, causal=causal)
+        pairs = visible_pairs(T, S, causal=causal, window=self.sliding_window)
         per_pair = (8 * R * H if self.dynamic else 0) + (2 * H * H if self.static else 0)
         core = 2 * batch * H * pairs * 2 * D + 2 * batch * pairs * per_pair
         proj = 2 * batch * (T + 2 * S) * C * H * D + 2 * batch * T * H * D * C

@@ -103,6 +103,12 @@ class DifferentialAttention(AttentionLayer):
     """
 
     kind = "diff"
+    refused_options = ("alibi", "softcap", "sinks")
+    option_refusals = {
+        "sinks": "its core is its own, not functional.attention's softmax with a sink column",
+        "alibi": "each head subtracts two score maps (2H sub-heads); which slope each map takes is not defined",
+        "softcap": "each head subtracts two softmax maps; the paper defines no soft-capping of them",
+    }
     layer_index_option = "depth"  # λ_init grows with the layer's depth
     independent_heads = True
     head_independence = (

@@ -63,6 +63,12 @@ class DifferentialV2Attention(AttentionLayer):
     """
 
     kind = "diff_v2"
+    refused_options = ("alibi", "softcap", "sinks")
+    option_refusals = {
+        "sinks": "its core is its own, not functional.attention's softmax with a sink column",
+        "alibi": "each head subtracts two score maps (2H sub-heads); which slope each map takes is not defined",
+        "softcap": "each head subtracts two softmax maps; the paper defines no soft-capping of them",
+    }
     independent_heads = True
     head_independence = (
         "output head h is its two query heads 2h, 2h+1, its row of lambda_proj and its columns of out_proj; "

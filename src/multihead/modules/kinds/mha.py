@@ -152,6 +152,8 @@ class MultiHeadAttention(AttentionLayer):
                 if f"{name}.{suffix}" in state:
                     state[f"{name}.{suffix}"] = state[f"{name}.{suffix}"][idx]
         state["out_proj.weight"] = state["out_proj.weight"][:, q_rows]  # (C, H*D) -> (C, H'*D)
+        if "sinks" in state:
+            state["sinks"] = state["sinks"][heads]  # (H,) -> (H',): each head's sink logit
         return state
 
     def subset_heads(self, heads: list[int], kv_heads: list[int]) -> MultiHeadAttention:
@@ -201,7 +203,7 @@ class MultiHeadAttention(AttentionLayer):
         """
         S = T if S is None else S
         H, G, D, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim
-        pairs = visible_pairs(T, S, causal=causal)
+        pairs = visible_pairs(T, S, causal=causal, window=self.sliding_window)
         core = 2 * batch * H * pairs * (D + D)
         proj = 2 * batch * (T * C * H * D + S * self.kdim * G * D + S * self.vdim * G * D + T * H * D * C)
         params = sum(p.numel() for p in self.parameters())

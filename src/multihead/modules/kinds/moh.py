@@ -8,11 +8,11 @@ never computed for it::
     token n:  [ w0·g_s ............ ]       [ 0   w1·g_r   0   w1·g_r   0 ... ]
     y[n] = out_proj( concat_h gates[n, h] · o_h[n] )
 
-Two paths compute the same gated outputs (``multihead.modules.kinds.moh_paths``):
-the sparse path (default) runs the routed heads only over the query rows
-that chose them, so the attention-core work scales with (hs + hr) / H; the
-dense path (``path="dense"``, the official code's) computes every head and
-multiplies by its gate. Both agree to 1e-10 in float64.
+Two paths compute the same gated outputs (``moh_paths``): the sparse path
+(default) runs the routed heads only over the query rows that chose them
+(causal rows in blocks, ``moh_causal``), the dense path (``path="dense"``,
+the official code's) every head, then gated. They agree to 1e-10 in float64.
+The tensor-parallel cut is ``moh_parallel``.
 
 Rope / QK-norm (``rope=``, ``qk_norm=``: the layer's ``rope`` and
 ``qk_norm`` submodules), on the head dim D of every query head [B, H, T, D] and key head [B, G, S, D]::
@@ -30,7 +30,6 @@ flatten them. The learned router reads the tokens x and is unaffected.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -39,10 +38,11 @@ from torch import nn
 from ..._checks import non_negative_int
 from ..base import AttentionLayer
 from ..cost import AttentionCost, visible_pairs
-from ..head_selection import check_head_selection, head_rows
 from ..projections import fused_qkv, split_heads
 from ..registry import register_attention
+from .moh_parallel import moh_part
 from .moh_paths import check_mask, dense_heads, sparse_heads
+from .moh_router import balance_loss, route
 
 __all__ = ["MoHAttention", "load_balancing_loss"]
 
@@ -118,7 +118,12 @@ class MoHAttention(AttentionLayer):
     """
 
     kind = "moh"
-    refused_options = ("kdim", "vdim")  # one fused projection of the model width
+    refused_options = ("kdim", "vdim", "alibi", "softcap", "sinks")  # one fused projection of the model width
+    option_refusals = {
+        "sinks": "its core is its own, not functional.attention's softmax with a sink column",
+        "alibi": "its core runs the routed heads on their own paths, which do not pass ALiBi slopes",
+        "softcap": "its core runs the routed heads on their own paths, which do not pass a softcap",
+    }
     forward_options = ("path",)
     head_independence = (
         "the router couples the heads: each token's gates come from a softmax and a top-k over the heads, "
@@ -219,41 +224,12 @@ class MoHAttention(AttentionLayer):
             chose) or None when every head is active; p [B, T, E] router
             probabilities (learned router with hr > 0) or None.
         """
-        hs, hr, E = self.shared_heads, self.routed_heads, self.num_candidates
-        B, T, _ = x.shape
-        if self.router == "query_norm":
-            gates = x.new_ones(B, T, hs + E)
-            if hr == 0 or hr == E:
-                return gates, None, None
-            norms = q[:, hs:].detach().norm(dim=-1).transpose(1, 2)  # (B, E, T) -> (B, T, E)
-            chosen = torch.zeros_like(norms, dtype=torch.bool).scatter(-1, norms.topk(hr, dim=-1).indices, True)
-            gates = torch.cat([gates[..., :hs], chosen.to(gates.dtype)], dim=-1)
-            return gates, chosen, None
-        if hs > 1:
-            g_s = hs * torch.softmax(self.shared_gate(x), dim=-1)  # (B, T, hs)
-        else:
-            g_s = x.new_ones(B, T, hs)
-        if hr == 0:
-            return g_s, None, None
-        p = torch.softmax(self.routed_gate(x), dim=-1)  # (B, T, E)
-        top_p, top_i = p.topk(hr, dim=-1)
-        chosen = torch.zeros_like(p, dtype=torch.bool).scatter(-1, top_i, True)
-        denom = top_p.sum(-1, keepdim=True).clamp(min=torch.finfo(p.dtype).eps)
-        g_r = hr * torch.where(chosen, p, 0.0) / denom
-        if hs:
-            w = 2 * torch.softmax(self.mix_gate(x), dim=-1)  # (B, T, 2)
-            gates = torch.cat([w[..., :1] * g_s, w[..., 1:] * g_r], dim=-1)
-        else:
-            gates = g_r
-        return gates, (None if hr == E else chosen), p
+        return route(self, x, q)
 
     @staticmethod
     def balance_loss(p: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """l_aux = E · sum_e mean(p[..., e]) · mean(chosen[..., e]); p, chosen [B, T, E]."""
-        E = p.shape[-1]
-        me = p.reshape(-1, E).mean(0)
-        ce = chosen.reshape(-1, E).to(p.dtype).mean(0)
-        return E * (me * ce).sum()
+        return balance_loss(p, chosen)
 
     # ------------------------------------------------------------------ forward
     def to_heads(self, query, key=None, value=None):
@@ -340,31 +316,7 @@ class MoHAttention(AttentionLayer):
                 or the ``query_norm`` router with a choice to make (it ranks
                 every head's query norm, which a part does not hold).
         """
-        H, G, D = self.shared_heads + self.num_candidates, self.num_kv_heads, self.head_dim
-        if self.window != (0, H):
-            raise ValueError(f"this MoH layer is already the part of heads {self.window}; split the whole layer")
-        keep_q, keep_kv = check_head_selection(heads, None, H, G)
-        lo, hi = keep_q[0], keep_q[-1] + 1
-        if keep_q != list(range(lo, hi)):
-            raise ValueError(f"MoH splits into contiguous blocks of heads, got heads={keep_q}")
-        if self.router == "query_norm" and 0 < self.routed_heads < self.num_candidates:
-            raise ValueError("the query_norm router ranks every head's query norm, which a part of the heads does "
-                             "not hold: 'moh' with router='query_norm' cannot be split by heads")  # fmt: skip
-        kept, self.last_balance_loss = self.last_balance_loss, None  # a graph's tensor: not copied
-        try:
-            new = copy.deepcopy(self)
-        finally:
-            self.last_balance_loss = kept
-        new._attention_observers.clear()
-        new._head_hooks.clear()
-        device = self.out_proj.weight.device
-        q_rows, kv_rows = head_rows(keep_q, D, device), head_rows(keep_kv, D, device)
-        rows = torch.cat([q_rows, H * D + kv_rows, (H + G) * D + kv_rows])  # qkv_proj rows: [q | k | v]
-        new.qkv_proj = _linear_part(self.qkv_proj, rows, None)
-        new.out_proj = _linear_part(self.out_proj, None, q_rows)
-        new.num_heads, new.num_kv_heads = len(keep_q), len(keep_kv)
-        new.window, new.aux_share = (lo, hi), len(keep_q) / H
-        return new
+        return moh_part(self, heads)
 
     # ------------------------------------------------------------------ cost
     def cost(
@@ -396,7 +348,9 @@ class MoHAttention(AttentionLayer):
         most rows any (batch row, routed head) received, so the work it
         actually does is 2·B·(hs·T + E·M)·S·(D + D) (non-causal); with
         balanced routing M is close to its expectation hr·T/E (inside
-        ``torch.compile``, where M would need a host sync, M = T).
+        ``torch.compile``, where M would need a host sync, M = T). Causal
+        rows longer than one block of L positions are padded per block
+        (M_c rows in block c), each seeing c·L + L keys (``moh_causal``).
         """
         S = T if S is None else S
         H, G, D, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim
@@ -416,23 +370,6 @@ class MoHAttention(AttentionLayer):
         if self.rope is not None:
             parts.append(f"rope={self.rope}")
         return ", ".join(parts)
-
-
-def _linear_part(linear: nn.Linear, rows: torch.Tensor | None, columns: torch.Tensor | None) -> nn.Linear:
-    """A Linear holding ``rows`` of ``linear``'s output (bias too) or ``columns`` of its input (bias whole)."""
-    weight = linear.weight.detach()
-    weight = weight[rows] if rows is not None else weight[:, columns]
-    bias = None if linear.bias is None else linear.bias.detach()
-    if bias is not None and rows is not None:
-        bias = bias[rows]
-    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(weight)
-        new.weight.requires_grad_(linear.weight.requires_grad)
-        if bias is not None:
-            new.bias.copy_(bias)
-            new.bias.requires_grad_(linear.bias.requires_grad)
-    return new
 
 
 def load_balancing_loss(model: nn.Module) -> torch.Tensor:

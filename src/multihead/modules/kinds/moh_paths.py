@@ -16,13 +16,18 @@ heads runs only over the (b, t) query rows that chose them::
     scatter gate · out back to (B, E, T, D); unchosen pairs and padding stay 0
 
 so the attention-core FLOPs and time scale with (hs + hr) / H (plus the
-padding to M). The shared heads run as one ordinary call. With
-``is_causal`` the gathered rows carry an explicit per-row mask, so the
-kernel cannot skip the hidden upper triangle as the fused causal kernel does
-for the shared heads and the dense path: the causal saving is smaller. The
-dense path (``path="dense"``: every head computed, then multiplied by its
-gate, as the official code does) is kept for equality tests; both agree to
-1e-10 in float64.
+padding to M). The shared heads run as one ordinary call. Causal rows
+longer than one block (``moh_causal.BLOCK`` positions) are gathered block by
+block and run as a maskless prefix (every key before the block) plus the
+diagonal block, merged by log-sum-exp (``moh_causal``): the hidden upper
+triangle is never computed and no (rows, S) mask is built. Rows with an
+attention mask, dropout in training, non-finite q/k/v, ``backend="math"``,
+a device without a kernel that returns the log-sum-exp, or inside
+``torch.compile`` take the explicit per-row mask above instead. The heads
+are written into one (B, T, H, Dv) buffer that ``merge_heads`` reshapes
+without a copy. The dense path (``path="dense"``: every head computed, then
+multiplied by its gate, as the official code does) is kept for equality
+tests; both agree to 1e-10 in float64.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from ...functional import attention, merge_masks
+from .moh_causal import BLOCK, block_causal_rows, block_plan, kernels_for
 
 __all__ = ["dense_heads", "sparse_heads", "check_mask", "head_slice", "kv_for", "row_mask"]
 
@@ -45,35 +51,56 @@ def dense_heads(q, k, v, gates, mask, core, want_weights):
 
 
 def sparse_heads(q, k, v, gates, chosen, mask, core, *, shared_heads: int):
-    """Shared heads in one call; the routed heads in one call over only the rows that chose them."""
+    """Shared heads in one call; the routed heads over only the rows that chose them.
+
+    Returns (B, T, H, Dv), contiguous: the heads are written in place into
+    one buffer, so ``merge_heads`` reshapes it without a copy.
+    """
     B, H, T, D = q.shape
-    S, G, hs = k.shape[2], k.shape[1], shared_heads
+    S, G, hs, Dv = k.shape[2], k.shape[1], shared_heads, v.shape[-1]
     E = H - hs
     r = H // G  # query heads per key/value head
-    parts = []
+    out = q.new_zeros(B, T, H, Dv)
     if hs:
         ks, vs = kv_for(k, v, 0, hs, r)
-        out = attention(q[:, :hs], ks, vs, attn_mask=head_slice(mask, 0, hs), **core)  # (B, hs, T, D)
-        parts.append(out * gates[..., :hs].transpose(1, 2).unsqueeze(-1))  # (B, T, hs) -> (B, hs, T, 1)
-    counts = chosen.sum(1)  # (B, E): rows that chose each routed head
-    # rows per routed head, padded to the largest (batch row, head); inside
-    # torch.compile to T (no host sync: the extra padding rows are zeroed below)
-    M = T if torch.compiler.is_compiling() else int(counts.max())
-    # per (b, e): the positions that chose e first, in token order, then the others (padding)
-    order = torch.argsort((~chosen).to(torch.uint8), dim=1, stable=True)  # (B, T, E)
-    tok = order[:, :M].transpose(1, 2)  # (B, M, E) -> (B, E, M), distinct within each (b, e)
-    valid = torch.arange(M, device=q.device) < counts.unsqueeze(-1)  # (B, E, M); False = padding row
-    at = tok.unsqueeze(-1).expand(B, E, M, D)
-    rows = q[:, hs:].gather(2, at)  # (B, E, T, D) -> (B, E, M, D)
+        o = attention(q[:, :hs], ks, vs, attn_mask=head_slice(mask, 0, hs), **core)  # (B, hs, T, Dv)
+        out[:, :, :hs] = (o * gates[..., :hs].transpose(1, 2).unsqueeze(-1)).transpose(1, 2)  # (B, T, hs, Dv)
     ks, vs = kv_for(k, v, hs, H, r)
+    qr = q[:, hs:]  # (B, E, T, D)
     offset = 0 if core["causal_alignment"] == "top_left" else S - T
-    rows_mask = row_mask(head_slice(mask, hs, H), tok, S, offset if core["is_causal"] else None)
-    out = attention(rows, ks, vs, attn_mask=rows_mask, **{**core, "is_causal": False})  # (B, E, M, D)
-    gate = gates[..., hs:].transpose(1, 2).gather(2, tok).unsqueeze(-1)  # (B, T, E) -> (B, E, M, 1)
+    blocked = core["is_causal"] and _use_blocks(qr, ks, vs, mask, core, offset)
+    # rows per routed head (block by block when blocked), padded to the most any (batch row, head) got
+    tok, valid, sizes = block_plan(chosen, BLOCK if blocked else T)
+    b, e = torch.arange(B, device=q.device).view(B, 1, 1), torch.arange(E, device=q.device).view(1, E, 1)
+    rows = qr[b, e, tok]  # (B, E, T, D) -> (B, E, N, D): rows[b, e, n] = qr[b, e, tok[b, e, n]]
+    if blocked:
+        if ks.shape[1] != E:  # grouped keys: one key/value head per routed query head
+            ks, vs = (t.repeat_interleave(E // t.shape[1], dim=1) for t in (ks, vs))
+        elif len(sizes) >= 4:  # every block re-reads its prefix: strided keys (the fused projection's) cost more
+            ks, vs = ks.contiguous(), vs.contiguous()
+        o = block_causal_rows(rows, qr, ks, vs, tok, sizes, BLOCK, offset)  # (B, E, N, Dv)
+    else:
+        rows_mask = row_mask(head_slice(mask, hs, H), tok, S, offset if core["is_causal"] else None)
+        o = attention(rows, ks, vs, attn_mask=rows_mask, **{**core, "is_causal": False})  # (B, E, N, Dv)
+    gate = gates[..., hs:].transpose(1, 2).gather(2, tok).unsqueeze(-1)  # (B, T, E) -> (B, E, N, 1)
     # padding rows sit on tokens that did not choose the head: writing 0 there is a no-op
-    vals = torch.where(valid.unsqueeze(-1), out * gate, 0.0)
-    parts.append(q.new_zeros(B, E, T, D).scatter(2, at, vals))  # unchosen (token, head) pairs stay 0
-    return torch.cat(parts, dim=1).transpose(1, 2)  # (B, H, T, D) -> (B, T, H, D)
+    vals = torch.where(valid.unsqueeze(-1), o * gate, 0.0)
+    return out.index_put_((b, tok, e + hs), vals)  # out[b, tok[b, e, n], hs + e] = vals[b, e, n]
+
+
+def _use_blocks(q, k, v, mask, core, offset) -> bool:
+    """Whether the causal routed rows can run as prefix + causal diagonal blocks (``moh_causal``):
+    more than one block, no other mask, no dropout, a kernel with log-sum-exp
+    for the device, finite inputs (the kernels have no NaN rule) and eager mode."""
+    T, S = q.shape[2], k.shape[2]
+    if T <= BLOCK or mask is not None or core["backend"] not in ("auto", "sdpa") or kernels_for(q) is None:
+        return False
+    if (core["training"] and core["dropout_p"] > 0) or offset < 0 or S < T + offset:
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    with torch.no_grad():
+        return bool(torch.isfinite(q.sum() + k.sum() + v.sum()))
 
 
 def check_mask(mask: object, B: int, H: int, T: int, S: int) -> None:

@@ -163,6 +163,8 @@ class OutputGatedAttention(AttentionLayer):
             if f"qkv_proj.{suffix}" in state:
                 state[f"qkv_proj.{suffix}"] = state[f"qkv_proj.{suffix}"][rows]
         state["out_proj.weight"] = state["out_proj.weight"][:, q_rows]  # (C, H*D) -> (C, H'*D)
+        if "sinks" in state:
+            state["sinks"] = state["sinks"][heads]  # (H,) -> (H',): each head's sink logit
         new = type(self)(
             self.embed_dim, len(heads), num_kv_heads=len(kv_heads), head_dim=D,
             device="meta", dtype=self.out_proj.weight.dtype, **self.init_options,
@@ -190,7 +192,7 @@ class OutputGatedAttention(AttentionLayer):
         """
         S = T if S is None else S
         H, G, D, C, E = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim, self.gate_width
-        core = 2 * batch * H * visible_pairs(T, S, causal=causal) * (D + D)
+        core = 2 * batch * H * visible_pairs(T, S, causal=causal, window=self.sliding_window) * (D + D)
         proj = 2 * batch * (T * C * H * (D + E) + 2 * S * C * G * D + T * H * D * C)
         params = sum(p.numel() for p in self.parameters())
         return AttentionCost(core, proj, params, 2 * G * D * bytes_per_element)

@@ -238,7 +238,7 @@ class OverlappingHeadAttention(AttentionLayer):
         """
         S = T if S is None else S
         H, D, C, Dw = self.num_heads, self.head_dim, self.embed_dim, self.wide_head_dim
-        pairs = visible_pairs(T, S, causal=causal)
+        pairs = visible_pairs(T, S, causal=causal, window=self.sliding_window)
         core = 2 * batch * H * pairs * (Dw + Dw)
         proj = 2 * batch * (T * C * H * D + 2 * S * C * H * D + T * H * Dw * C)
         params = sum(p.numel() for p in self.parameters())

@@ -36,7 +36,7 @@ bench() {  # bench NAME SECONDS CASE ARGS...: one benchmark case on CUDA
 
 for step in $steps; do
     case $step in
-    tests) TAIL=25 run tests 180 $py -m pytest tests -q -rs -p no:cacheprovider -o addopts=--import-mode=importlib \
+    tests) TAIL=25 run tests 170 $py -m pytest tests -q -rs -p no:cacheprovider -o addopts=--import-mode=importlib \
         --continue-on-collection-errors -k "cuda or gpu" ;;
     peers) bench peers 90 attention_peers --device cuda --set dtype=bfloat16 --number 10 \
         --set "cuda_peers=['sdpa_flash','sdpa_cudnn','sdpa_efficient']" \
@@ -46,8 +46,8 @@ for step in $steps; do
         --scenario causal --scenario "causal + alibi" --scenario "causal + softcap" ;;
     moh) bench moh 60 moh_active_heads --set device=cuda --rounds 20 --scenario "core forward, 50% active" \
         --scenario "core forward causal, 50% active, B=1 T=2048" --scenario "forward causal, 50% active, B=1 T=2048" ;;
-    syncs) TAIL=12 run syncs 90 $py -m benchmarks.cuda_syncs ;;
-    decode) run decode 90 $py -m benchmarks.decode_vs_hf --device cuda --out "$out/decode" ;;
+    syncs) TAIL=12 run syncs 60 $py -m benchmarks.cuda_syncs ;;
+    decode) TAIL=20 run decode 80 $py -m benchmarks.decode_vs_hf --modes eager --rounds 3 ;;
     *) echo "unknown step $step" ;;
     esac
 done

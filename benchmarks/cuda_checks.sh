@@ -36,7 +36,7 @@ bench() {  # bench NAME SECONDS CASE ARGS...: one benchmark case on CUDA
 
 for step in $steps; do
     case $step in
-    tests) TAIL=25 run tests 170 $py -m pytest tests -q -rs -p no:cacheprovider -o addopts=--import-mode=importlib \
+    tests) TAIL=25 run tests 170 $py -m pytest tests -q -rs -p no:cacheprovider -o addopts=--import-mode=importlib ${XDIST:-} \
         --continue-on-collection-errors -k "cuda or gpu" ;;
     peers) bench peers 90 attention_peers --device cuda --set dtype=bfloat16 --number 10 \
         --set "cuda_peers=['sdpa_flash','sdpa_cudnn','sdpa_efficient']" \

@@ -18,15 +18,16 @@ backend and patching the output afterwards:
 
 Two ways to the same numbers:
 
-* eager on CPU: one reduction over q, k and v decides (a host sync, free
-  there); only when a non-finite number is present is the patch computed,
-  so the common path pays one pass over the inputs;
-* inside ``torch.compile`` (``torch.compiler.is_compiling()``) and on CUDA:
-  no host sync and no data-dependent branch (a sync per call would leave
-  the GPU idle while the host launches the next kernels). The inputs are
-  always sanitised and the patch masks always computed; with finite inputs
-  the ``where`` keeps every entry and the masks are all False, so the
-  result equals the CPU one.
+* eager: one reduction over q, k and v decides (a host sync); only when a
+  non-finite number is present is the patch computed, so the common path
+  pays one pass over the inputs. On a GPU this is also the faster policy:
+  computing the patch every call cost 3x the synced forward on an H100
+  (``benchmarks/cuda_syncs.py``, docs/benchmarks.md);
+* inside ``torch.compile`` (``torch.compiler.is_compiling()``): no host
+  sync and no data-dependent branch. The inputs are always sanitised and
+  the patch masks always computed; with finite inputs the ``where`` keeps
+  every entry and the masks are all False, so the result equals the eager
+  one.
 """
 
 from __future__ import annotations
@@ -154,18 +155,19 @@ def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:
 
 
 def sync_free(req: AttentionRequest) -> bool:
-    """Whether the patch is computed without looking at the data first (no host sync):
-    inside ``torch.compile`` and for tensors on a GPU."""
-    return torch.compiler.is_compiling() or req.q.device.type != "cpu"
+    """Whether the patch is computed without looking at the data first (no host
+    sync): inside ``torch.compile`` only (see the module docstring for why not on
+    a GPU in eager mode)."""
+    return torch.compiler.is_compiling()
 
 
 def split_nonfinite(req: AttentionRequest) -> tuple[AttentionRequest, Fixup | None]:
     """Return a request with finite q/k/v and a function that restores
     the non-finite effects on the output.
 
-    On the CPU in eager mode the function is None when every entry is
-    finite (the request is returned as it is); where ``sync_free`` it is
-    always returned, and is the identity on finite inputs.
+    In eager mode the function is None when every entry is finite (the
+    request is returned as it is); where ``sync_free`` it is always
+    returned, and is the identity on finite inputs.
     """
     if req.k.numel() == 0 or req.q.numel() == 0:
         return req, None

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ...modules.kinds.mha import MultiHeadAttention
+from ._shapes import check_official_shapes
 
 __all__ = ["OfficialGptOssAttention", "from_official", "to_official"]
 
@@ -153,14 +154,7 @@ def from_official(
     if attention_bias:
         want.update({f"{n}.bias": (r,) for n, r in rows.items()})
     want["sinks"] = (H,)
-    missing, unexpected = sorted(set(want) - set(state_dict)), sorted(set(state_dict) - set(want))
-    if missing or unexpected:
-        raise ValueError(f"state_dict does not fit the configuration: missing {missing}, unexpected {unexpected}; "
-                         f"expected {sorted(want)}")  # fmt: skip
-    wrong = {k: tuple(state_dict[k].shape) for k in want if tuple(state_dict[k].shape) != want[k]}
-    if wrong:
-        raise ValueError(f"official parameter shapes {wrong} do not fit the configuration: expected "
-                         f"{ {k: want[k] for k in wrong} }")  # fmt: skip
+    check_official_shapes(state_dict, want)
     state = {k.replace("o_proj.", "out_proj."): v.detach().to(dtype) for k, v in state_dict.items()}
     m.load_state_dict(state, strict=True)  # q_proj/k_proj/v_proj load into the fused qkv_proj
     return OfficialGptOssAttention(m).eval()

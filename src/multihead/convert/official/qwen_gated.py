@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ...modules.kinds.output_gated import OutputGatedAttention
+from ._shapes import check_official_shapes
 
 __all__ = ["OfficialGatedAttention", "from_official", "grouped_rows", "load_official", "to_official"]
 
@@ -121,14 +122,7 @@ def load_official(
     """
     sd = {k: v for k, v in state_dict.items() if not k.startswith("rotary_emb.")}
     want = official_shapes(m, bias=bias, norms=m.qk_norm is not None)
-    missing, unexpected = sorted(set(want) - set(sd)), sorted(set(sd) - set(want))
-    if missing or unexpected:
-        raise ValueError(f"state_dict does not fit the configuration: missing {missing}, unexpected {unexpected}; "
-                         f"expected {sorted(want)}")  # fmt: skip
-    wrong = {k: tuple(sd[k].shape) for k in want if tuple(sd[k].shape) != want[k]}
-    if wrong:
-        raise ValueError(f"official parameter shapes {wrong} do not fit the configuration: expected "
-                         f"{ {k: want[k] for k in wrong} }")  # fmt: skip
+    check_official_shapes(sd, want)
     dtype = m.out_proj.weight.dtype
     state = {}
     for suffix in ("weight", "bias") if bias else ("weight",):

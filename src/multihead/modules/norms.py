@@ -114,20 +114,10 @@ class QKNorm(nn.Module):
         ['k_norm.weight', 'q_norm.weight']
     """
 
-    def __init__(
-        self,
-        head_dim: int,
-        eps: float = 1e-6,
-        elementwise_affine: bool = True,
-        *,
-        unit_offset: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        factory = {"unit_offset": unit_offset, "device": device, "dtype": dtype}
-        self.q_norm = HeadRMSNorm(head_dim, eps, elementwise_affine, **factory)
-        self.k_norm = HeadRMSNorm(head_dim, eps, elementwise_affine, **factory)
+    def __init__(self, head_dim: int, eps: float = 1e-6, elementwise_affine: bool = True, **options) -> None:
+        super().__init__()  # options: unit_offset, device, dtype (HeadRMSNorm's)
+        self.q_norm = HeadRMSNorm(head_dim, eps, elementwise_affine, **options)
+        self.k_norm = HeadRMSNorm(head_dim, eps, elementwise_affine, **options)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalise q [B, H, T, D] and k [B, G, S, D]; returns (q, k), same shapes and dtypes.

@@ -86,6 +86,17 @@ def test_selected_heads_keep_their_slopes_and_outputs():
     assert torch.equal(rebuilt.alibi_slopes, sub.alibi_slopes)
 
 
+@pytest.mark.parametrize("kind", sorted(k for k in KINDS_TAKING if attention_class(k).independent_heads))
+def test_heads_selected_twice_keep_their_own_slopes(kind):
+    """catches: a kind rebuilt for fewer heads from a list of H slopes (a second selection,
+    or alibi given as a list) refused as a wrong slope count."""
+    slopes = [0.5 / (h + 1) for h in range(H)]
+    once = build(kind, alibi=slopes).select_heads([2, 3])
+    twice = once.select_heads([1])
+    assert once.alibi_slopes.tolist() == pytest.approx(slopes[2:])
+    assert twice.alibi_slopes.tolist() == pytest.approx(slopes[3:]) and twice.init_options["alibi"] == pytest.approx(slopes[3:])
+
+
 @pytest.mark.parametrize("kind", sorted(set(OPTIONS) - KINDS_TAKING))
 @pytest.mark.parametrize("option", [{"alibi": True}, {"softcap": 30.0}])
 def test_kinds_with_their_own_core_refuse_with_the_reason(kind, option):

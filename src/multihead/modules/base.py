@@ -57,7 +57,7 @@ from .local import check_window, local_mask, make_sinks
 from .norms import QKNorm
 from .observe import Observer, notify, observed_selection
 from .rope import Rotary, query_positions
-from .score_options import init_score_options, keep_head_slopes, refuse_options
+from .score_options import init_score_options, keep_head_slopes, rebuilt_without_slopes, refuse_options
 from .weight_only import layer_dtype_device
 
 __all__ = ["AttentionLayer"]
@@ -251,7 +251,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         if not self.independent_heads:
             raise ValueError(f"{self.kind!r} attention cannot keep a subset of its heads: {self.head_independence}")
         keep_q, keep_kv = check_head_selection(heads, kv_heads, self.num_heads, self.num_kv_heads)
-        return keep_head_slopes(self.subset_heads(keep_q, keep_kv), self, keep_q)
+        with rebuilt_without_slopes(self):
+            new = self.subset_heads(keep_q, keep_kv)
+        return keep_head_slopes(new, self, keep_q)
 
     def tensor_parallel_part(self, heads: list[int]) -> AttentionLayer:
         """The part of this layer that one tensor-parallel rank computes: the

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from contextlib import contextmanager
 
 import torch
 
 from ..functional import alibi_slopes
 
-__all__ = ["refuse_options", "init_score_options", "keep_head_slopes"]
+__all__ = ["refuse_options", "init_score_options", "keep_head_slopes", "rebuilt_without_slopes"]
 
 
 def refuse_options(layer, given: dict) -> None:
@@ -79,6 +80,22 @@ def _set_slopes(layer, slopes: tuple[float, ...] | None) -> None:
         device = layer.factory["device"]
         tensor = torch.tensor(slopes, dtype=torch.float32, device=device)
     layer.register_buffer("alibi_slopes", tensor, persistent=False)
+
+
+@contextmanager
+def rebuilt_without_slopes(layer):
+    """While a kind rebuilds itself for fewer heads (``subset_heads`` from its
+    ``init_options``), its ``alibi`` option reads False: a list of H slopes fits
+    no other head count. ``keep_head_slopes`` then gives the kept heads theirs."""
+    if "alibi" not in layer.init_options:
+        yield
+        return
+    saved = layer.init_options["alibi"]
+    layer.init_options["alibi"] = False
+    try:
+        yield
+    finally:
+        layer.init_options["alibi"] = saved
 
 
 def keep_head_slopes(new, old, heads: list[int]):

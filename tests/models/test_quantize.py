@@ -82,7 +82,7 @@ def test_layer_error_within_the_rounding_bound(fmt, rows, K):
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8"])
-@pytest.mark.parametrize("overrides", [{}, {"attention": "gqa", "num_kv_heads": 2}])
+@pytest.mark.parametrize("overrides", [{}, {"attention": "gqa", "num_kv_heads": 2}, {"attention": "gated"}])
 def test_quantized_greedy_tokens_equal_float32(fmt, overrides):
     """catches: a decode path (prefill, cached steps, batch rows) that the quantized layers break.
 
@@ -160,7 +160,7 @@ def test_refusals_are_one_line(call, error, words):
 
 def test_other_attention_kinds_are_refused():
     model = tiny(attention="talking_heads")
-    with pytest.raises(ValueError, match=r"supports attention \['mha', 'gqa', 'mqa'\], got attention='talking_heads'"):
+    with pytest.raises(ValueError, match=r"supports attention \[.*'mha'.*\] \(kinds that declare weight_only_layers\), got attention='talking_heads'"):
         quantize_weights(model, "int8")
 
 

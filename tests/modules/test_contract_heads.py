@@ -45,6 +45,7 @@ def test_every_kind_answers_the_capability_questions(kind):
         f"{cls.__name__} must say in head_independence why its heads are or are not independent"
     )
     assert cls.comparison_skip is None or (isinstance(cls.comparison_skip, str) and cls.comparison_skip)
+    assert isinstance(cls.weight_only_layers, bool)
     if cls.layer_index_option is not None:  # a constructor option that takes the layer's index
         assert cls.layer_index_option in inspect.signature(cls.__init__).parameters
     options = cls.comparison_options(kind, 8)

@@ -23,6 +23,7 @@ import copy
 import torch
 from torch import nn
 
+from ..modules.registry import attention_class, list_attention_kinds
 from ..modules.weight_only import (
     WEIGHT_FORMATS,
     WeightOnlyEmbedding,
@@ -33,10 +34,9 @@ from ..modules.weight_only import (
 from .gpt import GPT
 
 __all__ = [
-    "quantize_weights", "weight_format", "refuse_weight_only", "QuantizedGPT", "WEIGHT_FORMATS", "QUANTIZABLE_KINDS",
+    "quantize_weights", "weight_format", "refuse_weight_only", "QuantizedGPT", "WEIGHT_FORMATS",
 ]  # fmt: skip
 
-QUANTIZABLE_KINDS = ("mha", "gqa", "mqa")
 
 
 class QuantizedGPT(GPT):
@@ -99,8 +99,10 @@ def quantize_weights(model: GPT, weights: str) -> GPT:
     if done is not None:
         raise ValueError(f"the model already holds {done} weights; quantize the float32 model instead")
     kind = model.config.attention
-    if kind not in QUANTIZABLE_KINDS:
-        raise ValueError(f"weight-only quantization supports attention {list(QUANTIZABLE_KINDS)}, got attention={kind!r}")
+    if not attention_class(kind).weight_only_layers:
+        able = [k for k in list_attention_kinds() if attention_class(k).weight_only_layers]
+        raise ValueError(f"weight-only quantization supports attention {able} (kinds that declare "
+                         f"weight_only_layers), got attention={kind!r}")  # fmt: skip
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
     if dtypes != ["torch.float32"]:
         raise ValueError(f"quantize_weights takes a float32 model, got parameters of dtype {', '.join(dtypes)}")

@@ -115,6 +115,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             independent (the reason ``select_heads`` gives when refusing).
         comparison_skip: None, or the reason the kind stays out of
             ``multihead compare``'s default list.
+        weight_only_layers: True when every projection is an ``nn.Linear`` the
+            kind calls as a module (never reading its ``.weight``), so
+            ``models.quantize_weights`` may swap in bfloat16/int8 layers.
         layer_index_option: None, or the name of the constructor option that
             takes the layer's index in its stack (differential attention's
             ``depth``); models fill it per layer unless the user set it.
@@ -147,6 +150,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
     head_independence: str = ""
     comparison_skip: str | None = None
     layer_index_option: str | None = None
+    weight_only_layers: bool = False
     selects_weights: bool = True
 
     def __init__(

@@ -74,6 +74,7 @@ def test_the_table_marks_kinds_it_cannot_separate_from_mha_and_says_so():
     lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert "vs mha (95% CI)" in table
     assert "≈" in lines["gqa"] and "≈" not in lines["gated"]
+    assert lines["mha"].split("|")[3].strip() == "baseline"  # not a zero-width interval against itself
     assert "1 of 2 kinds cannot be told apart from mha" in table and "gqa " in table.split("≈:")[1]
 
 

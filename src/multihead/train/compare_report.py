@@ -109,7 +109,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for r in sorted(rows, key=lambda r: r["val_loss_mean"]):
         spread = f" ± {r['val_loss_std']:.3f}" if len(r["val_loss"]) > 1 else ""
         tokens_per_s = f" {r['tokens_per_s']:.0f} |" if speed else ""
-        vs = f" {_versus(r['vs_baseline'])} |" if versus else ""
+        baseline = versus and r["kind"] == r["vs_baseline"]["baseline"]
+        vs = (" baseline |" if baseline else f" {_versus(r['vs_baseline'])} |") if versus else ""
         lines.append(
             f"| {r['kind']} | {r['val_loss_mean']:.3f}{spread} |{vs} {_si(r['parameters'])} | "
             f"{r['mlp_dim'] or '4C'} |{tokens_per_s} {_si(r['prefill_flops_per_token'])} | "

@@ -173,6 +173,18 @@ def test_cost_counts_the_pairs_inside_the_window():
     assert _gqa(sinks=True).cost(7).parameters == plain.cost(7).parameters + H  # one sink logit per head
 
 
+@pytest.mark.parametrize("kind", list_attention_kinds())
+def test_every_kinds_cost_counts_only_the_pairs_inside_its_window(kind):
+    """catches: a kind whose cost() ignores the window. Its core FLOPs are a·(visible pairs) + b,
+    so the savings of two windows are in the ratio of the pairs they hide."""
+    def core(window):
+        return build(kind, window=window).cost(7, causal=True).core_flops
+
+    hidden = {w: 28 - int(sliding_window_mask(7, window=w).sum()) for w in (2, 4)}  # of T = 7's 28 causal pairs
+    saved = {w: core(None) - core(w) for w in (2, 4)}
+    assert saved[2] > 0 and saved[2] * hidden[4] == saved[4] * hidden[2]
+
+
 def test_observers_get_the_exact_weights_with_the_sinks_share():
     m = _gqa(sinks=True, window=3)
     x = _x()

@@ -227,7 +227,7 @@ class DifferentialAttention(AttentionLayer):
         """
         S = T if S is None else S
         H, G, d, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim
-        core = 2 * batch * 2 * H * visible_pairs(T, S, causal=causal) * (d + 2 * d)
+        core = 2 * batch * 2 * H * visible_pairs(T, S, causal=causal, window=self.sliding_window) * (d + 2 * d)
         proj = 2 * batch * (T * C * 2 * H * d + S * (self.kdim + self.vdim) * 2 * G * d + T * 2 * H * d * C)
         params = sum(p.numel() for p in self.parameters())
         return AttentionCost(core, proj, params, 4 * G * d * bytes_per_element)

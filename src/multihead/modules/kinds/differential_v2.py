@@ -179,7 +179,7 @@ class DifferentialV2Attention(AttentionLayer):
         """
         S = T if S is None else S
         H, G, d, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim
-        core = 2 * batch * 2 * H * visible_pairs(T, S, causal=causal) * (d + d)
+        core = 2 * batch * 2 * H * visible_pairs(T, S, causal=causal, window=self.sliding_window) * (d + d)
         proj = 2 * batch * (T * C * 2 * H * d + S * (self.kdim + self.vdim) * G * d + T * C * H + T * H * d * C)
         params = sum(p.numel() for p in self.parameters())
         return AttentionCost(core, proj, params, 2 * G * d * bytes_per_element)

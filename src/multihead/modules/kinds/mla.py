@@ -261,7 +261,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         S = T if S is None else S
         H, C, L, R = self.num_heads, self.embed_dim, self.kv_lora_rank, self.qk_rope_head_dim
         Dn, Dv, Rq = self.qk_nope_head_dim, self.v_head_dim, self.q_lora_rank
-        Dq, pairs = Dn + R, visible_pairs(T, S, causal=causal)
+        Dq, pairs = Dn + R, visible_pairs(T, S, causal=causal, window=self.sliding_window)
         q_proj = T * (C * Rq + Rq * H * Dq if Rq else C * H * Dq)
         proj = q_proj + S * self.kdim * (L + R) + T * H * Dv * C
         if self.decode == "naive":

@@ -355,7 +355,7 @@ class MoHAttention(AttentionLayer):
         S = T if S is None else S
         H, G, D, C = self.num_heads, self.num_kv_heads, self.head_dim, self.embed_dim
         A = self.active_heads if active_heads is None else active_heads
-        core = 2 * batch * A * visible_pairs(T, S, causal=causal) * (D + D)
+        core = 2 * batch * A * visible_pairs(T, S, causal=causal, window=self.sliding_window) * (D + D)
         R = sum(m.out_features for m in (self.routed_gate, self.mix_gate, self.shared_gate) if m is not None)
         proj = 2 * batch * (T * C * H * D + 2 * S * C * G * D + T * H * D * C) + 2 * batch * T * C * R
         params = sum(p.numel() for p in self.parameters())

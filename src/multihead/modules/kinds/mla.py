@@ -285,9 +285,8 @@ class MultiHeadLatentAttention(AttentionLayer):
         state["out_proj.weight"] = state["out_proj.weight"][:, head_rows(heads, self.v_head_dim, dev)]
         if "sinks" in state:
             state["sinks"] = state["sinks"][heads]  # (H,) -> (H',): each head's sink logit
-        options = {**self.init_options, "alibi": False}  # select_heads gives the kept heads their slopes
         new = type(self)(self.embed_dim, len(heads), head_dim=self.head_dim, device="meta",
-                         dtype=self.out_proj.weight.dtype, **options)  # fmt: skip
+                         dtype=self.out_proj.weight.dtype, **self.init_options)  # fmt: skip
         new.decode = self.decode
         return load_selected(new, state, self)
 

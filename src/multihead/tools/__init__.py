@@ -6,6 +6,7 @@ model back towards the original, count a model's KV cache and time a
 speed-up with its spread."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
+from .causal_roles import CAUSAL_ROLES, CausalScores, causal_head_scores, repeated_random_tokens
 from .convert_heads import to_gqa
 from .distill import distillation, divergence
 from .flops import KVCacheSize, kv_cache_size
@@ -42,6 +43,10 @@ from .visualize import write_html, write_json, write_png
 
 __all__ = [
     "capture",
+    "causal_head_scores",
+    "CausalScores",
+    "CAUSAL_ROLES",
+    "repeated_random_tokens",
     "AttentionRecord",
     "LayerAttention",
     "attention_modules",

@@ -1,5 +1,6 @@
 """Tools that take models or tensors: capture attention, score head roles,
-draw the views, mask heads and score their importance (gradient,
+draw the views, mask heads, measure each head's causal effect on a
+metric (zero, mean, patch, restore) and score their importance (gradient,
 ablation, learned gates) on the objectives of a GPT or a sentence
 encoder, prune heads, convert MHA to GQA, distil a converted or pruned
 model back towards the original, count a model's KV cache and time a
@@ -11,6 +12,7 @@ from .convert_heads import to_gqa
 from .distill import distillation, divergence
 from .flops import KVCacheSize, kv_cache_size
 from .gate_importance import GateSweep, GateTraining, gate_sweep
+from .head_effects import HeadEffects, head_effects, logit_difference
 from .heads import attention_layers, mask_heads
 from .importance import head_importance
 from .objectives import (
@@ -65,6 +67,9 @@ __all__ = [
     "write_json",
     "attention_layers",
     "mask_heads",
+    "head_effects",
+    "HeadEffects",
+    "logit_difference",
     "head_importance",
     "lm_loss",
     "next_token_logits",

@@ -343,7 +343,6 @@ def head_effects(
     names = [name for name, _ in attention_modules(model)]
     table = check_head_table({i: range(layer.num_heads) for i, layer in enumerate(layers)} if heads is None else heads, layers)
     _check_coupled(layers, names, table, coupled_heads)
-    B = clean[0].shape[0]
     keep = {"zero": None, "mean": lambda out: out.double().mean(dim=(0, 2)), "patch": None, "restore": lambda out: out.clone()}
     with eval_mode(model):
         output, kept = _recorded_run(model, clean, layers, keep[method])  # mean: (H, Dv); restore: (B, H, T, Dv)

@@ -75,7 +75,7 @@ from ..progress import progress_bar
 from .capture import attention_modules
 from .heads import attention_layers, check_head_table, eval_mode
 
-__all__ = ["METHODS", "HeadEffects", "head_effects", "logit_difference"]
+__all__ = ["METHODS", "HeadEffects", "head_effects", "logit_difference", "check_measurable"]
 
 METHODS = ("zero", "mean", "patch", "restore")
 
@@ -191,6 +191,14 @@ def _inputs(name: str, value) -> tuple[torch.Tensor, ...]:
     if any(t.dim() == 0 for t in items) or len({t.shape[0] for t in items}) != 1:
         raise ValueError(f"{name}'s tensors need one batch size along dim 0, got shapes {[tuple(t.shape) for t in items]}")
     return tuple(items)
+
+
+def check_measurable(model: nn.Module, heads: Mapping | None = None, coupled_heads: bool = False) -> None:
+    """Refuse, as ``head_effects`` does, a layer of ``heads`` (None: every layer) whose
+    kind's heads are coupled, unless ``coupled_heads`` (ValueError with the kind's reason)."""
+    layers = attention_layers(model)
+    names = [name for name, _ in attention_modules(model)]
+    _check_coupled(layers, names, range(len(layers)) if heads is None else check_head_table(heads, layers), coupled_heads)
 
 
 def _check_coupled(layers, names, table, coupled_heads: bool) -> None:

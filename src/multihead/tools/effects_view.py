@@ -172,8 +172,7 @@ def write_effects_png(effects: HeadEffects, path: str | os.PathLike, *, title: s
     L, H = effects.effects.shape
     data = effects.effects.numpy()
     steps = [cell_colour(scale * (2 * k / 255 - 1), scale) for k in range(256)]
-    cmap = ListedColormap([(r / 255, g / 255, b / 255) for r, g, b in steps])
-    cmap.set_bad(GREY)
+    cmap = ListedColormap([(r / 255, g / 255, b / 255) for r, g, b in steps]).with_extremes(bad=GREY)
     fig = Figure(figsize=(1.6 + 0.75 * H, 1.4 + 0.55 * L))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()

@@ -10,6 +10,7 @@ from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .causal_roles import CAUSAL_ROLES, CausalScores, causal_head_scores, repeated_random_tokens
 from .convert_heads import to_gqa
 from .distill import distillation, divergence
+from .effects_view import write_effects_html, write_effects_png
 from .flops import KVCacheSize, kv_cache_size
 from .gate_importance import GateSweep, GateTraining, gate_sweep
 from .head_effects import HeadEffects, head_effects, logit_difference
@@ -70,6 +71,8 @@ __all__ = [
     "head_effects",
     "HeadEffects",
     "logit_difference",
+    "write_effects_html",
+    "write_effects_png",
     "head_importance",
     "lm_loss",
     "next_token_logits",

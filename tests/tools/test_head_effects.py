@@ -14,7 +14,9 @@ import copy
 
 import pytest
 import torch
+from support.kinds import F64, C, build
 
+from multihead import list_attention_kinds
 from multihead.models.gpt import GPT, GPTConfig
 from multihead.tools import HeadEffects, head_effects, logit_difference
 from multihead.tools.heads import attention_layers
@@ -207,3 +209,33 @@ def test_the_result_is_a_head_effects_and_the_model_keeps_its_mode_and_hooks():
     got = head_effects(model, clean, corrupted, metric=logit_difference(3, 5), method="mean")
     assert isinstance(got, HeadEffects) and model.training
     assert all(not layer._head_hooks for layer in attention_layers(model))
+
+
+class Causal(torch.nn.Module):
+    """One attention layer of a kind as a model: causal self-attention over x [B, T, C]."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x, is_causal=True)
+
+
+@pytest.mark.parametrize("kind", list_attention_kinds())
+def test_every_kind_replaces_exactly_its_out_proj_columns(kind):
+    """For every registered kind, head h's context in the head hooks is head h's slice of the out_proj input."""
+    model = Causal(build(kind))
+    g = torch.Generator().manual_seed(3)
+    clean, corrupted = torch.randn(2, 5, C, dtype=F64, generator=g), torch.randn(2, 5, C, dtype=F64, generator=g)
+    probe = torch.randn(2, 5, model.layer.out_proj.out_features, dtype=F64, generator=g)
+
+    def metric(out):
+        return float((out * probe).sum())
+
+    coupled = not model.layer.independent_heads
+    for method in ("mean", "patch"):
+        got = head_effects(model, clean, corrupted, metric=metric, method=method, coupled_heads=coupled)
+        want = hand_map(model, method, clean, corrupted, metric)
+        torch.testing.assert_close(got.effects, want, **TOL)
+        assert got.effects.abs().min() > 1e-6, kind

@@ -99,6 +99,17 @@ def test_mistakes_are_refused_before_anything_is_written(checkpoint, tmp_path):
         *base, "--method", "zero", "--clean", "x" * 40, "--answer", " ", "--wrong", "t")
     assert "give exactly one of --model, --checkpoint and --hf" in refused("--out", str(out), *ARGS)
     assert "--batch-size 0: give a number >= 1" in refused(*base, *ARGS, "--batch-size", "0")
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    for name, text in (("config.json", '{"model_type": "llama"}'), ("tokenizer.json", "{}"), ("model.safetensors", "")):
+        (llama / name).write_text(text)
+    assert f"--hf {llama}: model_type 'llama'; effects loads GPT-2 folders" in refused(
+        "--hf", str(llama), "--out", str(out), *ARGS)
+    from support.encoders import save_tiny_encoder
+
+    encoder = save_tiny_encoder(tmp_path / "encoder")
+    assert f"--checkpoint {encoder} is a sentence encoder (BERT)" in refused("--checkpoint", str(encoder), "--out",
+                                                                              str(out), *ARGS)  # fmt: skip
     (tmp_path / "file").write_text("x")
     assert "exists and is not a folder" in refused("--checkpoint", str(checkpoint), "--out", str(tmp_path / "file"), *ARGS)
     assert not out.exists()

@@ -135,6 +135,21 @@ def _encode(flag: str, text: str, model, tokenizer) -> list[int]:
         raise ValueError(f"{flag} {text!r}: {err}") from None
 
 
+def _check_gpt2_folder(hf: str) -> None:
+    """Refuse an --hf folder that is not a GPT-2 folder, from its config.json alone."""
+    from ..hf.folders import model_folder, read_config
+
+    label = f"--hf {hf}"
+    folder = model_folder(hf, ("config.json", "tokenizer.json", "model.safetensors"), label=label)
+    model_type = read_config(folder, label=label).get("model_type")
+    if model_type != "gpt2":
+        raise ValueError(
+            f"{label}: model_type {model_type!r}; effects loads GPT-2 folders (model_type 'gpt2') into multihead's GPT, "
+            "whose head outputs it replaces; other transformers models can only have heads silenced "
+            "(multihead.hf.head_mask, the zero method)"
+        )
+
+
 def prepare(
     *,
     clean: str,
@@ -164,10 +179,10 @@ def prepare(
     if method in ("patch", "restore") and corrupted is None:
         raise ValueError(f"--method {method} needs --corrupted TEXT: the prompt whose head outputs are swapped in")
     folder = output_folder("--out", out, OUTPUT_FILES)
-    kind = family(None, checkpoint, hf)[0]
-    if kind != "gpt":
-        given = f"--hf {hf}" if hf is not None else f"--checkpoint {checkpoint}"
-        raise ValueError(f"{given} is a sentence encoder (BERT); effects reads a GPT's next-token logits")
+    if hf is not None:
+        _check_gpt2_folder(hf)
+    elif family(None, checkpoint, None)[0] != "gpt":
+        raise ValueError(f"--checkpoint {checkpoint} is a sentence encoder (BERT); effects reads a GPT's next-token logits")
     loaded = load_source(None, checkpoint, hf)
     net, tokenizer = loaded.net, loaded.hf_tokenizer if loaded.hf_tokenizer is not None else loaded.tokenizer
     check_measurable(net, coupled_heads=coupled_heads)

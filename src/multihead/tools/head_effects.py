@@ -224,13 +224,13 @@ def _value(metric: Callable, output) -> float:
 
 
 # ------------------------------------------------------------------ runs
-def _recorded_run(model, inputs, layers, keep: Callable[[torch.Tensor], torch.Tensor] | None):
-    """(output, [kept context of each layer]): one forward; each layer must run once."""
+def _recorded_run(model, inputs, layers, keep: Callable[[torch.Tensor], torch.Tensor] | None, wanted):
+    """(output, [what ``keep`` kept of each layer in ``wanted``, else None]): one forward; each layer must run once."""
     seen: list[list[torch.Tensor]] = [[] for _ in layers]
 
     def recorder(i):
         def hook(layer, out):
-            seen[i].append(keep(out) if keep is not None else out[:0])
+            seen[i].append(keep(out) if keep is not None and i in wanted else None)
             return None
 
         return hook
@@ -351,12 +351,17 @@ def head_effects(
     names = [name for name, _ in attention_modules(model)]
     table = check_head_table({i: range(layer.num_heads) for i, layer in enumerate(layers)} if heads is None else heads, layers)
     _check_coupled(layers, names, table, coupled_heads)
-    keep = {"zero": None, "mean": lambda out: out.double().mean(dim=(0, 2)), "patch": None, "restore": lambda out: out.clone()}
+    def contexts(out):  # (B, H, T, Dv)
+        return out.clone()
+
+    def means(out):  # (B, H, T, Dv) -> (H, Dv): over the batch and the positions
+        return out.double().mean(dim=(0, 2))
+
     with eval_mode(model):
-        output, kept = _recorded_run(model, clean, layers, keep[method])  # mean: (H, Dv); restore: (B, H, T, Dv)
+        output, kept = _recorded_run(model, clean, layers, {"mean": means, "restore": contexts}.get(method), table)
         clean_value, corrupted_value = _value(metric, output), None
         if corrupted is not None:
-            output, other = _recorded_run(model, corrupted, layers, lambda out: out.clone() if method == "patch" else None)
+            output, other = _recorded_run(model, corrupted, layers, contexts if method == "patch" else None, table)
             corrupted_value = _value(metric, output)
             kept = other if method == "patch" else kept
         base, baseline = (corrupted, corrupted_value) if method == "restore" else (clean, clean_value)

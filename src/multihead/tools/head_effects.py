@@ -351,6 +351,7 @@ def head_effects(
     names = [name for name, _ in attention_modules(model)]
     table = check_head_table({i: range(layer.num_heads) for i, layer in enumerate(layers)} if heads is None else heads, layers)
     _check_coupled(layers, names, table, coupled_heads)
+
     def contexts(out):  # (B, H, T, Dv)
         return out.clone()
 

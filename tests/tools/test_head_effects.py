@@ -239,3 +239,48 @@ def test_every_kind_replaces_exactly_its_out_proj_columns(kind):
         want = hand_map(model, method, clean, corrupted, metric)
         torch.testing.assert_close(got.effects, want, **TOL)
         assert got.effects.abs().min() > 1e-6, kind
+
+
+class Pair(torch.nn.Module):
+    """A GPT whose output is a tuple holding a dict: batched interventions split every tensor in it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        logits = self.model(ids)
+        return logits, {"last": logits[:, -1], "note": "kept"}
+
+
+def test_tuple_and_dict_outputs_split_per_intervention_and_progress_is_shown(capsys):
+    model = Pair(gpt())
+    clean, corrupted = prompts()
+    seen = []
+
+    def metric(output):
+        logits, extra = output
+        seen.append((logits.shape[0], extra["last"].shape[0], extra["note"]))
+        return float(extra["last"][:, 3].mean() - extra["last"][:, 5].mean())
+
+    one = head_effects(model, clean, corrupted, metric=metric, batch_size=1)
+    three = head_effects(model, clean, corrupted, metric=metric, batch_size=3, progress=True)
+    torch.testing.assert_close(three.effects, one.effects, **TOL)
+    assert set(seen) == {(2, 2, "kept")}
+    err = capsys.readouterr().err
+    assert "head effects (patch)" in err and "3/3" in err  # 8 heads in forwards of 3, 3, 2
+
+
+def test_an_output_without_a_batch_to_split_asks_for_batch_size_one():
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = gpt()
+
+        def forward(self, ids):
+            return float(self.model(ids)[:, -1, 3].mean())  # one number for the whole batch
+
+    clean, corrupted = prompts()
+    with pytest.raises(TypeError, match="holds a float, which cannot be split per intervention; pass batch_size=1"):
+        head_effects(Loss(), clean, corrupted, metric=lambda x: x)
+    head_effects(Loss(), clean, corrupted, metric=lambda x: x, batch_size=1)

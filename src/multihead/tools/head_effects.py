@@ -248,8 +248,9 @@ def _recorded_run(model, inputs, layers, keep: Callable[[torch.Tensor], torch.Te
     return output, [calls[0] for calls in seen]
 
 
-def _split(output, k: int, B: int) -> list:
-    """The output of k copies of a batch of B, as k outputs of B."""
+def _split(output, k: int, B: int, inside: bool = False) -> list:
+    """The output of k copies of a batch of B, as k outputs of B: tensors split along dim 0, inside
+    tuples, lists and dicts too; plain values in them (str, numbers, None) are repeated."""
     if k == 1:
         return [output]
     if isinstance(output, torch.Tensor):
@@ -258,13 +259,16 @@ def _split(output, k: int, B: int) -> list:
                              "per intervention; pass batch_size=1")  # fmt: skip
         return list(output.split(B))
     if isinstance(output, Mapping):
-        parts = {key: _split(v, k, B) for key, v in output.items()}
+        parts = {key: _split(v, k, B, True) for key, v in output.items()}
         return [type(output)({key: p[i] for key, p in parts.items()}) for i in range(k)]
     if isinstance(output, (tuple, list)):
-        parts = [_split(v, k, B) if isinstance(v, (torch.Tensor, tuple, list, Mapping)) else [v] * k for v in output]
+        parts = [_split(v, k, B, True) for v in output]
         rebuild = type(output)._make if hasattr(output, "_fields") else type(output)
         return [rebuild([p[i] for p in parts]) for i in range(k)]
-    raise TypeError(f"the model's output ({type(output).__name__}) cannot be split per intervention; pass batch_size=1")
+    if inside and (output is None or isinstance(output, (str, bytes, int, float, bool))):
+        return [output] * k
+    raise TypeError(f"the model's output holds a {type(output).__name__}, which cannot be split per intervention; "
+                    "pass batch_size=1")  # fmt: skip
 
 
 def _replacing(jobs: list[tuple[int, int]], k: int, B: int, source, method: str):

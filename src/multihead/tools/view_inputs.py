@@ -43,7 +43,8 @@ def attention_record(
 
     Args:
         attentions: L tensors [B, H, T, S] (tuple or list), or an AttentionRecord.
-        tokens: T token strings; None keeps a record's own tokens (else 0..T-1).
+        tokens: T token strings (or one list per batch item); None keeps a
+            record's own tokens (else 0..T-1).
         key_tokens: S token strings when the keys are another sequence.
         batch: the batch item to keep.
         layers: the positions in ``attentions`` to keep (ints, ascending); None: all.
@@ -67,9 +68,9 @@ def attention_record(
     record.require_whole("the views")
     record.layers = _pick_layers(record.layers, layers)
     if tokens is not None:
-        record.query_tokens = strings("tokens", tokens)
+        record.query_tokens = _token_lists("tokens", tokens)
     if key_tokens is not None:
-        record.key_tokens = strings("key_tokens", key_tokens)
+        record.key_tokens = _token_lists("key_tokens", key_tokens)
     if attention_mask is not None:
         record.attention_mask = torch.as_tensor(attention_mask)
     B = record.layers[0].weights.shape[0]
@@ -143,6 +144,13 @@ def _pick_layers(entries: list[LayerAttention], layers) -> list[LayerAttention]:
     if not picked:
         raise ValueError("layers is empty: name at least one layer")
     return picked
+
+
+def _token_lists(name: str, tokens) -> list[str] | list[list[str]]:
+    """One list of str, or one per batch item (a padded batch of different texts)."""
+    if isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], (list, tuple)):
+        return [strings(f"{name}[{i}]", item) for i, item in enumerate(tokens)]
+    return strings(name, tokens)
 
 
 def _check_tokens(record: AttentionRecord, name: str, tokens, dim: int) -> None:

@@ -109,7 +109,8 @@ def one_line(excinfo) -> str:
         (lambda: head_view(attentions(), TOKENS, heads=[3]), ValueError, "heads 0..2"),
         (lambda: head_view(attentions(), TOKENS, layers=[2]), ValueError, "layers has 2"),
         (lambda: model_view(attentions(), TOKENS, batch=1), ValueError, "batch=1"),
-        (lambda: model_view([], TOKENS), ValueError, "no layers"),
+        (lambda: model_view((), TOKENS), ValueError, "attn_implementation='eager'"),  # what sdpa returns
+        (lambda: model_view(None, TOKENS), TypeError, "output_attentions=True"),
         (lambda: rollout_view(attentions(), TOKENS, methods=("flows",)), ValueError, "methods"),
     ],
 )

@@ -93,6 +93,13 @@ def layer_weights(record: AttentionRecord) -> list[torch.Tensor]:
 
 
 def _entries(attentions) -> list[LayerAttention]:
+    if attentions is None:
+        raise TypeError("attentions is None: call the model with output_attentions=True")
+    if isinstance(attentions, (tuple, list)) and not attentions:
+        raise ValueError(
+            "attentions is empty: the model returned no attention weights; load it with "
+            "attn_implementation='eager' (or 'multihead', see multihead.hf) and call it with output_attentions=True"
+        )
     if isinstance(attentions, torch.Tensor) or not isinstance(attentions, (tuple, list)):
         raise TypeError(
             "attentions must be a tuple or list of per-layer tensors [B, H, T, S] (a model's output_attentions) "

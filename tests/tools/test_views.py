@@ -12,6 +12,7 @@ import torch
 from multihead.tools import AttentionRecord, AttentionView, LayerAttention, head_view, model_view, rollout_view
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]
+ATOL = 6e-5  # the page holds weights rounded to 4 digits: within 5e-5, plus float32 rounding
 
 
 def attentions(L: int = 2, H: int = 3, T: int = 5, S: int | None = None, B: int = 1) -> tuple[torch.Tensor, ...]:
@@ -45,11 +46,18 @@ def test_a_hugging_face_tuple_becomes_the_pages_data():
     assert data["view"] == "model" and data["query_tokens"] == TOKENS and data["key_tokens"] == TOKENS
     assert [layer["layer"] for layer in data["layers"]] == [0, 2]
     for layer, position in zip(data["layers"], (0, 2)):
-        torch.testing.assert_close(torch.tensor(layer["weights"]), weights[position][1], atol=5e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(layer["weights"]), weights[position][1], atol=ATOL, rtol=0)
+
+
+def test_half_precision_and_numpy_layers_are_read_as_float32():
+    weights = attentions(L=2)
+    data = page_data(model_view([weights[0].bfloat16(), weights[1].numpy()], TOKENS))
+    torch.testing.assert_close(torch.tensor(data["layers"][0]["weights"]), weights[0][0].bfloat16().float(), atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.tensor(data["layers"][1]["weights"]), weights[1][0], atol=ATOL, rtol=0)
 
 
 def test_head_view_starts_on_the_layer_and_heads_asked_for():
-    data = page_data(head_view(attentions(L=3), TOKENS, layers=[1, 2], layer=2, heads=[2, 0]))
+    data = page_data(head_view(attentions(L=3), TOKENS, layers=iter([1, 2]), layer=2, heads=[2, 0]))
     assert data["view"] == "head" and data["start"] == {"row": 1, "heads": [0, 2]}
     assert page_data(head_view(attentions(), TOKENS, heads="all"))["start"] == {"row": 0, "heads": [0, 1, 2]}
 
@@ -69,7 +77,7 @@ def test_a_record_and_padding():
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
     data = page_data(head_view(record, [TOKENS, TOKENS[:3] + ["[PAD]", "[PAD]"]], batch=1, attention_mask=mask))
     assert data["query_tokens"] == TOKENS[:3]
-    torch.testing.assert_close(torch.tensor(data["layers"][0]["weights"]), weights[1, :, :3, :3], atol=5e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(data["layers"][0]["weights"]), weights[1, :, :3, :3], atol=ATOL, rtol=0)
 
 
 def test_rollout_view_rows_are_the_methods():
@@ -79,7 +87,7 @@ def test_rollout_view_rows_are_the_methods():
     data = page_data(rollout_view(weights, TOKENS, methods=("rollout", "flow")))
     assert data["row_titles"] == ["Rollout", "Flow"] and data["sides"] == ["outputs", "inputs"]
     for layer, want in zip(data["layers"], (attention_rollout(weights), attention_flow(weights))):
-        torch.testing.assert_close(torch.tensor(layer["weights"][0], dtype=torch.float64), want, atol=5e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(layer["weights"][0], dtype=torch.float64), want, atol=ATOL, rtol=0)
 
 
 def one_line(excinfo) -> str:

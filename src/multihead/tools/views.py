@@ -109,9 +109,12 @@ def head_view(
         TypeError, ValueError: as ``view_inputs.attention_record``; a layer not
             shown or a head the layer does not have.
     """
-    record, options = _prepare(attentions, tokens, key_tokens, layers, batch, attention_mask)
-    options["view"] = "head"
-    options["start"] = _start(record, layer, heads, layers)
+    if layers is not None and not isinstance(layers, (str, bytes)) and hasattr(layers, "__iter__"):
+        layers = list(layers)  # read twice: the layers kept, then the one shown first
+    record = attention_record(
+        attentions, tokens, key_tokens=key_tokens, batch=batch, layers=layers, attention_mask=attention_mask
+    )
+    options = {"view": "head", "start": _start(record, layer, heads, layers)}
     return _view(record, options, title, rows=1)
 
 
@@ -129,9 +132,10 @@ def model_view(
 
     Args and Raises: as ``head_view``.
     """
-    record, options = _prepare(attentions, tokens, key_tokens, layers, batch, attention_mask)
-    options["view"] = "model"
-    return _view(record, options, title, rows=len(record.layers))
+    record = attention_record(
+        attentions, tokens, key_tokens=key_tokens, batch=batch, layers=layers, attention_mask=attention_mask
+    )
+    return _view(record, {"view": "model"}, title, rows=len(record.layers))
 
 
 def rollout_view(
@@ -179,13 +183,6 @@ def rollout_view(
         f" \u00b7 {head_fusion} of each layer's heads" + (" \u00b7 residual added" if add_residual else ""),
     }
     return _view(shown, options, title or "Attention " + " and ".join(methods), rows=len(methods))
-
-
-def _prepare(attentions, tokens, key_tokens, layers, batch, attention_mask):
-    record = attention_record(
-        attentions, tokens, key_tokens=key_tokens, batch=batch, layers=layers, attention_mask=attention_mask
-    )
-    return record, {}
 
 
 def _start(record: AttentionRecord, layer, heads, layers) -> dict:

@@ -102,93 +102,98 @@ def rollout_steps(fused: list[torch.Tensor]) -> list[torch.Tensor]:
 def flow(fused: list[torch.Tensor]) -> torch.Tensor:
     """[T, T]: max-flow from each top node to each input node, rows divided by their sums."""
     L, T = len(fused), fused[0].shape[0]
-    caps = [a.tolist() for a in fused]
-    out = torch.zeros(T, T, dtype=torch.float64)
-    for i in range(T):
-        for j in range(T):
-            out[i, j] = _max_flow(caps, L, T, i, j)
-        total = out[i].sum()
-        if total > 0:
-            out[i] /= total
-    return out
+    if L == 1:  # one layer: each edge is its own path
+        out = fused[0].clamp_min(0).clone()
+    else:
+        graph = _LayeredGraph([a.tolist() for a in fused])
+        out = torch.tensor([[graph.max_flow(i, j) for j in range(T)] for i in range(T)], dtype=torch.float64)
+    total = out.sum(-1, keepdim=True)
+    return torch.where(total > 0, out / total.clamp_min(_EPS), out)
 
 
-def _max_flow(caps: list, L: int, T: int, source: int, sink: int) -> float:
-    """Dinic's max-flow from node (L, source) to (0, sink) of the layered graph.
+class _LayeredGraph:
+    """The residual graph of L >= 2 layers for Dinic's max-flow, built once for every (source, sink).
 
-    Nodes: 0 the source, then (l, t) for l = L-1 .. 1 as 1 + (L-1-l)*T + t, and the sink
-    last; only the edges that can carry flow from the source to the sink are built.
+    Nodes: 0 the source (a top token), then (l, t) for l = L-1 .. 1 as 1 + (L-1-l)*T + t, and the
+    sink (an input token) last. The source's edges (capacities A_L[source, t]) and the sink's
+    (A_1[t, sink]) are set for each problem; the edges between layers L-1 .. 1 stay.
     """
-    n = 2 + (L - 1) * T
-    sink_node = n - 1
-    head: list[list[int]] = [[] for _ in range(n)]  # edge ids leaving each node
-    to: list[int] = []
-    cap: list[float] = []
 
-    def add(u: int, v: int, c: float) -> None:
-        if c <= 0:
-            return
-        head[u].append(len(to))
-        to.append(v)
-        cap.append(c)
-        head[v].append(len(to))
-        to.append(u)
-        cap.append(0.0)
+    def __init__(self, caps: list):
+        self.caps, L, T = caps, len(caps), len(caps[0])
+        self.n = 2 + (L - 1) * T
+        self.head: list[list[int]] = [[] for _ in range(self.n)]  # edge ids leaving each node
+        self.to: list[int] = []
+        self.base: list[float] = []  # capacities; edge e ^ 1 is e's reverse
 
-    def node(layer: int, t: int) -> int:
-        return 1 + (L - 1 - layer) * T + t
+        def node(layer: int, t: int) -> int:
+            return 1 + (L - 1 - layer) * T + t
 
-    if L == 1:
-        return float(caps[0][source][sink])
-    top = caps[L - 1][source]
-    for t in range(T):
-        add(0, node(L - 1, t), top[t])
-    for layer in range(L - 1, 1, -1):  # edges (layer, a) -> (layer - 1, b), capacity A_layer[a, b]
-        rows = caps[layer - 1]
-        for a in range(T):
-            for b in range(T):
-                add(node(layer, a), node(layer - 1, b), rows[a][b])
-    first = caps[0]
-    for a in range(T):
-        add(node(1, a), sink_node, first[a][sink])
+        self.source_edges = [self._add(0, node(L - 1, t), 0.0) for t in range(T)]
+        for layer in range(L - 1, 1, -1):  # edges (layer, a) -> (layer - 1, b), capacity A_layer[a, b]
+            rows = caps[layer - 1]
+            for a in range(T):
+                for b in range(T):
+                    if rows[a][b] > 0:
+                        self._add(node(layer, a), node(layer - 1, b), rows[a][b])
+        self.sink_edges = [self._add(node(1, a), self.n - 1, 0.0) for a in range(T)]
 
-    total = 0.0
-    while True:
-        level = [-1] * n
-        level[0] = 0
-        queue = deque([0])
-        while queue:
-            u = queue.popleft()
-            for e in head[u]:
-                if cap[e] > _EPS and level[to[e]] < 0:
-                    level[to[e]] = level[u] + 1
-                    queue.append(to[e])
-        if level[sink_node] < 0:
-            return total
-        cursor = [0] * n
-        while True:  # augmenting paths along the level graph (iterative: no recursion limit)
-            path: list[int] = []
-            u = 0
-            while u != sink_node:
-                edges = head[u]
-                while cursor[u] < len(edges):
-                    e = edges[cursor[u]]
-                    if cap[e] > _EPS and level[to[e]] == level[u] + 1:
-                        break
-                    cursor[u] += 1
-                else:  # a dead end: step back and skip the edge that led here
-                    if u == 0:
-                        break
-                    level[u] = -1
-                    u = to[path.pop() ^ 1]
-                    cursor[u] += 1
-                    continue
-                path.append(e)
-                u = to[e]
-            if u != sink_node:
-                break
-            sent = min(cap[e] for e in path)
-            for e in path:
-                cap[e] -= sent
-                cap[e ^ 1] += sent
-            total += sent
+    def _add(self, u: int, v: int, c: float) -> int:
+        e = len(self.to)
+        self.head[u].append(e)
+        self.to.append(v)
+        self.base.append(c)
+        self.head[v].append(e + 1)
+        self.to.append(u)
+        self.base.append(0.0)
+        return e
+
+    def max_flow(self, source: int, sink: int) -> float:
+        """Dinic's max-flow from top token ``source`` to input token ``sink``."""
+        head, to, n = self.head, self.to, self.n
+        sink_node = n - 1
+        cap = self.base[:]
+        for t, e in enumerate(self.source_edges):
+            cap[e] = max(self.caps[-1][source][t], 0.0)
+        for a, e in enumerate(self.sink_edges):
+            cap[e] = max(self.caps[0][a][sink], 0.0)
+        total = 0.0
+        while True:
+            level = [-1] * n
+            level[0] = 0
+            queue = deque([0])
+            while queue:
+                u = queue.popleft()
+                for e in head[u]:
+                    if cap[e] > _EPS and level[to[e]] < 0:
+                        level[to[e]] = level[u] + 1
+                        queue.append(to[e])
+            if level[sink_node] < 0:
+                return total
+            cursor = [0] * n
+            while True:  # augmenting paths along the level graph (iterative: no recursion limit)
+                path: list[int] = []
+                u = 0
+                while u != sink_node:
+                    edges = head[u]
+                    while cursor[u] < len(edges):
+                        e = edges[cursor[u]]
+                        if cap[e] > _EPS and level[to[e]] == level[u] + 1:
+                            break
+                        cursor[u] += 1
+                    else:  # a dead end: step back and skip the edge that led here
+                        if u == 0:
+                            break
+                        level[u] = -1
+                        u = to[path.pop() ^ 1]
+                        cursor[u] += 1
+                        continue
+                    path.append(e)
+                    u = to[e]
+                if u != sink_node:
+                    break
+                sent = min(cap[e] for e in path)
+                for e in path:
+                    cap[e] -= sent
+                    cap[e ^ 1] += sent
+                total += sent

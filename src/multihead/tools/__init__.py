@@ -1,6 +1,7 @@
 """Tools that take models or tensors: capture attention, score head roles,
-draw the views, mask heads, measure each head's causal effect on a
-metric (zero, mean, patch, restore) and score their importance (gradient,
+draw the views (files, or inline in a notebook for any model's
+attentions; rollout and flow), mask heads, measure each head's causal
+effect on a metric (zero, mean, patch, restore) and score their importance (gradient,
 ablation, learned gates) on the objectives of a GPT or a sentence
 encoder, prune heads, convert MHA to GQA, distil a converted or pruned
 model back towards the original, count a model's KV cache and time a
@@ -40,8 +41,10 @@ from .roles import (
     role_legend,
     strongest_links,
 )
+from .rollout import MAX_FLOW_TOKENS, attention_flow, attention_rollout
 from .timing import Speedup, measure_speedup
 from .token_text import readable_tokens
+from .views import AttentionView, head_view, model_view, rollout_view
 from .visualize import write_html, write_json, write_png
 
 __all__ = [
@@ -66,6 +69,13 @@ __all__ = [
     "readable_tokens",
     "write_png",
     "write_json",
+    "head_view",
+    "model_view",
+    "rollout_view",
+    "AttentionView",
+    "attention_rollout",
+    "attention_flow",
+    "MAX_FLOW_TOKENS",
     "attention_layers",
     "mask_heads",
     "head_effects",

@@ -1,10 +1,12 @@
-"""Tools that take models or tensors: capture attention, score head roles,
+"""Tools that take models or tensors: capture attention, keep a forward's
+named activations (``run_with_cache``), score head roles,
 draw the views, mask heads and score their importance (gradient,
 ablation, learned gates) on the objectives of a GPT or a sentence
 encoder, prune heads, convert MHA to GQA, distil a converted or pruned
 model back towards the original, count a model's KV cache and time a
 speed-up with its spread."""
 
+from .activations import ACTIVATION_NAMES, Activations, LayerActivations
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .causal_roles import CAUSAL_ROLES, CausalScores, causal_head_scores, repeated_random_tokens
 from .convert_heads import to_gqa
@@ -37,12 +39,17 @@ from .roles import (
     role_legend,
     strongest_links,
 )
+from .run_with_cache import run_with_cache
 from .timing import Speedup, measure_speedup
 from .token_text import readable_tokens
 from .visualize import write_html, write_json, write_png
 
 __all__ = [
     "capture",
+    "run_with_cache",
+    "Activations",
+    "LayerActivations",
+    "ACTIVATION_NAMES",
     "causal_head_scores",
     "CausalScores",
     "CAUSAL_ROLES",

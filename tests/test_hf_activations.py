@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 import multihead.hf  # noqa: E402, F401  (registers "multihead")
 from multihead.tools import ACTIVATION_NAMES, run_with_cache  # noqa: E402
 
-ALL = tuple(ACTIVATION_NAMES)
+ALL = tuple(n for n in ACTIVATION_NAMES if n not in ("q_pre", "k_pre"))  # pre-rope: multihead's own layers only
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
@@ -83,6 +83,7 @@ def test_hf_refusals_are_one_line_and_before_the_run(gpt2_pair):
         ({"layers": [2]}, r"asks for layer 2, but the model has 2 attention modules"),
         ({"heads": [4]}, r"heads=\[4\] asks for head 4, but GPT2LMHeadModel has 4 heads"),
         ({"names": ["attn_pattern"]}, r"valid names: \['q', 'k'"),
+        ({"names": ["q", "q_pre"]}, r"\['q_pre'\] are recorded in multihead's own layers only"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message) as err:

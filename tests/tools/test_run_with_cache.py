@@ -52,6 +52,8 @@ def test_q_k_v_equal_a_recomputation_from_the_layer_weights_with_rope():
     torch.testing.assert_close(acts["layers.0.q"], apply_rope(q, None), **TOL)  # after rope, at 0 .. T-1
     torch.testing.assert_close(acts["layers.0.k"], apply_rope(k, None), **TOL)
     torch.testing.assert_close(acts["layers.0.v"], v, **TOL)
+    torch.testing.assert_close(acts["layers.0.q_pre"], q, **TOL)  # before rope
+    torch.testing.assert_close(acts["layers.0.k_pre"], k, **TOL)
     assert not torch.allclose(acts["layers.0.q"], q, **TOL)  # rope did turn them
     # q and k give the pattern: causal softmax of q k^T / sqrt(D), key head h // (H // G)
     qr, kr = acts["layers.0.q"], acts["layers.0.k"].repeat_interleave(H // G, dim=1)
@@ -108,6 +110,11 @@ def test_only_what_was_asked_is_stored_and_every_hook_is_removed():
         attn = block.attn
         assert not attn.observed and not attn._head_hooks and not attn._forward_hooks
         assert not block._forward_hooks and not block._forward_pre_hooks
+    _, acts = run_with_cache(model, ids, names=["k_pre", "q"], heads=[3])
+    assert acts.keys() == ["layers.0.k_pre", "layers.0.q", "layers.1.k_pre", "layers.1.q"]
+    _, k = run_with_cache(model, ids, names=["k"], heads=[3])
+    torch.testing.assert_close(acts["layers.1.k_pre"], k["layers.1.k"], rtol=0, atol=0)  # no rope: the same keys
+    assert all("to_heads" not in vars(block.attn) for block in model.blocks)  # the method is back
 
 
 def test_encoder_layers_and_a_bare_layer():
@@ -150,7 +157,7 @@ class Twice(nn.Module):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"names": ["q", "hook_q"]}, r"unknown name\(s\) \['hook_q'\]; valid names: \['q', 'k', 'v', 'pattern'"),
+        ({"names": ["q", "hook_q"]}, r"unknown name\(s\) \['hook_q'\]; valid names: \['q', 'k', 'q_pre', 'k_pre', 'v', 'pattern'"),
         ({"names": []}, "no name; valid names"),
         ({"names": ["q", "q"]}, "a name given twice"),
         ({"names": [3]}, "names must be a list of str"),

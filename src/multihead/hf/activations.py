@@ -8,6 +8,7 @@ The names and shapes are ``tools.activations``'s. Where each comes from:
   values at G heads, cached ones included), the weights of the heads asked
   for, and the per-head outputs [B, H, T, Dv] (after the gates of any
   ``head_gates`` block entered before).
+* q_pre / k_pre are refused: the model rotates q and k before the bridge sees them.
 * attn_out: the first output of each module the model declares as its
   attention (``model.can_record_outputs["attentions"]``, as
   ``output_attentions`` hooks find them): after the output projection for
@@ -79,6 +80,12 @@ def hf_run_with_cache(
             that declares no such modules (all before the model runs).
     """
     module_names = _check_model(model)
+    pre = [n for n in names if n in ("q_pre", "k_pre")]
+    if pre:
+        raise ValueError(
+            f"names={list(names)}: {pre} are recorded in multihead's own layers only; a transformers model "
+            "applies its rope before the attention function sees q and k"
+        )
     config = model.config
     L = _count(config, "num_hidden_layers", "n_layer", "num_layers")
     H = _count(config, "num_attention_heads", "n_head", "num_heads")

@@ -38,24 +38,26 @@ class Store:
             )
         self.tensors[key] = tensor.detach().clone()
 
-    def put_qkv(self, layer: int, where: str, q, k, v, H: int) -> None:
+    def put_qkv(self, layer: int, where: str, q, k, v, H: int, *, pre: bool = False) -> None:
         """q [B, H', T, D], k [B, G, S, D], v [B, G, S, Dv] of a layer with H query heads,
-        cut to the heads asked for (k and v: the key/value heads those read)."""
-        if self.heads is not None and ({"q", "k", "v"} & set(self.names)):
+        cut to the heads asked for (k and v: the key/value heads those read);
+        ``pre``: q and k before qk_norm and rope, kept as q_pre and k_pre (v unused)."""
+        names = ("q_pre", "k_pre", "") if pre else ("q", "k", "v")
+        if self.heads is not None and (set(names) & set(self.names)):
             if q.shape[1] != H:
                 raise ValueError(
                     f"heads={list(self.heads)}: layer {layer} ({where}) has {q.shape[1]} query sub-heads for its "
-                    f"{H} heads, so q/k/v cannot be cut by head: ask for them without heads="
+                    f"{H} heads, so {'/'.join(n for n in names if n)} cannot be cut by head: ask without heads="
                 )
             G = k.shape[1]
             kv = tuple(sorted({h // (H // G) for h in self.heads}))
             self.kv_heads[layer] = kv
             q, k = q[:, list(self.heads)], k[:, list(kv)]  # (B, H, T, D) -> (B, h, T, D); (B, G, S, D) -> (B, g, S, D)
             v = None if v is None else v[:, list(kv)]  # (B, G, S, Dv) -> (B, g, S, Dv)
-        if v is None and "v" in self.names:
+        if v is None and "v" in self.names and not pre:
             raise ValueError(f"layer {layer} ({where}) hands its observers no values, so 'v' cannot be recorded")
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if t is not None:
+        for name, t in zip(names, (q, k, v)):
+            if name and t is not None:
                 self.put(layer, name, t, where)
 
     def put_heads(self, layer: int, name: str, t: torch.Tensor, where: str) -> None:

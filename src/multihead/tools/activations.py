@@ -11,6 +11,8 @@ H query heads, G key/value heads, D / Dv head widths, C model width):
 
     q           [B, H, T, D]   queries after projection, qk_norm and rope: the ones scored
     k           [B, G, S, D]   keys, likewise (S counts cached keys too)
+    q_pre       [B, H, T, D]   queries before qk_norm and rope (multihead's own layers only)
+    k_pre       [B, G, T, D]   this call's keys before qk_norm and rope (likewise)
     v           [B, G, S, Dv]  values after projection
     pattern     [B, H, T, S]   the weights that mix the values (``tools.capture``'s weights)
     z           [B, H, T, Dv]  each head's output (weights times values), before the output projection
@@ -22,7 +24,9 @@ Keys and values stay at G heads (GQA/MQA; query head h reads key/value head
 h // (H // G)). With ``heads=`` only those query heads are kept in q,
 pattern and z, and in k and v only the key/value heads they read
 (``kv_heads[layer]``). A kind whose q has more heads than its weights
-(differential attention's 2H sub-heads) keeps its own q/k/v layout.
+(differential attention's 2H sub-heads) keeps its own q/k/v layout, and
+q_pre / k_pre are in the layout of the kind's ``to_heads`` (the same as q
+and k for MHA/GQA/MQA; equal to them where neither qk_norm nor rope is on).
 
 The record holds exactly the tensors asked for, detached, on the device
 and in the dtype the model computed them (``to`` moves them). ``save``
@@ -45,6 +49,8 @@ __all__ = ["ACTIVATION_NAMES", "Activations", "LayerActivations"]
 ACTIVATION_NAMES: dict[str, str] = {
     "q": "[B, H, T, D] queries after projection, qk_norm and rope",
     "k": "[B, G, S, D] keys after projection, qk_norm and rope",
+    "q_pre": "[B, H, T, D] queries before qk_norm and rope",
+    "k_pre": "[B, G, T, D] this call's keys before qk_norm and rope",
     "v": "[B, G, S, Dv] values after projection",
     "pattern": "[B, H, T, S] weights that mix the values",
     "z": "[B, H, T, Dv] per-head outputs before the output projection",

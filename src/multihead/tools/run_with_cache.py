@@ -14,6 +14,9 @@ names and shapes are listed in ``tools.activations``. What reads what:
   qk_norm and rope), the values, and the weights of the heads asked for.
   Without "pattern" the observer asks for one weight row of one head, the
   least a layer computes for an observer.
+* q_pre and k_pre are what the layer's ``to_heads`` returns, read by
+  wrapping that method on the module for the call (kinds whose ``to_heads``
+  layout differs keep theirs: ``tools.activations``).
 * z comes from a head hook (``AttentionLayer.register_head_hook``),
   registered after any hook already there, so it is what ``out_proj`` reads.
 * attn_out is a forward hook on the attention module; resid_pre / resid_post
@@ -138,6 +141,8 @@ def _hooks(store: Store, i: int, where: str, module: AttentionLayer, block: nn.M
 
         wanted = {"heads": store.heads} if "pattern" in names else {"heads": [(store.heads or (0,))[0]], "rows": [-1]}
         handles.append(module.register_attention_observer(observe, **wanted))
+    if {"q_pre", "k_pre"} & names:
+        handles.append(_PreRope(store, i, where, module))
     if "z" in names:
         handles.append(module.register_head_hook(_keep(store, i, "z", where)))
     if "attn_out" in names:
@@ -161,3 +166,24 @@ def _keep(store: Store, i: int, name: str, where: str) -> Callable:
         store.put_heads(i, name, out, where)
 
     return hook
+
+
+class _PreRope:
+    """Wraps ``module.to_heads`` (an instance attribute over the class's method)
+    to keep q_pre / k_pre; ``remove`` restores the method."""
+
+    def __init__(self, store: Store, i: int, where: str, module: AttentionLayer) -> None:
+        if "to_heads" in vars(module):
+            raise ValueError(f"layer {i} ({where}) already has its to_heads wrapped: is a run_with_cache running on it?")
+        inner = module.to_heads
+
+        def to_heads(*args, **kwargs):
+            q, k, v, extra = inner(*args, **kwargs)
+            store.put_qkv(i, where, q, k, None, module.num_heads, pre=True)
+            return q, k, v, extra
+
+        self.module = module
+        vars(module)["to_heads"] = to_heads
+
+    def remove(self) -> None:
+        vars(self.module).pop("to_heads", None)

@@ -92,3 +92,24 @@ def test_hf_refusals_are_one_line_and_before_the_run(gpt2_pair):
     eager = hf_model(seed=3)  # attn_implementation="eager"
     with pytest.raises(ValueError, match="runs attn_implementation='eager', not 'multihead'"):
         run_with_cache(eager, ids)
+
+
+def test_weights_are_formed_only_in_the_layers_asked_for(gpt2_pair, monkeypatch):
+    import multihead.hf.bridge as bridge
+
+    hf, _ = gpt2_pair
+    asked = []
+    real = bridge.attention
+
+    def spy(*args, return_weights=False, **kwargs):
+        asked.append(return_weights)
+        return real(*args, return_weights=return_weights, **kwargs)
+
+    monkeypatch.setattr(bridge, "attention", spy)
+    ids = torch.randint(0, 97, (1, 4), generator=torch.Generator().manual_seed(2))
+    _, acts = run_with_cache(hf, ids, names=["pattern", "q"], layers=[1], heads=[2])
+    assert acts.keys() == ["layers.1.q", "layers.1.pattern"] and acts["layers.1.pattern"].shape == (1, 1, 4, 4)
+    assert asked[0] is False and asked[1].heads == (2,)  # layer 0 forms no weights; layer 1 head 2's only
+    asked.clear()
+    run_with_cache(hf, ids, names=["q", "z"])
+    assert asked == [False, False]  # no pattern asked: the fused kernel alone

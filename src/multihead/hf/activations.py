@@ -109,8 +109,8 @@ def hf_run_with_cache(
                 store.put(position, "pattern", weights, where)
             store.put_heads(position, "z", out, where)
 
-    scope = _Scope(module_names=module_names, on_call=on_call, on_call_weights="pattern" in names,
-                   selection=WeightSelection(heads=heads))  # fmt: skip
+    scope = _Scope(module_names=module_names, on_call=on_call, selection=WeightSelection(heads=heads),
+                   on_call_weights=frozenset(chosen if "pattern" in names else ()))  # fmt: skip
     handles = []
     try:
         for where, m in attention:

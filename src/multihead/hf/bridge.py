@@ -38,8 +38,9 @@ class _Scope:
 
     ``on_call(module, position, query, key, value, weights, out)`` sees each call's
     q [B, H, T, D], k [B, G, S, D], v [B, G, S, Dv], the weights of ``selection``
-    (None unless ``on_call_weights``) and out [B, H, T, Dv] after the gates of
-    the scopes entered before it.
+    (None unless the module's position, its order of first call, is in
+    ``on_call_weights``) and out [B, H, T, Dv] after the gates of the scopes
+    entered before it.
     """
 
     module_names: dict[int, str]
@@ -48,7 +49,7 @@ class _Scope:
     order: dict[int, int] = field(default_factory=dict)
     selection: WeightSelection = field(default_factory=WeightSelection)  # the heads and rows a capture records
     on_call: Callable | None = None
-    on_call_weights: bool = False
+    on_call_weights: frozenset[int] = frozenset()
 
 
 _SCOPES: contextvars.ContextVar[tuple[_Scope, ...]] = contextvars.ContextVar("multihead_hf_scopes", default=())
@@ -94,6 +95,11 @@ def _weights_requested(kwargs: dict) -> bool:
     except (ImportError, LookupError):
         return False
     return isinstance(collected, dict) and any(key.endswith("attentions") for key in collected)
+
+
+def _position(scope: _Scope, module: nn.Module) -> int:
+    """The module's index among the scope's attention modules, in order of first call."""
+    return scope.order.setdefault(id(module), len(scope.order))
 
 
 def _kind(H: int, G: int) -> str:
@@ -164,7 +170,8 @@ def attention_forward(
 
     scopes = [s for s in _SCOPES.get() if id(module) in s.module_names]
     asked = _weights_requested(kwargs)
-    takes = [s.record is not None or (s.on_call is not None and s.on_call_weights) for s in scopes]
+    takes = [s.record is not None or (s.on_call is not None and _position(s, module) in s.on_call_weights)
+             for s in scopes]  # fmt: skip
     recording = [(None, s.selection) for s, took in zip(scopes, takes) if took]
     want_weights, got, own = asked, (None, None), []
     if recording:  # the union of the captures' heads and rows; every weight when output_attentions asks
@@ -212,8 +219,7 @@ def attention_forward(
                 )
             )
         if scope.on_call is not None:
-            position = scope.order.setdefault(id(module), len(scope.order))
-            scope.on_call(module, position, query, key, value, part, out)
+            scope.on_call(module, _position(scope, module), query, key, value, part, out)
     out = out.transpose(1, 2).contiguous()  # (B, H, T, Dv) -> (B, T, H, Dv)
     return out, weights if asked else None
 

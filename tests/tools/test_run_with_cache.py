@@ -134,6 +134,18 @@ def test_encoder_layers_and_a_bare_layer():
     torch.testing.assert_close(acts.layer(0).attn_out, out.detach(), rtol=0, atol=0)
 
 
+def test_a_sentence_encoder_last_block_output_is_its_last_hidden_state():
+    from support.encoders import tiny_encoder
+
+    model = tiny_encoder()
+    ids = torch.randint(5, 100, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    emb, acts = run_with_cache(model, ids, mask, names=["resid_post"], layers=[1])
+    assert acts.keys() == ["layers.1.resid_post"]
+    torch.testing.assert_close(emb, model(ids, mask), rtol=0, atol=0)
+    torch.testing.assert_close(acts["layers.1.resid_post"], model.encoder(ids, attention_mask=mask), rtol=0, atol=0)
+
+
 def test_differential_q_keeps_its_sub_heads_and_refuses_a_head_cut():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, context_length=16, embed_dim=32, num_layers=1, num_heads=2,

@@ -152,9 +152,16 @@ def test_differential_q_keeps_its_sub_heads_and_refuses_a_head_cut():
                           attention="diff")).eval()  # fmt: skip
     _, acts = run_with_cache(model, _ids(), names=["q", "pattern"])
     assert acts["layers.0.q"].shape[1] == 4 and acts["layers.0.pattern"].shape[1] == 2
-    with pytest.raises(ValueError, match="query sub-heads") as err:
+    with pytest.raises(ValueError, match=r"has 4 q heads, 4 k heads, 2 v heads for its 2 query heads") as err:
         run_with_cache(model, _ids(), names=["q"], heads=[1])
     assert "\n" not in str(err.value)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, context_length=16, embed_dim=32, num_layers=1, num_heads=4,
+                          attention="collaborative")).eval()  # fmt: skip
+    with pytest.raises(ValueError, match=r"has 4 q heads, 1 k heads, 4 v heads for its 4 query heads"):
+        run_with_cache(model, _ids(), names=["v"], heads=[1])  # one shared key head, a value head per head
+    _, acts = run_with_cache(model, _ids(), names=["pattern", "z"], heads=[1])  # these cut by query head
+    assert acts["layers.0.pattern"].shape[1] == acts["layers.0.z"].shape[1] == 1
 
 
 class Twice(nn.Module):

@@ -44,10 +44,11 @@ class Store:
         ``pre``: q and k before qk_norm and rope, kept as q_pre and k_pre (v unused)."""
         names = ("q_pre", "k_pre", "") if pre else ("q", "k", "v")
         if self.heads is not None and (set(names) & set(self.names)):
-            if q.shape[1] != H:
+            if q.shape[1] != H or (v is not None and v.shape[1] != k.shape[1]):
+                held = f"{q.shape[1]} q heads" + ("" if v is None else f", {k.shape[1]} k heads, {v.shape[1]} v heads")
                 raise ValueError(
-                    f"heads={list(self.heads)}: layer {layer} ({where}) has {q.shape[1]} query sub-heads for its "
-                    f"{H} heads, so {'/'.join(n for n in names if n)} cannot be cut by head: ask without heads="
+                    f"heads={list(self.heads)}: layer {layer} ({where}) has {held} for its {H} query heads, so "
+                    f"{'/'.join(n for n in names if n)} cannot be cut by head: ask for them without heads="
                 )
             G = k.shape[1]
             kv = tuple(sorted({h // (H // G) for h in self.heads}))

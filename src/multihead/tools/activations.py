@@ -24,7 +24,9 @@ Keys and values stay at G heads (GQA/MQA; query head h reads key/value head
 h // (H // G)). With ``heads=`` only those query heads are kept in q,
 pattern and z, and in k and v only the key/value heads they read
 (``kv_heads[layer]``). A kind whose q has more heads than its weights
-(differential attention's 2H sub-heads) keeps its own q/k/v layout, and
+(differential attention's 2H sub-heads), or whose keys and values differ in
+head count (collaborative attention), keeps its own q/k/v layout (and
+refuses ``heads=`` for them), and
 q_pre / k_pre are in the layout of the kind's ``to_heads`` (the same as q
 and k for MHA/GQA/MQA; equal to them where neither qk_norm nor rope is on).
 

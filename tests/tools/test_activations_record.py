@@ -74,3 +74,21 @@ def test_load_refuses_other_files(tmp_path):
     with pytest.raises(ValueError, match="metadata is not a record description") as err:
         Activations.load(odd)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_record_stays_on_the_device_and_saves_from_it(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=30, context_length=8, embed_dim=16, num_layers=2, num_heads=4, num_kv_heads=2,
+                          attention="gqa"), device="cuda").eval()  # fmt: skip
+    ids = torch.randint(0, 30, (2, 5), device="cuda")
+    _, acts = run_with_cache(model, ids, names=["q", "pattern", "z"], heads=[1])
+    assert all(t.device.type == "cuda" for t in acts.tensors.values())
+    cpu_model = GPT(model.config).eval()
+    cpu_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    _, on_cpu = run_with_cache(cpu_model, ids.cpu(), names=["q", "pattern", "z"], heads=[1])
+    for key in acts.keys():
+        torch.testing.assert_close(acts.to("cpu")[key], on_cpu[key], rtol=1e-4, atol=1e-5)
+    back = Activations.load(acts.save(tmp_path / "acts.safetensors"))
+    assert all(t.device.type == "cpu" for t in back.tensors.values()) and back.keys() == acts.keys()

@@ -81,6 +81,20 @@ def test_z_through_out_proj_is_attn_out_and_the_block_adds_up():
         torch.testing.assert_close(mid + block.mlp(block.ln_2(mid)), acts[f"layers.{i}.resid_post"], **TOL)
 
 
+def test_z_is_what_out_proj_reads_inside_mask_heads():
+    from multihead.tools import mask_heads
+
+    model = _gpt()
+    with mask_heads(model, {1: [2]}):
+        _, acts = run_with_cache(model, _ids(), names=["z", "attn_out", "pattern"], layers=[1])
+    z = acts["layers.1.z"]  # (B, H, T, Dv)
+    assert z[:, 2].abs().max() == 0 and z[:, 1].abs().max() > 0  # the masked head's output, as out_proj sees it
+    assert acts["layers.1.pattern"][:, 2].abs().max() > 0  # its weights are still there
+    attn = model.blocks[1].attn
+    merged = z.transpose(1, 2).reshape(z.shape[0], z.shape[2], -1)  # (B, H, T, Dv) -> (B, T, H*Dv)
+    torch.testing.assert_close(attn.out_proj(merged), acts["layers.1.attn_out"], **TOL)
+
+
 def test_pattern_equals_capture_weights_for_the_heads_asked():
     model = _gpt()
     ids = _ids()

@@ -89,6 +89,9 @@ def run_with_cache(
         heads: ascending query heads kept in q, pattern and z (k and v keep
             the key/value heads these read); None: all.
 
+    The other arguments go to the model; a keyword of the model's own named
+    ``names``, ``layers`` or ``heads`` cannot pass through.
+
     Returns:
         (the model's output, an ``Activations`` holding "layers.{i}.{name}"
         for every layer and name asked for, and nothing else).
@@ -113,7 +116,7 @@ def run_with_cache(
         )
     chosen = _chosen_layers(layers, len(modules))
     for i in chosen:
-        where, m = modules[i]
+        where, m = modules[i][0] or type(modules[i][1]).__name__, modules[i][1]
         if heads is not None and heads[-1] >= m.num_heads:
             raise ValueError(f"heads={list(heads)} asks for head {heads[-1]}, but layer {i} ({where}) has {m.num_heads} heads")
     blocks = blocks_of(model, [m for _, m in modules]) if {"resid_pre", "resid_post"} & set(names) else None

@@ -133,6 +133,30 @@ def write_html(
         FileNotFoundError: the folder of ``path`` does not exist.
     """
     _folder_of(path)
+    page = page_html(record, roles=roles, title=title, batch=batch, legend=legend, notices=notices, slots=slots)
+    return write_bytes_atomic(path, page.encode("utf-8"))
+
+
+def page_html(
+    record: AttentionRecord,
+    *,
+    roles: list | None = None,
+    title: str | None = None,
+    batch: int = 0,
+    legend: Mapping | None = None,
+    notices: list[str] | None = None,
+    slots: HeadSlots | None = None,
+    options: Mapping | None = None,
+) -> str:
+    """The page ``write_html`` writes, as a str (checks as ``write_html``, without the path).
+
+    ``options`` go into the page's data as they are (the notebook views,
+    ``tools.views``, set them): ``"view"`` ("head": no model view; "model":
+    the head view hidden until a model-view cell is clicked), ``"start"`` (``{"row",
+    "heads"}``: what the head view shows first), ``"sides"`` (the two token
+    columns' titles), ``"row_titles"`` (a name per drawn row), ``"summary"``
+    (the line under the title).
+    """
     record, tokens = _validate(record, batch)
     role_rows = _match_roles(roles, record)
     _check_slots(slots, record)
@@ -166,14 +190,14 @@ def write_html(
                 for e in record.layers
             ],
         }
+    data.update(options or {})
     css, js = _asset("heads.css"), _asset("heads.js")
     csp = (
         f"default-src 'none'; script-src '{_sha256(js)}'; style-src '{_sha256(css)}'; "
         "img-src data:; base-uri 'none'; form-action 'none'"
     )
     parts = {"TITLE": html.escape(title), "CSP": csp, "CSS": css, "DATA": _script_json(data), "JS": js}
-    page = _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("heads.html"))
-    return write_bytes_atomic(path, page.encode("utf-8"))
+    return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("heads.html"))
 
 
 def write_png(

@@ -89,6 +89,7 @@
   /* "Layer 4"; "Call 2 (layer 0)" only when a layer was called more than once (a generation loop) */
   const REPEATED = LAYERS.some((L, i) => LAYERS.findIndex((M) => M.layer === L.layer) !== i);
   function layerName(i) {
+    if (DATA.row_titles) return DATA.row_titles[i];
     const L = LAYERS[i];
     return REPEATED ? "Call " + i + " (layer " + L.layer + ")" : "Layer " + L.layer;
   }
@@ -246,6 +247,10 @@
   }
 
   function select(layer, head, reveal) {
+    if (reveal && $("head-view").hidden) {  /* a model view alone: a clicked cell opens the head view */
+      $("head-view").hidden = false;
+      fitLinks();
+    }
     state.layer = layer;
     state.head = Math.min(head, LAYERS[layer].weights.length - 1);
     state.heads = [state.head];
@@ -253,7 +258,17 @@
     if (reveal) {
       const box = $("head-view").getBoundingClientRect();
       if (box.top < 0 || box.top > window.innerHeight - 80) $("head-view").scrollIntoView({ block: "start" });
+      fitFrame();
     }
+  }
+
+  /* In a notebook the page is an iframe's srcdoc (tools.views): the frame grows to the page's height. */
+  function fitFrame() {
+    let frame = null;
+    try { frame = window.frameElement; } catch (e) { return; }
+    if (!frame || frame.dataset.mhView === undefined) return;
+    const height = Math.ceil(document.body.getBoundingClientRect().height) + 2;
+    if (Math.abs(frame.getBoundingClientRect().height - height) > 1) frame.style.height = height + "px";
   }
 
   /* The Head select (one head, or all of them) and one coloured toggle per head of the layer. */
@@ -532,6 +547,7 @@
     $("summary").textContent = [DATA.source, SLOTS ? SLOTS.summary : layers + " \u00d7 " + (same ? plural(H[0], "head")
       : "up to " + Math.max(...H) + " heads"), QT.length + (QT.length === 1 ? " query, " : " queries, ") +
       plural(KT.length, "key"), "batch item " + DATA.batch].filter(Boolean).join(" \u00b7 ");
+    if (DATA.summary) $("summary").textContent = DATA.summary;
     const notes = $("notices");
     for (const text of DATA.notices || []) notes.appendChild(el("p", "notice", text));
     notes.hidden = !notes.children.length;
@@ -556,16 +572,28 @@
       $("hv-threshold-value").textContent = state.threshold.toFixed(2);
       drawHead();
     });
+    if (DATA.sides) {
+      document.querySelector(".hv-col-title.hv-left").textContent = DATA.sides[0];
+      document.querySelector(".hv-col-title.hv-right").textContent = DATA.sides[1];
+    }
+    $("model-view").hidden = DATA.view === "head";
+    if (DATA.view === "model") {  /* the grid first; the head view opens below it on a click */
+      $("head-view").hidden = true;
+      $("head-view").style.order = "1";
+    }
     buildModelView();
     buildRoles();
     fitLinks();
     fitCells();
-    select(0, 0, false);
+    const start = DATA.start || { row: 0, heads: [0] };
+    select(start.row, start.heads[0], false);
+    if (start.heads.length > 1) { state.heads = start.heads.slice(); drawHead(); }
     let pending = 0;
     window.addEventListener("resize", () => {
       cancelAnimationFrame(pending);
-      pending = requestAnimationFrame(() => { fitCells(); if (fitLinks()) drawHead(); });
+      pending = requestAnimationFrame(() => { fitCells(); if (fitLinks()) drawHead(); fitFrame(); });
     });
+    fitFrame();
     document.body.dataset.ready = "true";
   }
 

@@ -25,10 +25,10 @@ h // (H // G)). With ``heads=`` only those query heads are kept in q,
 pattern and z, and in k and v only the key/value heads they read
 (``kv_heads[layer]``). A kind whose q has more heads than its weights
 (differential attention's 2H sub-heads), or whose keys and values differ in
-head count (collaborative attention), keeps its own q/k/v layout (and
-refuses ``heads=`` for them), and
-q_pre / k_pre are in the layout of the kind's ``to_heads`` (the same as q
-and k for MHA/GQA/MQA; equal to them where neither qk_norm nor rope is on).
+head count (collaborative attention), keeps its own q/k/v layout and
+refuses ``heads=`` for them. q_pre / k_pre are in the layout of the kind's
+``to_heads``: the same as q and k for MHA/GQA/MQA, and equal to them where
+neither qk_norm nor rope is on.
 
 The record holds exactly the tensors asked for, detached, on the device
 and in the dtype the model computed them (``to`` moves them). ``save``

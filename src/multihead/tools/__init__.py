@@ -1,4 +1,5 @@
-"""Tools that take models or tensors: capture attention, score head roles,
+"""Tools that take models or tensors: capture attention, keep a forward's
+named activations (``run_with_cache``), score head roles,
 draw the views (files, or inline in a notebook for any model's
 attentions; rollout and flow), mask heads, measure each head's causal
 effect on a metric (zero, mean, patch, restore) and score their importance (gradient,
@@ -7,6 +8,7 @@ encoder, prune heads, convert MHA to GQA, distil a converted or pruned
 model back towards the original, count a model's KV cache and time a
 speed-up with its spread."""
 
+from .activations import ACTIVATION_NAMES, Activations, LayerActivations
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .causal_roles import CAUSAL_ROLES, CausalScores, causal_head_scores, repeated_random_tokens
 from .convert_heads import to_gqa
@@ -42,6 +44,7 @@ from .roles import (
     strongest_links,
 )
 from .rollout import MAX_FLOW_TOKENS, attention_flow, attention_rollout
+from .run_with_cache import run_with_cache
 from .timing import Speedup, measure_speedup
 from .token_text import readable_tokens
 from .views import AttentionView, head_view, model_view, rollout_view
@@ -49,6 +52,10 @@ from .visualize import write_html, write_json, write_png
 
 __all__ = [
     "capture",
+    "run_with_cache",
+    "Activations",
+    "LayerActivations",
+    "ACTIVATION_NAMES",
     "causal_head_scores",
     "CausalScores",
     "CAUSAL_ROLES",

@@ -6,7 +6,13 @@ model back towards the original, count a model's KV cache and time a
 speed-up with its spread."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
-from .causal_roles import CAUSAL_ROLES, CausalScores, causal_head_scores, repeated_random_tokens
+from .causal_roles import (
+    CAUSAL_ROLES,
+    CausalScores,
+    causal_head_scores,
+    repeated_random_tokens,
+    special_token_ids,
+)
 from .convert_heads import to_gqa
 from .distill import distillation, divergence
 from .flops import KVCacheSize, kv_cache_size
@@ -47,6 +53,7 @@ __all__ = [
     "CausalScores",
     "CAUSAL_ROLES",
     "repeated_random_tokens",
+    "special_token_ids",
     "AttentionRecord",
     "LayerAttention",
     "attention_modules",

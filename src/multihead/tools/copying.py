@@ -1,0 +1,185 @@
+"""The copying score of every head: the sign of its OV circuit from tokens to their own logits.
+
+The OV circuit of head h (Elhage et al. 2021, "A Mathematical Framework for
+Transformer Circuits", section "Copying / Primitive in-context learning";
+Olsson et al. 2022 use it to show induction heads copy) is the [V, V] map
+from the token a head attends to onto the logits it adds, read directly from
+the token embeddings to the unembedding (column vectors; e_t the embedding of
+token t, Linear weights as [out, in])::
+
+    M_h = W_U · N_f · W_O^h · W_V^g · N_l · W_E^T          [V, V]
+
+    W_E [V, C]   token embedding       W_V^g [D, C]  value rows of h's
+    W_U [V, C]   unembedding                         key/value head g
+    N_l [C, C]   the layer's norm      W_O^h [C, D]  output columns of h
+    N_f [C, C]   the final norm
+
+M_h[s, t] is the logit the head adds to token s when it attends to token t
+with weight 1. A copying head raises the attended token's own logit, so M_h
+has mostly positive eigenvalues; the score is
+
+    copying_h = Σ_i λ_i / Σ_i |λ_i|        over the eigenvalues λ_i of M_h
+
+in [-1, 1] (Σ λ_i = trace M_h is real: complex eigenvalues come in conjugate
+pairs). 1: every eigenvalue is positive (the identity copies perfectly); -1:
+every one negative (the head lowers what it reads). Its chance level is 0:
+the eigenvalues of random weights spread evenly about the imaginary axis.
+The nonzero eigenvalues of M_h are those of the [D, D] matrix
+W_V^g N_l W_E^T W_U N_f W_O^h (AB and BA share them), which is what is
+computed, in float64, over the tokens the random sequences are drawn from.
+A head whose circuit has no eigenvalue mass (it writes nothing the
+unembedding reads) scores 0: it copies nothing.
+
+A norm enters by its linear part: LayerNorm as diag(γ)·(I - 11ᵀ/C) (centre,
+then scale), RMSNorm as diag(γ), nn.Identity as I; its division by each
+token's spread (a positive factor per token) and every bias (a constant
+offset of the logits, the same for every attended token) are left out.
+
+The layout must be one the score knows, else the score is absent (NaN, with
+the reason): a multihead ``GPT`` (``token_embedding``, ``blocks[i].ln_1``,
+``blocks[i].attn``, ``ln_f``, ``lm_head``; any model with those names) whose
+layers are plain ``MultiHeadAttention`` (mha, gqa, mqa: head h reads value
+head h // (H/G)), or a Hugging Face GPT-2 run through ``multihead.hf``. Kinds
+that mix heads (dcmha, talking heads, MoH, ...), gate them, or split them in
+two (differential) have no per-head OV circuit of this form.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["copying_scores"]
+
+_NO_LAYOUT = (
+    "the model has no token embedding and unembedding the score knows (a multihead GPT or a Hugging Face GPT-2)"
+)
+
+
+def copying_scores(
+    model: nn.Module, names: list[str], width: int, allowed: torch.Tensor
+) -> tuple[torch.Tensor | None, list[str]]:
+    """The copying score of each head of the attention modules ``names``.
+
+    Args:
+        model: a multihead GPT (or a model with its attribute names) or a
+            Hugging Face GPT-2 on ``multihead.hf``.
+        names: the attention modules' names, in the order of the table's rows.
+        width: the table's number of columns (the most heads of any layer).
+        allowed: [V'] the token ids the circuit is read over.
+
+    Returns:
+        ([L, width] float scores, NaN where a layer's heads have none) or
+        None when no layer has one; and the reasons for what is missing.
+    """
+    layout = _gpt_layout(model) or _hf_gpt2_layout(model)
+    if layout is None:
+        return None, [f"copying: {_NO_LAYOUT}"]
+    embed, unembed, final, layers = layout
+    E, U = embed.detach().double()[allowed], unembed.detach().double()[allowed]  # (V', C)
+    K = E.T @ U @ final  # (C, C): W_E^T W_U N_f
+    table, notes = torch.full((len(names), width), float("nan")), []
+    for row, name in enumerate(names):
+        found = layers.get(name)
+        if isinstance(found, str) or found is None:
+            notes.append(f"copying: layer {row} ({name}): {found or 'not a layer of the known layout'}")
+            continue
+        norm, heads = found
+        NK = norm @ K  # (C, C)
+        for h, (Wv, Wo) in enumerate(heads):
+            table[row, h] = _score(Wv @ NK @ Wo)  # (D, C) @ (C, C) @ (C, D) -> (D, D)
+    if torch.isnan(table).all():
+        return None, notes
+    return table, notes
+
+
+def _score(N: torch.Tensor) -> float:
+    """Σλ / Σ|λ| of the eigenvalues of ``N`` [D, D]; 0 when they are all zero."""
+    lam = torch.linalg.eigvals(N)
+    mass = float(lam.abs().sum())
+    if mass <= 1e-12 * max(1.0, float(N.abs().max())):
+        return 0.0
+    return float(lam.real.sum()) / mass
+
+
+def _norm_matrix(norm: nn.Module, C: int) -> torch.Tensor | str:
+    """The linear part [C, C] of a pre-attention or final norm, or why it has none."""
+    if isinstance(norm, nn.Identity):
+        return torch.eye(C, dtype=torch.float64)
+    gain = getattr(norm, "weight", None)
+    gain = torch.ones(C, dtype=torch.float64) if gain is None else gain.detach().double()
+    if isinstance(norm, nn.LayerNorm):
+        return torch.diag(gain) @ (torch.eye(C, dtype=torch.float64) - 1.0 / C)
+    if isinstance(norm, nn.RMSNorm):
+        return torch.diag(gain)
+    return f"its norm {type(norm).__name__} is not LayerNorm, RMSNorm or Identity"
+
+
+def _heads_of_mha(attn: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]] | str:
+    """(W_V^g [D, C], W_O^h [C, D]) per head of a plain multihead MHA/GQA/MQA layer, or why not."""
+    from ..modules.kinds.mha import MultiHeadAttention
+
+    if type(attn) is not MultiHeadAttention:
+        kind = getattr(attn, "kind", type(attn).__name__)
+        return f"kind {kind!r} has no per-head OV circuit (only mha, gqa, mqa)"
+    if not isinstance(attn.out_proj, nn.Linear) or not all(
+        isinstance(w, torch.Tensor) for w, _ in attn.projection_weights().values()
+    ):
+        return "its projections are not plain Linear weights"
+    H, G, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    Wv = attn.projection_weights()["v"][0].detach().double()  # (G*D, C)
+    Wo = attn.out_proj.weight.detach().double()  # (C, H*D)
+    per = H // G
+    return [(Wv[(h // per) * D : (h // per + 1) * D], Wo[:, h * D : (h + 1) * D]) for h in range(H)]
+
+
+def _gpt_layout(model: nn.Module):
+    """(W_E, W_U, N_f, {attention name: (N_l, heads) or why not}) of a multihead GPT layout, or None."""
+    names = ("token_embedding", "blocks", "ln_f", "lm_head")
+    if not all(hasattr(model, n) for n in names) or not isinstance(model.token_embedding, nn.Embedding):
+        return None
+    if not isinstance(model.lm_head, nn.Linear):
+        return None
+    C = model.token_embedding.weight.shape[1]
+    final = _norm_matrix(model.ln_f, C)
+    if isinstance(final, str):
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    layers = {}
+    for block in model.blocks:
+        if not (hasattr(block, "ln_1") and hasattr(block, "attn")):
+            return None
+        norm, heads = _norm_matrix(block.ln_1, C), _heads_of_mha(block.attn)
+        layers[names[id(block.attn)]] = norm if isinstance(norm, str) else heads if isinstance(heads, str) else (norm, heads)
+    return model.token_embedding.weight, model.lm_head.weight, final, layers
+
+
+def _hf_gpt2_layout(model: nn.Module):
+    """The same for a Hugging Face GPT-2 (``GPT2Model`` or ``GPT2LMHeadModel``), or None.
+
+    Conv1D weights are [in, out]: value columns 2C..3C of ``c_attn``, rows
+    h·D..(h+1)·D of ``c_proj``. The unembedding is ``lm_head``, or the tied
+    token embedding of a bare ``GPT2Model``.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "gpt2":
+        return None
+    base = model.base_model
+    out = model.get_output_embeddings()
+    if out is None and not getattr(config, "tie_word_embeddings", True):
+        return None
+    unembed = base.wte.weight if out is None else out.weight
+    C = base.wte.weight.shape[1]
+    final = _norm_matrix(base.ln_f, C)
+    names = {id(m): n for n, m in model.named_modules()}
+    layers = {}
+    for block in base.h:
+        attn = block.attn
+        H, D = attn.num_heads, attn.head_dim
+        Wv = attn.c_attn.weight.detach().double()[:, 2 * C : 3 * C].T  # (C, 3C) -> (H*D, C)
+        Wo = attn.c_proj.weight.detach().double().T  # (H*D, C) -> (C, H*D)
+        heads = [(Wv[h * D : (h + 1) * D], Wo[:, h * D : (h + 1) * D]) for h in range(H)]
+        norm = _norm_matrix(block.ln_1, C)
+        layers[names[id(attn)]] = norm if isinstance(norm, str) else (norm, heads)
+    return base.wte.weight, unembed, final, layers
+

@@ -209,7 +209,10 @@ def test_special_ids_are_never_drawn():
     "options,message",
     [
         ({"length": 1}, "length must be at least 2 (a previous token and a repeat), got length=1"),
-        ({"length": 65}, "T = 2·length = 130 tokens do not fit the model's context of 128 (context_length): give length <= 64"),
+        (
+            {"length": 65},
+            "T = 2·length = 130 tokens do not fit the model's context of 128 (context_length): give length <= 64",
+        ),
         ({"vocab_size": 300}, "ids up to 299 do not fit the model's vocab_size 256: give vocab_size <= 256"),
         ({"tokens": torch.tensor([[1, 2, 3, 1, 2, 4]])}, "each row's second half equal to its first"),
         ({"tokens": torch.tensor([[7, 7]])}, "length must be at least 2"),

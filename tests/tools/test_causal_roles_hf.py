@@ -66,7 +66,9 @@ def test_a_gpt2_through_the_bridge_scores_as_the_same_weights_in_a_multihead_gpt
             torch.testing.assert_close(got.scores[role], table, rtol=1e-4, atol=1e-5)
     for layer in range(2):
         for head in range(4):
-            assert float(want.scores["copying"][layer, head]) == pytest.approx(full_ov_copying(lm, layer, head), abs=1e-6)
+            assert float(want.scores["copying"][layer, head]) == pytest.approx(
+                full_ov_copying(lm, layer, head), abs=1e-6
+            )
 
 
 def test_a_model_not_on_the_bridge_and_a_too_long_sequence_are_refused(folder):

@@ -147,7 +147,9 @@ def _allowed(vocab_size: int, exclude: Sequence[int]) -> torch.Tensor:
     keep = torch.ones(vocab_size, dtype=torch.bool)
     keep[[i for i in exclude if 0 <= i < vocab_size]] = False
     if int(keep.sum()) < 2:
-        raise ValueError(f"at least 2 ids must remain to draw from; vocab_size={vocab_size} excluding {len(exclude)} ids leaves {int(keep.sum())}")
+        raise ValueError(
+            f"at least 2 ids must remain to draw from; vocab_size={vocab_size} excluding {len(exclude)} ids leaves {int(keep.sum())}"
+        )
     return keep.nonzero().flatten()
 
 
@@ -220,8 +222,14 @@ def causal_head_scores(
     allowed = _allowed(vocab_size, exclude)
     if tokens is None:
         tokens = repeated_random_tokens(vocab_size, length, batch, seed, exclude)
-    elif tokens.ndim != 2 or tokens.shape[1] % 2 or not torch.equal(tokens[:, : tokens.shape[1] // 2], tokens[:, tokens.shape[1] // 2 :]):
-        raise ValueError(f"tokens must be [B, 2n] with each row's second half equal to its first; got shape {tuple(tokens.shape)}")
+    elif (
+        tokens.ndim != 2
+        or tokens.shape[1] % 2
+        or not torch.equal(tokens[:, : tokens.shape[1] // 2], tokens[:, tokens.shape[1] // 2 :])
+    ):
+        raise ValueError(
+            f"tokens must be [B, 2n] with each row's second half equal to its first; got shape {tuple(tokens.shape)}"
+        )
     n = tokens.shape[1] // 2
     if n < 2:
         raise ValueError(f"length must be at least 2 (a previous token and a repeat), got length={n}")

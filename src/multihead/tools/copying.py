@@ -150,7 +150,9 @@ def _gpt_layout(model: nn.Module):
         if not (hasattr(block, "ln_1") and hasattr(block, "attn")):
             return None
         norm, heads = _norm_matrix(block.ln_1, C), _heads_of_mha(block.attn)
-        layers[names[id(block.attn)]] = norm if isinstance(norm, str) else heads if isinstance(heads, str) else (norm, heads)
+        layers[names[id(block.attn)]] = (
+            norm if isinstance(norm, str) else heads if isinstance(heads, str) else (norm, heads)
+        )
     return model.token_embedding.weight, model.lm_head.weight, final, layers
 
 
@@ -182,4 +184,3 @@ def _hf_gpt2_layout(model: nn.Module):
         norm = _norm_matrix(block.ln_1, C)
         layers[names[id(attn)]] = norm if isinstance(norm, str) else (norm, heads)
     return base.wte.weight, unembed, final, layers
-

@@ -21,7 +21,8 @@ from support.cli import quietly
 
 from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 from multihead.models.gpt import GPT, GPTConfig
-from multihead.tools import causal_head_scores, special_token_ids
+from multihead.tools import capture, causal_head_scores, special_token_ids
+from multihead.tools.visualize import write_html
 
 pytest.importorskip("matplotlib")
 
@@ -107,6 +108,61 @@ def test_a_training_run_directory(tmp_path):
         torch.testing.assert_close(torch.tensor(data["causal"]["scores"][role]), table, rtol=0, atol=1e-6)
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+ROLE_ORDER = "Array.from(document.querySelectorAll('#causal-roles li'), li => li.dataset.role)"
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium")
+def test_the_page_shows_the_causal_roles_first_and_opens_their_heads(checkpoint, tmp_path):
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    inspected(PROMPT, "--checkpoint", str(checkpoint), "--out", str(tmp_path / "gpt"))
+    encoder = write_html(encoder_record(), tmp_path / "encoder.html", roles=[])
+    problems = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("console", lambda m: m.type in ("error", "warning") and problems.append(m.text))
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto((tmp_path / "gpt" / "heads.html").as_uri())
+        page.wait_for_selector("body[data-ready='true']", timeout=5000)
+        assert page.is_visible("#causal")
+        shown = page.evaluate("Array.from(document.querySelectorAll('main > section'), s => s.hidden ? null : s.id)")
+        assert [s for s in shown if s][:2] == ["causal", "head-view"]
+        assert page.locator("#causal").bounding_box()["y"] < page.locator("#head-view").bounding_box()["y"]
+        assert page.evaluate(ROLE_ORDER) == ["induction", "previous_token", "duplicate_token", "copying"]
+        previous = page.locator("#causal-roles li[data-role='previous_token']")
+        assert "\u2265 0.40" in previous.inner_text() and "1 head" in previous.inner_text()
+        page.locator(".mv-cell").nth(6).click()  # layer 1 head 2 in the model view
+        hv = page.locator("#head-view")
+        assert (hv.get_attribute("data-layer"), hv.get_attribute("data-head")) == ("1", "2")
+        previous.locator("button.causal-head", has_text="L0 H0 1.00").click()
+        assert (hv.get_attribute("data-layer"), hv.get_attribute("data-head")) == ("0", "0")
+        page.click(".causal-all summary")
+        rows = page.locator("#causal-table tbody tr")
+        assert rows.count() == 8
+        rows.nth(7).click()
+        assert (hv.get_attribute("data-layer"), hv.get_attribute("data-head")) == ("1", "3")
+        assert rows.nth(0).locator("td.hit").count() == 1  # L0 H0: previous_token only
+        page.goto(encoder.as_uri())
+        page.wait_for_selector("body[data-ready='true']", timeout=5000)
+        assert page.is_hidden("#causal") and page.evaluate(ROLE_ORDER) == []
+        browser.close()
+    assert problems == []
+
+
+def encoder_record():
+    """Weights of an encoder (every key visible): a page without causal scores."""
+    from multihead import MultiHeadAttention
+
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(8, 2).eval()
+    with torch.no_grad(), capture(torch.nn.Sequential(layer)) as record:
+        layer(torch.randn(1, 4, 8))
+    record.query_tokens = ["a", "b", "c", "d"]
+    return record
+
+
 transformers = pytest.importorskip("transformers")
 
 
@@ -145,7 +201,11 @@ def test_a_hugging_face_gpt2_gets_causal_roles_without_its_special_ids(tmp_path)
     assert special == [0, 1]
     model = multihead.hf.load_hf(folder)
     want = causal_head_scores(model, vocab_size=10, length=16, batch=8, exclude=special)
-    assert set(data["causal"]["scores"]) == set(want.scores) == {"induction", "previous_token", "duplicate_token", "copying"}
+    assert (
+        set(data["causal"]["scores"])
+        == set(want.scores)
+        == {"induction", "previous_token", "duplicate_token", "copying"}
+    )
     for role, table in want.scores.items():
         torch.testing.assert_close(torch.tensor(data["causal"]["scores"][role]), table, rtol=0, atol=1e-6)
     other = causal_head_scores(model, vocab_size=10, length=16, batch=8)  # 0 and 1 drawn too: other scores

@@ -78,3 +78,46 @@ def test_a_model_not_on_the_bridge_and_a_too_long_sequence_are_refused(folder):
     lm = multihead.hf.load_hf(folder, transformers.GPT2LMHeadModel)
     with pytest.raises(ValueError, match="T = 2·length = 34 tokens do not fit the model's context of 32"):
         causal_head_scores(lm, vocab_size=VOCAB, length=17)
+
+
+def test_a_llama_with_grouped_value_heads(tmp_path):
+    """Attention scores from transformers' own eager weights; copying from the full [V, V] OV matrix
+    with each RMSNorm as its gain, query head h reading value head h // 2."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.2, 2.0)
+    model.save_pretrained(tmp_path)
+    ours = multihead.hf.load_hf(tmp_path, transformers.LlamaForCausalLM)
+    got = causal_head_scores(ours, vocab_size=VOCAB, length=10, batch=3)
+    assert got.notes == [] and got.scores["copying"].shape == (2, 4)
+    eager = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    from multihead.tools import repeated_random_tokens
+
+    tokens = repeated_random_tokens(VOCAB, 10, 3)
+    with torch.no_grad():
+        weights = eager(tokens, output_attentions=True).attentions  # L x (B, H, T, T)
+    for layer, w in enumerate(weights):
+        for h in range(4):
+            prev = sum(float(w[b, h, i, i - 1]) for b in range(3) for i in range(1, 20)) / (3 * 19)
+            ind = sum(float(w[b, h, i, i - 9]) for b in range(3) for i in range(10, 20)) / 30
+            assert float(got.scores["previous_token"][layer, h]) == pytest.approx(prev, abs=1e-5)
+            assert float(got.scores["induction"][layer, h]) == pytest.approx(ind, abs=1e-5)
+    sd = {k: v.double().numpy() for k, v in model.state_dict().items()}
+    E, U = sd["model.embed_tokens.weight"], sd["lm_head.weight"]  # (V, C)
+    for layer in range(2):
+        n_l, n_f = np.diag(sd[f"model.layers.{layer}.input_layernorm.weight"]), np.diag(sd["model.norm.weight"])
+        w_v, w_o = (
+            sd[f"model.layers.{layer}.self_attn.v_proj.weight"],
+            sd[f"model.layers.{layer}.self_attn.o_proj.weight"],
+        )
+        for h in range(4):
+            M = U @ n_f @ w_o[:, h * 8 : (h + 1) * 8] @ w_v[(h // 2) * 8 : (h // 2 + 1) * 8] @ n_l @ E.T  # (V, V)
+            lam = np.linalg.eigvals(M)
+            want = float(lam.real.sum() / np.abs(lam).sum())
+            assert float(got.scores["copying"][layer, h]) == pytest.approx(want, abs=1e-6), (layer, h)

@@ -15,7 +15,8 @@ the rows named and then over the batch:
 
     previous_token   A[i, i-1]    for i in 1 .. 2n-1    (Elhage et al. 2021)
     duplicate_token  A[i, i-n]    for i in n .. 2n-1    (the same token's
-                                                          earlier occurrence)
+                                                          earlier occurrence,
+                                                          Wang et al. 2022)
     induction        A[i, i-n+1]  for i in n .. 2n-1    (the token after it:
                                                           prefix matching,
                                                           Olsson et al. 2022)

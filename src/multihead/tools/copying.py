@@ -39,7 +39,8 @@ The layout must be one the score knows, else the score is absent (NaN, with
 the reason): a multihead ``GPT`` (``token_embedding``, ``blocks[i].ln_1``,
 ``blocks[i].attn``, ``ln_f``, ``lm_head``; any model with those names) whose
 layers are plain ``MultiHeadAttention`` (mha, gqa, mqa: head h reads value
-head h // (H/G)), or a Hugging Face GPT-2 run through ``multihead.hf``. Kinds
+head h // (H/G)), or a Hugging Face GPT-2, Llama, Mistral, Qwen2 or Qwen3
+run through ``multihead.hf`` (their RMSNorms scale by their weight). Kinds
 that mix heads (dcmha, talking heads, MoH, ...), gate them, or split them in
 two (differential) have no per-head OV circuit of this form.
 """
@@ -52,8 +53,12 @@ from torch import nn
 __all__ = ["copying_scores"]
 
 _NO_LAYOUT = (
-    "the model has no token embedding and unembedding the score knows (a multihead GPT or a Hugging Face GPT-2)"
+    "the model has no token embedding and unembedding the score knows "
+    "(a multihead GPT, a Hugging Face GPT-2, Llama, Mistral, Qwen2 or Qwen3)"
 )
+# Hugging Face RMSNorms that scale by their weight as it is (Gemma's scales by 1 + weight: not here)
+_HF_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+_HF_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3"}
 
 
 def copying_scores(
@@ -72,7 +77,7 @@ def copying_scores(
         ([L, width] float scores, NaN where a layer's heads have none) or
         None when no layer has one; and the reasons for what is missing.
     """
-    layout = _gpt_layout(model) or _hf_gpt2_layout(model)
+    layout = _gpt_layout(model) or _hf_gpt2_layout(model) or _hf_llama_layout(model)
     if layout is None:
         return None, [f"copying: {_NO_LAYOUT}"]
     embed, unembed, final, layers = layout
@@ -110,7 +115,7 @@ def _norm_matrix(norm: nn.Module, C: int) -> torch.Tensor | str:
     gain = torch.ones(C, dtype=torch.float64) if gain is None else gain.detach().double()
     if isinstance(norm, nn.LayerNorm):
         return torch.diag(gain) @ (torch.eye(C, dtype=torch.float64) - 1.0 / C)
-    if isinstance(norm, nn.RMSNorm):
+    if isinstance(norm, nn.RMSNorm) or type(norm).__name__ in _HF_RMS_NORMS:
         return torch.diag(gain)
     return f"its norm {type(norm).__name__} is not LayerNorm, RMSNorm or Identity"
 
@@ -184,3 +189,34 @@ def _hf_gpt2_layout(model: nn.Module):
         norm = _norm_matrix(block.ln_1, C)
         layers[names[id(attn)]] = norm if isinstance(norm, str) else (norm, heads)
     return base.wte.weight, unembed, final, layers
+
+
+def _hf_llama_layout(model: nn.Module):
+    """The same for a Hugging Face Llama, Mistral, Qwen2 or Qwen3 (``*Model`` or ``*ForCausalLM``), or None.
+
+    ``v_proj`` [G·D, C] and ``o_proj`` [C, H·D] are Linear weights; query
+    head h reads value head h // (H/G), as transformers' ``repeat_kv``.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in _HF_LLAMA_LIKE:
+        return None
+    base = model.base_model
+    out = model.get_output_embeddings()
+    if out is None and not getattr(config, "tie_word_embeddings", False):
+        return None
+    embed = base.embed_tokens.weight
+    C = embed.shape[1]
+    final = _norm_matrix(base.norm, C)
+    if isinstance(final, str):
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    layers = {}
+    for block in base.layers:
+        attn = block.self_attn
+        D, per = attn.head_dim, attn.num_key_value_groups
+        Wv, Wo = attn.v_proj.weight.detach().double(), attn.o_proj.weight.detach().double()  # (G*D, C), (C, H*D)
+        H = Wo.shape[1] // D
+        heads = [(Wv[(h // per) * D : (h // per + 1) * D], Wo[:, h * D : (h + 1) * D]) for h in range(H)]
+        norm = _norm_matrix(block.input_layernorm, C)
+        layers[names[id(attn)]] = norm if isinstance(norm, str) else (norm, heads)
+    return embed, embed if out is None else out.weight, final, layers

@@ -225,3 +225,18 @@ def test_mistakes_are_one_line_value_errors(options, message):
     with pytest.raises(ValueError) as err:
         causal_head_scores(model, **{"vocab_size": 256, **options})
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_weight_only_gpt_has_no_copying_score_but_the_same_attention_scores():
+    from multihead.models.quantize import quantize_weights
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny")).eval()
+    fast = quantize_weights(model, "fp32")  # the same values in the decode layout
+    a = causal_head_scores(model, vocab_size=256, length=8, batch=2)
+    b = causal_head_scores(fast, vocab_size=256, length=8, batch=2)
+    assert "copying" in a.scores and "copying" not in b.scores
+    assert b.notes == ["copying: the model has no token embedding and unembedding the score knows "
+                       "(a multihead GPT, a Hugging Face GPT-2, Llama, Mistral, Qwen2 or Qwen3)"]  # fmt: skip
+    for role in b.scores:
+        torch.testing.assert_close(b.scores[role], a.scores[role], rtol=1e-4, atol=1e-5)

@@ -96,6 +96,12 @@ def test_a_llama_with_grouped_value_heads(tmp_path):
     ours = multihead.hf.load_hf(tmp_path, transformers.LlamaForCausalLM)
     got = causal_head_scores(ours, vocab_size=VOCAB, length=10, batch=3)
     assert got.notes == [] and got.scores["copying"].shape == (2, 4)
+    bare = causal_head_scores(multihead.hf.load_hf(tmp_path), vocab_size=VOCAB, length=10, batch=3)
+    assert bare.notes == [
+        "copying: LlamaModel has no unembedding (no lm_head, and its token embedding is not tied to one)"
+    ]
+    assert "copying" not in bare.scores
+    torch.testing.assert_close(bare.scores["induction"], got.scores["induction"], rtol=1e-4, atol=1e-6)
     eager = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     from multihead.tools import repeated_random_tokens
 

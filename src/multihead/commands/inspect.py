@@ -269,7 +269,7 @@ def _run_hf(text: str, hf: str, truncate: bool):
     record.source = name
     L, H = record.num_layers, record.layers[0].num_heads
     causal, more = None, []
-    if is_causal(model, hf=True):
+    if is_causal(model, hf=True, vocab_size=config.vocab_size):
         causal, more = score_causal(model, vocab_size=config.vocab_size, context=limit, tokenizer=tok)
     return record, enc, [*notices(enc, model=name), *more], lambda: hf_importance(model, ids, L, H), None, causal
 

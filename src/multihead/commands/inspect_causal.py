@@ -29,11 +29,11 @@ SHOWN_ROLES = ("induction", "previous_token", "duplicate_token", "copying")
 LENGTH, BATCH = 32, 8  # n and the number of sequences; n shrinks to fit a short context
 
 
-def is_causal(model: nn.Module, hf: bool) -> bool:
+def is_causal(model: nn.Module, hf: bool, vocab_size: int) -> bool:
     """Whether ``model`` hides later tokens: every head of a 4-token pass gives them exactly zero weight."""
     from ..tools.capture import capture
 
-    ids = torch.tensor([[0, 1, 2, 3]])  # (1, 4)
+    ids = torch.arange(4)[None] % vocab_size  # (1, 4)
     if hf:
         from ..hf import capture as hf_capture
 
@@ -59,7 +59,9 @@ def score_causal(
     """
     length = LENGTH if context is None else min(LENGTH, context // 2)
     if length < 2:
-        return None, [f"no causal roles: the context of {context} tokens cannot hold a sequence of 2 tokens and its repeat"]
+        return None, [
+            f"no causal roles: the context of {context} tokens cannot hold a sequence of 2 tokens and its repeat"
+        ]
     exclude = special_token_ids(tokenizer) if tokenizer is not None else []
     scores = causal_head_scores(model, vocab_size=vocab_size, length=length, batch=BATCH, exclude=exclude)
     return scores, [note.replace("copying: ", "no copying score for ", 1) for note in scores.notes]
@@ -70,9 +72,16 @@ def _heads_line(scores: CausalScores, role: str, per_role: int, width: int) -> s
     rule = f">= {limit:.2f}"
     found = scores.heads(role, limit)
     if not found:
-        valid = [(float(table[i, j]), i, j) for i in range(table.shape[0]) for j in range(table.shape[1]) if table[i, j] == table[i, j]]
+        valid = [
+            (float(table[i, j]), i, j)
+            for i in range(table.shape[0])
+            for j in range(table.shape[1])
+            if table[i, j] == table[i, j]
+        ]
         v, i, j = max(valid)
-        return f"  {role:<{width}}  {rule}  {'no head':>9}   closest: L{i} H{j} {v:.2f} (chance {scores.chance[role]:.2f})"
+        return (
+            f"  {role:<{width}}  {rule}  {'no head':>9}   closest: L{i} H{j} {v:.2f} (chance {scores.chance[role]:.2f})"
+        )
     shown = ", ".join(f"L{i} H{j} {float(table[i, j]):.2f}" for i, j in found[:per_role])
     more = f", +{len(found) - per_role} more" if len(found) > per_role else ""
     heads = f"{len(found)} head" + ("s" if len(found) != 1 else "")

@@ -56,6 +56,7 @@ _NO_LAYOUT = (
     "the model has no token embedding and unembedding the score knows "
     "(a multihead GPT, a Hugging Face GPT-2, Llama, Mistral, Qwen2 or Qwen3)"
 )
+_NO_UNEMBEDDING = "{} has no unembedding (no lm_head, and its token embedding is not tied to one)"
 # Hugging Face RMSNorms that scale by their weight as it is (Gemma's scales by 1 + weight: not here)
 _HF_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 _HF_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3"}
@@ -77,12 +78,11 @@ def copying_scores(
         ([L, width] float scores, NaN where a layer's heads have none) or
         None when no layer has one; and the reasons for what is missing.
     """
-    layout = _gpt_layout(model) or _hf_gpt2_layout(model) or _hf_llama_layout(model)
-    if layout is None:
-        return None, [f"copying: {_NO_LAYOUT}"]
+    layout = _gpt_layout(model) or _hf_gpt2_layout(model) or _hf_llama_layout(model) or _NO_LAYOUT
+    if isinstance(layout, str):
+        return None, [f"copying: {layout}"]
     embed, unembed, final, layers = layout
-    E, U = embed.detach().double()[allowed], unembed.detach().double()[allowed]  # (V', C)
-    K = E.T @ U @ final  # (C, C): W_E^T W_U N_f
+    K = _gram(embed, unembed, allowed) @ final  # (C, C): W_E^T W_U N_f
     table, notes = torch.full((len(names), width), float("nan")), []
     for row, name in enumerate(names):
         found = layers.get(name)
@@ -96,6 +96,23 @@ def copying_scores(
     if torch.isnan(table).all():
         return None, notes
     return table, notes
+
+
+def _w(t: torch.Tensor) -> torch.Tensor:
+    """A weight as float64 on the CPU (where the circuits are formed, whatever the model's device)."""
+    return t.detach().to("cpu", torch.float64)
+
+
+def _gram(embed: torch.Tensor, unembed: torch.Tensor, allowed: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """W_E^T W_U [C, C] over the ``allowed`` rows, accumulated a few thousand rows at a time
+    (a 50k-token vocabulary in float64 would otherwise take two copies of 300 MB)."""
+    C = embed.shape[1]
+    total = torch.zeros(C, C, dtype=torch.float64)
+    allowed = allowed.to(embed.device)
+    for lo in range(0, len(allowed), chunk):
+        rows = allowed[lo : lo + chunk]
+        total += _w(embed[rows]).T @ _w(unembed[rows])  # (C, r) @ (r, C)
+    return total
 
 
 def _score(N: torch.Tensor) -> float:
@@ -112,7 +129,7 @@ def _norm_matrix(norm: nn.Module, C: int) -> torch.Tensor | str:
     if isinstance(norm, nn.Identity):
         return torch.eye(C, dtype=torch.float64)
     gain = getattr(norm, "weight", None)
-    gain = torch.ones(C, dtype=torch.float64) if gain is None else gain.detach().double()
+    gain = torch.ones(C, dtype=torch.float64) if gain is None else _w(gain)
     if isinstance(norm, nn.LayerNorm):
         return torch.diag(gain) @ (torch.eye(C, dtype=torch.float64) - 1.0 / C)
     if isinstance(norm, nn.RMSNorm) or type(norm).__name__ in _HF_RMS_NORMS:
@@ -127,19 +144,19 @@ def _heads_of_mha(attn: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]] | 
     if type(attn) is not MultiHeadAttention:
         kind = getattr(attn, "kind", type(attn).__name__)
         return f"kind {kind!r} has no per-head OV circuit (only mha, gqa, mqa)"
-    if not isinstance(attn.out_proj, nn.Linear) or not all(
-        isinstance(w, torch.Tensor) for w, _ in attn.projection_weights().values()
-    ):
-        return "its projections are not plain Linear weights"
+    projections = [getattr(attn, n) for n in ("qkv_proj", "v_proj", "out_proj") if hasattr(attn, n)]
+    if not all(type(p) is nn.Linear for p in projections):  # weight-only int8/bf16 layers: no float weight
+        return "its projections are not plain Linear layers"
     H, G, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    Wv = attn.projection_weights()["v"][0].detach().double()  # (G*D, C)
-    Wo = attn.out_proj.weight.detach().double()  # (C, H*D)
+    Wv = _w(attn.projection_weights()["v"][0])  # (G*D, C)
+    Wo = _w(attn.out_proj.weight)  # (C, H*D)
     per = H // G
     return [(Wv[(h // per) * D : (h // per + 1) * D], Wo[:, h * D : (h + 1) * D]) for h in range(H)]
 
 
 def _gpt_layout(model: nn.Module):
-    """(W_E, W_U, N_f, {attention name: (N_l, heads) or why not}) of a multihead GPT layout, or None."""
+    """(W_E, W_U, N_f, {attention name: (N_l, heads) or why not}) of a multihead GPT layout, None when
+    the model is not one, or why it cannot be read (the ``_hf_*`` layouts answer the same way)."""
     names = ("token_embedding", "blocks", "ln_f", "lm_head")
     if not all(hasattr(model, n) for n in names) or not isinstance(model.token_embedding, nn.Embedding):
         return None
@@ -148,7 +165,7 @@ def _gpt_layout(model: nn.Module):
     C = model.token_embedding.weight.shape[1]
     final = _norm_matrix(model.ln_f, C)
     if isinstance(final, str):
-        return None
+        return f"the final {final[4:]}"
     names = {id(m): n for n, m in model.named_modules()}
     layers = {}
     for block in model.blocks:
@@ -174,7 +191,7 @@ def _hf_gpt2_layout(model: nn.Module):
     base = model.base_model
     out = model.get_output_embeddings()
     if out is None and not getattr(config, "tie_word_embeddings", True):
-        return None
+        return _NO_UNEMBEDDING.format(type(model).__name__)
     unembed = base.wte.weight if out is None else out.weight
     C = base.wte.weight.shape[1]
     final = _norm_matrix(base.ln_f, C)
@@ -183,8 +200,8 @@ def _hf_gpt2_layout(model: nn.Module):
     for block in base.h:
         attn = block.attn
         H, D = attn.num_heads, attn.head_dim
-        Wv = attn.c_attn.weight.detach().double()[:, 2 * C : 3 * C].T  # (C, 3C) -> (H*D, C)
-        Wo = attn.c_proj.weight.detach().double().T  # (H*D, C) -> (C, H*D)
+        Wv = _w(attn.c_attn.weight)[:, 2 * C : 3 * C].T  # (C, 3C) -> (H*D, C)
+        Wo = _w(attn.c_proj.weight).T  # (H*D, C) -> (C, H*D)
         heads = [(Wv[h * D : (h + 1) * D], Wo[:, h * D : (h + 1) * D]) for h in range(H)]
         norm = _norm_matrix(block.ln_1, C)
         layers[names[id(attn)]] = norm if isinstance(norm, str) else (norm, heads)
@@ -203,18 +220,18 @@ def _hf_llama_layout(model: nn.Module):
     base = model.base_model
     out = model.get_output_embeddings()
     if out is None and not getattr(config, "tie_word_embeddings", False):
-        return None
+        return _NO_UNEMBEDDING.format(type(model).__name__)
     embed = base.embed_tokens.weight
     C = embed.shape[1]
     final = _norm_matrix(base.norm, C)
     if isinstance(final, str):
-        return None
+        return f"the final {final[4:]}"
     names = {id(m): n for n, m in model.named_modules()}
     layers = {}
     for block in base.layers:
         attn = block.self_attn
         D, per = attn.head_dim, attn.num_key_value_groups
-        Wv, Wo = attn.v_proj.weight.detach().double(), attn.o_proj.weight.detach().double()  # (G*D, C), (C, H*D)
+        Wv, Wo = _w(attn.v_proj.weight), _w(attn.o_proj.weight)  # (G*D, C), (C, H*D)
         H = Wo.shape[1] // D
         heads = [(Wv[(h // per) * D : (h // per + 1) * D], Wo[:, h * D : (h + 1) * D]) for h in range(H)]
         norm = _norm_matrix(block.input_layernorm, C)

@@ -94,6 +94,14 @@ def test_verbose_lists_every_heads_causal_scores_before_the_role_table(checkpoin
     assert blocks[3].splitlines()[0].split()[:3] == ["layer", "head", "roles"]
 
 
+def test_a_context_too_short_for_a_repeat_gets_a_notice_and_no_causal_roles(tmp_path):
+    torch.manual_seed(0)
+    save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=3)), tmp_path / "short")
+    stdout, data, _ = inspected("ab", "--checkpoint", str(tmp_path / "short"), "--out", str(tmp_path / "o"))
+    note = "notice: no causal roles: the context of 3 tokens cannot hold a sequence of 2 tokens and its repeat"
+    assert note in stdout.splitlines() and "causal roles (" not in stdout and "causal" not in data
+
+
 def test_a_training_run_directory(tmp_path):
     (tmp_path / "text.txt").write_text("to be or not to be that is the question\n" * 100)
     flags = ["--preset", "tiny", "--context-length", "32", "--batch-size", "4", "--eval-batches", "1",
@@ -144,6 +152,10 @@ def test_the_page_shows_the_causal_roles_first_and_opens_their_heads(checkpoint,
         rows.nth(7).click()
         assert (hv.get_attribute("data-layer"), hv.get_attribute("data-head")) == ("1", "3")
         assert rows.nth(0).locator("td.hit").count() == 1  # L0 H0: previous_token only
+        inspected(PROMPT, "--checkpoint", str(checkpoint), "--layer", "1", "--out", str(tmp_path / "one"))
+        page.goto((tmp_path / "one" / "heads.html").as_uri())  # layer 0's weights on the text were not captured
+        page.wait_for_selector("body[data-ready='true']", timeout=5000)
+        assert page.locator("button.causal-head", has_text="L0 H0 1.00").is_disabled()
         page.goto(encoder.as_uri())
         page.wait_for_selector("body[data-ready='true']", timeout=5000)
         assert page.is_hidden("#causal") and page.evaluate(ROLE_ORDER) == []

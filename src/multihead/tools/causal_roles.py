@@ -22,8 +22,9 @@ the rows named and then over the batch:
                                                           Olsson et al. 2022)
 
 A head that spreads its weight evenly over the i + 1 keys it sees has the
-chance level mean(1/(i+1)) over the role's rows (``CausalScores.chance``;
-about ln(2n)/(2n)), so a score well above that is the head's choice. Random
+chance level mean(1/(i+1)) over the role's rows (``CausalScores.chance``:
+about (ln(2n) - 0.42)/(2n) for previous_token, ln(2)/n for the other two;
+0.059 and 0.021 at n = 32), so a score well above that is the head's choice. Random
 tokens carry no meaning, so a head that attends to a token's successor here
 does so by the induction mechanism, not by what it knows of language. Signed
 weights (DCMHA, talking heads, differential attention) are read as they are:

@@ -141,6 +141,10 @@ def test_the_page_shows_the_causal_roles_first_and_opens_their_heads(checkpoint,
         assert page.evaluate(ROLE_ORDER) == ["induction", "previous_token", "duplicate_token", "copying"]
         previous = page.locator("#causal-roles li[data-role='previous_token']")
         assert "\u2265 0.40" in previous.inner_text() and "1 head" in previous.inner_text()
+        data = json.loads((tmp_path / "gpt" / "heads.json").read_text())["causal"]["scores"]["induction"]
+        best = max((v, i, j) for i, row in enumerate(data) for j, v in enumerate(row))
+        closest = f"closest: L{best[1]} H{best[2]} {best[0]:.2f}"
+        assert closest in page.locator("#causal-roles li[data-role='induction']").inner_text()
         page.locator(".mv-cell").nth(6).click()  # layer 1 head 2 in the model view
         hv = page.locator("#head-view")
         assert (hv.get_attribute("data-layer"), hv.get_attribute("data-head")) == ("1", "2")

@@ -550,6 +550,11 @@
       name.title = role.meaning;
       item.append(name, el("span", "legend-rule", "\u2265 " + role.threshold.toFixed(2)),
         el("span", "muted", "chance " + fmt(role.chance) + " \u00b7 " + plural(found.length, "head")));
+      if (!found.length) {  /* the head that came closest, as the printout names it */
+        let best = null;
+        C.scores[role.name].forEach((r, li) => r.forEach((v, h) => { if (v !== null && (!best || v > best[0])) best = [v, li, h]; }));
+        if (best) item.appendChild(el("span", "muted", "closest: L" + best[1] + " H" + best[2] + " " + fmt(best[0])));
+      }
       for (const [v, li, h] of found) {
         const button = el("button", "causal-head", "L" + li + " H" + h + " " + fmt(v));
         button.type = "button";

@@ -10,7 +10,13 @@ speed-up with its spread."""
 
 from .activations import ACTIVATION_NAMES, Activations, LayerActivations
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
-from .causal_roles import CAUSAL_ROLES, CausalScores, causal_head_scores, repeated_random_tokens
+from .causal_roles import (
+    CAUSAL_ROLES,
+    CausalScores,
+    causal_head_scores,
+    repeated_random_tokens,
+    special_token_ids,
+)
 from .convert_heads import to_gqa
 from .distill import distillation, divergence
 from .effects_view import write_effects_html, write_effects_png
@@ -60,6 +66,7 @@ __all__ = [
     "CausalScores",
     "CAUSAL_ROLES",
     "repeated_random_tokens",
+    "special_token_ids",
     "AttentionRecord",
     "LayerAttention",
     "attention_modules",

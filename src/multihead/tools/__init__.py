@@ -1,13 +1,14 @@
 """Tools that take models or tensors: capture attention, score head roles,
 draw the views, mask heads and score their importance (gradient,
 ablation, learned gates) on the objectives of a GPT or a sentence
-encoder, prune heads, convert MHA to GQA, distil a converted or pruned
+encoder, prune heads, convert MHA to GQA or MLA, distil a converted or pruned
 model back towards the original, count a model's KV cache and time a
 speed-up with its spread."""
 
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .causal_roles import CAUSAL_ROLES, CausalScores, causal_head_scores, repeated_random_tokens
 from .convert_heads import to_gqa
+from .convert_mla import to_mla
 from .distill import distillation, divergence
 from .flops import KVCacheSize, kv_cache_size
 from .gate_importance import GateSweep, GateTraining, gate_sweep
@@ -85,6 +86,7 @@ __all__ = [
     "measure_speedup",
     "Speedup",
     "to_gqa",
+    "to_mla",
     "prune_heads",
     "prune_closed_heads",
     "recover",

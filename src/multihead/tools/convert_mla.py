@@ -1,7 +1,7 @@
 """Convert a trained model's multi-head attention into multi-head latent attention.
 
-    to_mla(model, kv_rank=r)                                        "svd"
-    to_mla(model, r, method="activation", calibration=[x0, x1, ...])  "activation"
+    to_mla(model, r, calibration=[x0, x1, ...])      "activation" (the default)
+    to_mla(model, r, method="svd")                   "svd": no data
 
 ``model`` is a GPT, a BertEncoder or a SentenceEncoder (its ``encoder`` is
 converted; tokenizer and pooling are kept), with "mha", "gqa" or "mqa"
@@ -36,9 +36,9 @@ output by exactly d_v (its weights sum to 1), so d_v = b_v + (W_v − B_v·A)·�
 (b_o += Σ_h W_o,h d_v,h). Queries and ``out_proj``'s weight are copied. The
 "mla" layers take ``kv_norm=False`` (the latent is not normalised) and
 ``qk_rope_head_dim=0`` (no rope part: the source has absolute positions),
-Dn = Dv = D, so scale = 1/√D as before. At r = rank(W) (at most 2·G·D, C for
-a model of width C) the converted model computes the original's function up
-to rounding; the folding is exact in eval mode (dropout on the weights
+Dn = Dv = D, so scale = 1/√D as before. At r = rank(W), at most
+min(2·G·D, C) (C = 384 for MiniLM), the converted model computes the
+original's function up to rounding; the folding is exact in eval mode (dropout on the weights
 breaks the sum to 1), and a query row that sees no key at all outputs
 W_o·d_v where the source outputs 0 (no such row in a causal or padded model).
 
@@ -93,6 +93,8 @@ def check_kv_rank(kv_rank: object, layers: list[nn.Module]) -> int:
 
 
 def _check(model: nn.Module, kv_rank: int, method: str, calibration) -> list[MultiHeadAttention]:
+    if not isinstance(model, (GPT, BertEncoder, SentenceEncoder)):
+        raise TypeError(f"to_mla takes a GPT, BertEncoder or SentenceEncoder, got {type(model).__name__}")
     _, attentions = _backbone(model)
     if method not in MLA_METHODS:
         raise ValueError(f"unknown method={method!r}; valid methods: {list(MLA_METHODS)}")
@@ -114,7 +116,10 @@ def _check(model: nn.Module, kv_rank: int, method: str, calibration) -> list[Mul
                              f"to_mla converts self-attention layers (width {attn.embed_dim})")  # fmt: skip
     check_kv_rank(kv_rank, attentions)
     if method == "activation" and calibration is None:
-        raise ValueError("method='activation' needs calibration: an iterable of token batches (see to_mla)")
+        raise ValueError(
+            "method='activation' (the default) needs calibration: an iterable of token batches "
+            "(see to_mla); method='svd' needs none"
+        )
     if method == "svd" and calibration is not None:
         raise ValueError("method='svd' takes no calibration (got one); it is used by method='activation'")
     return attentions
@@ -173,7 +178,7 @@ def _convert_layer(old: MultiHeadAttention, new: nn.Module, r: int, moments: tup
     """Write ``new``'s (an "mla" layer's) weights from ``old``, computed in float64."""
     H, G, D = old.num_heads, old.num_kv_heads, old.head_dim
     weights = {n: (w.double(), None if b is None else b.double()) for n, (w, b) in old.projection_weights().items()}
-    (wq, bq), (wk, bk), (wv, bv) = weights["q"], weights["k"], weights["v"]
+    (wq, bq), (wk, _), (wv, bv) = weights["q"], weights["k"], weights["v"]  # the key bias is dropped (exact)
     W = torch.cat([wk, wv])  # (2*G*D, C)
     U = _factor(W, r, moments)  # (2*G*D, r)
     A = U.T @ W  # (r, C)
@@ -219,7 +224,7 @@ def _rebuilt(model: nn.Module, r: int, decode: str) -> nn.Module:
     return new
 
 
-def to_mla(model: nn.Module, kv_rank: int, *, method: str = "svd", calibration: Iterable | None = None,
+def to_mla(model: nn.Module, kv_rank: int, *, method: str = "activation", calibration: Iterable | None = None,
            decode: str = "absorbed"):  # fmt: skip
     """A new model whose every attention layer is "mla" with a latent of ``kv_rank`` channels.
 
@@ -228,7 +233,10 @@ def to_mla(model: nn.Module, kv_rank: int, *, method: str = "svd", calibration: 
             "gqa" or "mqa" without rope, qk_norm or sinks (left untouched);
             a pruned one keeps its per-layer query heads.
         kv_rank: r, the latent width, in [1, 2·G·D] (2·C for MHA).
-        method: "svd" or "activation" (module docstring).
+        method: "activation" (default) or "svd" (module docstring);
+            "activation" keeps far more of the model at every rank below
+            full (docs/surgery.md: MiniLM at r = 128, mean cosine 0.96
+            against 0.67).
         calibration: for "activation" only: batches run through ``model``
             (the forms of ``to_gqa``; padded positions are left out).
         decode: the "mla" layers' path, "absorbed" (the cache holds the
@@ -263,4 +271,3 @@ def to_mla(model: nn.Module, kv_rank: int, *, method: str = "svd", calibration: 
         )
         new.train(model.training)
     return new
-

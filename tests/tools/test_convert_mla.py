@@ -245,3 +245,15 @@ def test_refusals_name_the_values():
     with pytest.raises(ValueError, match="calibration holds no batches"):
         to_mla(model, 8, calibration=[])
     assert dataclasses.asdict(model.config)["attention"] == "mha"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_conversion_equals_the_cpu_one_and_decodes_from_the_latent_cache():
+    model = _gpt()
+    calibration = [_tokens(12, (4, 16))]
+    want = to_mla(model, 24, calibration=calibration)
+    got = to_mla(model.to("cuda"), 24, calibration=[x.to("cuda") for x in calibration])
+    assert next(got.parameters()).device.type == "cuda"
+    for name, tensor in want.state_dict().items():
+        torch.testing.assert_close(got.state_dict()[name].cpu(), tensor, msg=name)
+    assert_cached_generation_agrees(got, _tokens(13, (2, 5)).to("cuda"), 4)

@@ -167,7 +167,9 @@ def _factor(W: torch.Tensor, r: int, moments: tuple | None) -> torch.Tensor:
     if moments is not None:
         sigma = moments[1]
         C = sigma.shape[0]
-        evals, evecs = torch.linalg.eigh(sigma + _RIDGE * sigma.trace() / C * torch.eye(C, dtype=sigma.dtype))
+        evals, evecs = torch.linalg.eigh(
+            sigma + _RIDGE * sigma.trace() / C * torch.eye(C, dtype=sigma.dtype, device=sigma.device)
+        )
         W = W @ (evecs * evals.clamp_min(0).sqrt()) @ evecs.T  # W Σ^½
     U, _, _ = torch.linalg.svd(W, full_matrices=True)  # (2GD, 2GD)
     return U[:, :r]
@@ -182,10 +184,10 @@ def _convert_layer(old: MultiHeadAttention, new: nn.Module, r: int, moments: tup
     W = torch.cat([wk, wv])  # (2*G*D, C)
     U = _factor(W, r, moments)  # (2*G*D, r)
     A = U.T @ W  # (r, C)
-    d_v = torch.zeros(G * D, dtype=W.dtype) if bv is None else bv.clone()  # (G*D,)
+    d_v = torch.zeros(G * D, dtype=W.dtype, device=W.device) if bv is None else bv.clone()  # (G*D,)
     if moments is not None:
         d_v += (W - U @ A)[G * D :] @ moments[0]  # the values' constant error at the mean input
-    per_head = torch.arange(H) // (H // G)  # key/value head of each query head
+    per_head = torch.arange(H, device=W.device) // (H // G)  # key/value head of each query head
     B_k, B_v = U[: G * D].reshape(G, D, r)[per_head], U[G * D :].reshape(G, D, r)[per_head]  # (H, D, r)
     new.q_proj.weight.copy_(wq)
     if bq is not None:

@@ -107,7 +107,8 @@ DESCRIPTION = (
     "converted model into --out (whole or not at all) and prints parameters and KV-cache bytes per token "
     "before and after, the validation loss (a GPT run, GPT-2) or the held-out fidelity (an encoder); "
     "report.json holds the same. Examples: multihead convert --to mqa --model minilm-l6 --out minilm-mqa; "
-    "multihead convert --to gqa --num-kv-heads 2 --hf path/to/gpt2 --out gpt2-gqa. See docs/surgery.md."
+    "multihead convert --to gqa --num-kv-heads 2 --hf path/to/gpt2 --out gpt2-gqa; "
+    "multihead convert --to mla --kv-rank 128 --model minilm-l6 --out minilm-mla128. See docs/surgery.md."
 )
 
 

@@ -162,10 +162,11 @@ def test_positions_round_trip_and_learned_is_left_out_of_the_dict():
         GPTConfig(vocab_size=8, context_length=8, embed_dim=8, num_layers=1, num_heads=2, positions="abs")
 
 
-def test_checkpoints_keep_positions(tmp_path):
+@pytest.mark.parametrize("positions", ["rope", "alibi"])
+def test_checkpoints_keep_positions(tmp_path, positions):
     from multihead.models.checkpoint import load_checkpoint, save_checkpoint
 
-    model = tiny("rope", num_layers=2, layer_attention_options=[{"window": 4}, {}])
+    model = tiny(positions, num_layers=2, layer_attention_options=[{"window": 4}, {}])
     save_checkpoint(model, tmp_path / "ckpt")
     loaded = load_checkpoint(tmp_path / "ckpt").double().eval()
     assert loaded.config == model.config

@@ -66,17 +66,39 @@ def test_a_deep_model_with_local_and_global_layers_equals_the_token_by_token_rec
     torch.testing.assert_close(logits, recomputed(model, tokens, T0, sinks, window), rtol=1e-9, atol=1e-9)
 
 
-def test_streaming_with_the_original_positions_would_differ():
-    """The reference above tells the two rules apart: rope at the original positions is another computation."""
-    model, sinks, window = tiny("rope"), 2, 5
+@pytest.mark.parametrize(("kind", "options"), [
+    ("mha", {"rope": True}),
+    ("gqa", {"num_kv_heads": 2, "rope": {"rotary_dim": 4}, "qk_norm": True}),
+    ("collaborative", {"rope": True, "qk_norm": True}),
+])  # fmt: skip
+def test_a_layer_with_a_cache_slot_streaming_cache_attends_as_over_the_kept_inputs(kind, options):
+    """Rope (and qk_norm) after the write: the same as the layer over the kept inputs
+    alone, where the rule of original positions is another computation."""
+    from multihead import build_attention
+
+    torch.manual_seed(3)
+    attn = build_attention(kind, embed_dim=32, num_heads=4, **options).double().eval()
+    sinks, window = 2, 5
     x = torch.randn(1, 30, 32, dtype=torch.float64)
-    attn, outs = model.blocks[0].attn, {}
+    outs = {}
     for rule in ("cache", "original"):
         cache = streaming_cache(attn, 1, sink_tokens=sinks, window=window, max_step=1, positions=rule)
         outs[rule] = torch.cat([attn(x[:, p : p + 1], is_causal=True, kv_cache=cache) for p in range(30)], dim=1)
     slot = torch.stack([attn(x[:, kept(p, sinks, window)], is_causal=True)[:, -1] for p in range(30)], dim=1)
     torch.testing.assert_close(outs["cache"], slot, rtol=1e-9, atol=1e-9)
     assert not torch.allclose(outs["original"][:, 10:], slot[:, 10:], atol=1e-6)
+
+
+def test_a_cache_slot_streaming_cache_refuses_positions_and_unknown_rules():
+    from multihead import build_attention
+
+    attn = build_attention("mha", embed_dim=16, num_heads=2, rope=True)
+    cache = streaming_cache(attn, 1, sink_tokens=1, window=3, max_step=1, positions="cache")
+    with pytest.raises(ValueError, match="positions cannot be given with a streaming cache of positions='cache'"):
+        attn(torch.randn(1, 1, 16), is_causal=True, kv_cache=cache, positions=torch.tensor([5]))
+    assert cache.length == 0
+    with pytest.raises(ValueError, match=r"positions must be one of \['original', 'cache'\], got positions='slots'"):
+        streaming_cache(attn, 1, sink_tokens=1, window=3, max_step=1, positions="slots")
 
 
 def test_memory_stays_bounded_while_generating_three_times_the_context(monkeypatch):

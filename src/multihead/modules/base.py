@@ -3,7 +3,8 @@
     forward(query [B, T, C], key [B, S, kdim] | None, value | None)
       check_call                          shapes, widths, dtypes, cache use
       q, k, v, extra = to_heads(...)      [kind] project, plus per-call extras
-      q, k = position_qk(q, k, ...)       qk_norm -> rope (self.qk_norm, self.rope)
+      q, k = position_qk(q, k, ...)       qk_norm -> rope (self.qk_norm, self.rope); after the
+                                          write for a streaming cache of positions="cache"
       with rollback_on_error(kv_cache):   a failing call leaves the cache as it was
           k, v, extra = write_cache(...)  [kind layout] append, read everything cached
           mask = attn_mask AND key_mask

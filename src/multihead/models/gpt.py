@@ -317,11 +317,11 @@ def block_attention(config: GPTConfig, layer: int = 0, **factory: Any) -> nn.Mod
         **heads,
         **factory,
     }
-    if not config.layer_attention_options:
-        return build_attention(config.attention, embed_dim=config.embed_dim, **options)
     try:
         return build_attention(config.attention, embed_dim=config.embed_dim, **options)
     except (TypeError, ValueError) as e:  # name the per-layer entry the block was built with
+        if not config.layer_attention_options:
+            raise
         n = len(config.layer_attention_options)
         entry = config.layer_attention_options[layer % n]
         raise type(e)(f"block {layer} (layer_attention_options[{layer % n}] = {entry}): {e}") from None

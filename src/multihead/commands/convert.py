@@ -71,7 +71,7 @@ from ..paths import output_folder
 from ..tools.convert_heads import METHODS
 from ..tools.convert_mla import MLA_METHODS
 from .checking import checking
-from .encoder_inputs import HELDOUT_LINES, shakespeare_lines
+from .encoder_inputs import HELDOUT_LINES, check_heldout_lines, shakespeare_lines
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
@@ -196,8 +196,7 @@ def _check_options(to: str, num_kv_heads: int | None, method: str, calibration_d
                              f'("{method}" uses no calibration)')
     if calibration_batches is not None and calibration_batches < 1:
         raise ValueError(f"--calibration-batches {calibration_batches}: give a number >= 1")
-    if heldout is not None and heldout < 2:
-        raise ValueError(f"--heldout-lines {heldout}: give a number >= 2 (neighbours are ranked among them)")
+    check_heldout_lines(heldout)
     return 1 if to == "mqa" else num_kv_heads if to == "gqa" else None
 
 

@@ -88,7 +88,7 @@ from ..tools.objectives import (
     gpt_scores,
 )
 from .checking import checking
-from .encoder_inputs import HELDOUT_LINES, SEED, shakespeare_lines
+from .encoder_inputs import HELDOUT_LINES, SEED, check_heldout_lines, shakespeare_lines
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
@@ -182,8 +182,7 @@ def _check_options(method: str, keep: float, lines: int, heldout: int | None) ->
         raise ValueError(f"--keep {keep}: give the fraction of heads to keep, in (0, 1]")
     if lines < 2:
         raise ValueError(f"--calibration-lines {lines}: give a number >= 2")
-    if heldout is not None and heldout < 2:
-        raise ValueError(f"--heldout-lines {heldout}: give a number >= 2 (neighbours are ranked among them)")
+    check_heldout_lines(heldout)
 
 
 def _check_gates(method: str, penalties: tuple[float, ...] | None, steps: int | None) -> None:

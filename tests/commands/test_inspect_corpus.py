@@ -66,6 +66,7 @@ def test_verbose_prints_the_table_with_mean_spread_and_texts(tmp_path):
     assert len(table) == 1 + 12 and all(row.split()[3] == "12" for row in table[1:])
     assert all(re.fullmatch(r"\d\.\d\d±\d\.\d\d", cell) for row in table[1:] for cell in row.split()[-10:-2])
     assert "texts     no role  texts of the corpus that measured the head" in stdout
+    assert "rare      >= 0.50  mean weight on the text's word that is rarest in the corpus" in stdout
     saved = json.loads((tmp_path / "heads.json").read_text())
     assert saved["query_tokens"] == ["[CLS]", "a", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
     assert [entry["layer"] for entry in saved["layers"]] == [0]

@@ -17,7 +17,8 @@ import torch
 
 from multihead.models.gpt import GPT, GPTConfig
 from multihead.tools.capture import AttentionRecord, LayerAttention, capture
-from multihead.tools.corpus_roles import EvidenceRule, corpus_roles, score_records
+from multihead.tools.corpus_roles import corpus_roles, score_records
+from multihead.tools.corpus_stats import EvidenceRule
 from multihead.tools.corpus_table import corpus_table, format_corpus_roles
 from multihead.tools.roles import ROLE_THRESHOLDS, classify_heads
 

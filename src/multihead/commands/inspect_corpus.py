@@ -29,10 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..paths import input_file
-from ..tools.corpus_roles import CorpusHeadRoles, CorpusRoles, corpus_roles
+from ..tools.corpus_roles import CorpusRoles, corpus_roles
+from ..tools.corpus_stats import CorpusHeadRoles
 from ..tools.corpus_table import (
     SPREAD_MARKS,
     TEXTS_MEANING,
+    corpus_meanings,
     corpus_rule,
     format_corpus_legend,
     format_corpus_roles,
@@ -187,7 +189,8 @@ def report_corpus(
     roles = [h.to_dict() for h in found.heads]
     legend = {"roles": {"meaning": f"{corpus_rule(found)}; {SPREAD_MARKS}", "threshold": None},
               "texts": {"meaning": TEXTS_MEANING, "threshold": None}}  # fmt: skip
-    legend.update({name: {"meaning": m, "threshold": t} for name, m, t in role_legend(found.thresholds, masses=True)})
+    meanings = corpus_meanings()
+    legend.update({name: {"meaning": meanings[name], "threshold": t} for name, _, t in role_legend(found.thresholds, masses=True)})
     notes = [*main.notices, f"the role table holds each head's mean \u00b1 sd over {plural(found.texts, 'text')} "
              f"of {Path(path).name}; the head and model views show the main text"]  # fmt: skip
     paths = {

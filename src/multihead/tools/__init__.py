@@ -1,5 +1,5 @@
-"""Tools that take models or tensors: capture attention, score head roles,
-draw the views, mask heads and score their importance (gradient,
+"""Tools that take models or tensors: capture attention, score head roles
+(on one text, or over a corpus with their spread), draw the views, mask heads and score their importance (gradient,
 ablation, learned gates) on the objectives of a GPT or a sentence
 encoder, prune heads, convert MHA to GQA, distil a converted or pruned
 model back towards the original, count a model's KV cache and time a
@@ -8,6 +8,9 @@ speed-up with its spread."""
 from .capture import AttentionRecord, LayerAttention, attention_modules, capture
 from .causal_roles import CAUSAL_ROLES, CausalScores, causal_head_scores, repeated_random_tokens
 from .convert_heads import to_gqa
+from .corpus_roles import CorpusRoles, corpus_roles, score_records
+from .corpus_stats import CorpusHeadRoles, EvidenceRule, ScoreSpread
+from .corpus_table import corpus_table, format_corpus_roles
 from .distill import distillation, divergence
 from .flops import KVCacheSize, kv_cache_size
 from .gate_importance import GateSweep, GateTraining, gate_sweep
@@ -52,6 +55,14 @@ __all__ = [
     "attention_modules",
     "classify_heads",
     "HeadRoles",
+    "corpus_roles",
+    "score_records",
+    "CorpusRoles",
+    "CorpusHeadRoles",
+    "ScoreSpread",
+    "EvidenceRule",
+    "corpus_table",
+    "format_corpus_roles",
     "ROLE_THRESHOLDS",
     "ROLE_MARGIN",
     "SCORE_MEANINGS",

@@ -45,114 +45,23 @@ terminal, plain lines in a log).
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .._checks import positive_int
 from ..progress import ProgressBar
-from ..train.compare_stats import t_quantile
 from .capture import AttentionRecord
+from .corpus_stats import CorpusHeadRoles, EvidenceRule, PerTextScores, summarise
 from .roles import ROLE_MARGIN, HeadRoles, _thresholds, classify_heads
 
-__all__ = [
-    "TOKEN_ROLES", "EvidenceRule", "ScoreSpread", "CorpusHeadRoles", "CorpusRoles", "corpus_roles",
-    "score_records",
-]  # fmt: skip
+__all__ = ["CorpusRoles", "corpus_roles", "score_records"]
 
 #: Roles about a kind of key token: their evidence also counts those keys.
-TOKEN_ROLES = ("cls", "sep", "punct", "rare")
-_LEVEL = 0.975  # two-sided 95%
-
-
-@dataclass(frozen=True)
-class EvidenceRule:
-    """How much a score must have been measured on before it can give a role.
-
-    Attributes:
-        min_texts: texts that measured the score.
-        min_rows: query rows it averaged, over those texts.
-        min_keys: cls/sep/punct/rare only: key positions of that kind, over those texts.
-    """
-
-    min_texts: int = 3
-    min_rows: int = 30
-    min_keys: int = 3
-
-    def __post_init__(self) -> None:
-        for name in ("min_texts", "min_rows", "min_keys"):
-            positive_int(name, getattr(self, name))
-
-    def holds(self, role: str, spread: ScoreSpread) -> bool:
-        """Whether ``spread`` (the score of ``role``) was measured on enough to give the role."""
-        keys_ok = role not in TOKEN_ROLES or (spread.keys or 0) >= self.min_keys
-        return spread.texts >= self.min_texts and spread.rows >= self.min_rows and keys_ok
-
-    def describe(self) -> str:
-        return (f"measured on >= {self.min_texts} texts and >= {self.min_rows} query rows "
-                f"(cls/sep/punct/rare: and >= {self.min_keys} such key tokens)")  # fmt: skip
-
-
-@dataclass
-class ScoreSpread:
-    """One score of one head over the corpus (see the module docstring)."""
-
-    mean: float
-    sd: float | None
-    low: float | None
-    high: float | None
-    texts: int
-    rows: int
-    keys: int | None = None
-    chance: float | None = None
-
-
-@dataclass
-class CorpusHeadRoles:
-    """The roles of one head over a corpus.
-
-    Attributes:
-        layer, head, name: as ``HeadRoles``.
-        labels: roles given (mean past threshold and margin, with evidence).
-        stats: score name -> ``ScoreSpread``.
-        withheld: roles whose mean passed but whose evidence fell short.
-        texts: texts that measured the head at all.
-        enough: score name -> whether its evidence suffices (roles only).
-    """
-
-    layer: int
-    head: int
-    name: str
-    labels: list[str]
-    stats: dict[str, ScoreSpread]
-    withheld: list[str] = field(default_factory=list)
-    texts: int = 0
-    enough: dict[str, bool] = field(default_factory=dict)
-
-    @property
-    def scores(self) -> dict[str, float]:
-        """score name -> mean over the texts."""
-        return {name: s.mean for name, s in self.stats.items()}
-
-    def to_dict(self) -> dict:
-        """The role mapping ``visualize`` draws (means as ``scores``) with the spread and evidence."""
-        stats = self.stats.items()
-        return {
-            "layer": self.layer, "head": self.head, "labels": list(self.labels), "scores": self.scores,
-            "chance": {n: s.chance for n, s in stats if s.chance is not None},
-            "spread": {n: s.sd for n, s in stats if s.sd is not None},
-            "interval": {n: [s.low, s.high] for n, s in stats if s.low is not None},
-            "evidence": {n: {"texts": s.texts, "rows": s.rows, "keys": s.keys, "enough": self.enough.get(n)}
-                         for n, s in stats},
-            "texts": self.texts, "withheld": list(self.withheld),
-        }  # fmt: skip
-
-
 @dataclass
 class CorpusRoles:
     """What ``corpus_roles`` found.
@@ -175,96 +84,6 @@ class CorpusRoles:
     thresholds: dict[str, float]
     margin: float
     evidence: EvidenceRule
-
-
-class _Scores:
-    """Per-text scores of every head, kept as rows of a [texts, heads] table per score."""
-
-    def __init__(self, n_texts: int) -> None:
-        self.n = n_texts
-        self.heads: list[tuple[int, int, str]] | None = None
-        self.values: dict[str, torch.Tensor] = {}
-        self.rows: dict[str, torch.Tensor] = {}
-        self.keys: dict[str, torch.Tensor] = {}
-        self.chance: dict[str, torch.Tensor] = {}
-
-    def _column(self, table: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-        if name not in table:
-            table[name] = torch.full((self.n, len(self.heads)), math.nan, dtype=torch.float64)
-        return table[name]
-
-    def add(self, index: int, roles: list[HeadRoles]) -> None:
-        heads = [(r.layer, r.head, r.name) for r in roles]
-        if self.heads is None:
-            self.heads = heads
-        elif heads != self.heads:
-            raise ValueError(f"text {index} was recorded with other layers or heads than the first text: "
-                             f"{len(heads)} heads against {len(self.heads)}; capture every text with the same model")  # fmt: skip
-        for j, r in enumerate(roles):
-            scores = dict(r.scores)
-            if r.entropy is not None:
-                scores["entropy"] = r.entropy
-            if r.mean_distance is not None:
-                scores["distance"] = r.mean_distance
-            for name, value in scores.items():
-                self._column(self.values, name)[index, j] = value
-                used = r.rows.get(name, r.rows.get("broad", 0))  # entropy, distance: broad's rows
-                self._column(self.rows, name)[index, j] = used
-                if name in r.keys:
-                    self._column(self.keys, name)[index, j] = r.keys[name]
-                if name in r.chance:
-                    self._column(self.chance, name)[index, j] = r.chance[name]
-
-
-@functools.lru_cache(maxsize=64)
-def _t(df: int) -> float:
-    """The 97.5% quantile of Student's t; above 1000 degrees of freedom its expansion
-    z + (z^3 + z) / (4 df), which is within 1e-6 there."""
-    if df <= 1000:
-        return t_quantile(_LEVEL, df)
-    z = 1.959963984540054
-    return z + (z**3 + z) / (4 * df)
-
-
-def _spread(x: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor | None, chance: torch.Tensor | None) -> ScoreSpread | None:
-    """ScoreSpread of one head's per-text column ``x`` [texts] (NaN: not measured)."""
-    seen = ~torch.isnan(x)
-    n = int(seen.sum())
-    if n == 0:
-        return None
-    v = x[seen]
-    mean = float(v.mean())
-    sd = low = high = None
-    if n > 1:
-        sd = float(v.std(correction=1))
-        half = _t(n - 1) * sd / math.sqrt(n)
-        low, high = mean - half, mean + half
-    k = None if keys is None else int(keys[seen].nan_to_num(0.0).sum())
-    c = None if chance is None or bool(torch.isnan(chance[seen]).all()) else float(chance[seen].nanmean())
-    return ScoreSpread(mean, sd, low, high, n, int(rows[seen].sum()), k, c)
-
-
-def _summarise(scores: _Scores, limits: dict[str, float], margin: float, rule: EvidenceRule) -> list[CorpusHeadRoles]:
-    out = []
-    for j, (layer, head, name) in enumerate(scores.heads or []):
-        stats: dict[str, ScoreSpread] = {}
-        for score, table in scores.values.items():
-            keys, chance = scores.keys.get(score), scores.chance.get(score)
-            found = _spread(table[:, j], scores.rows[score][:, j], None if keys is None else keys[:, j],
-                            None if chance is None else chance[:, j])  # fmt: skip
-            if found is not None:
-                stats[score] = found
-        labels, withheld, enough = [], [], {}
-        for role, limit in limits.items():
-            s = stats.get(role)
-            if s is None:
-                continue
-            enough[role] = rule.holds(role, s)
-            if s.mean >= limit and (s.chance is None or s.mean - s.chance >= margin):
-                (labels if enough[role] else withheld).append(role)
-        texts = stats["broad"].texts if "broad" in stats else 0
-        out.append(CorpusHeadRoles(layer, head, name, labels, stats, withheld, texts, enough))
-    return out
 
 
 def _frequencies(token_lists: Sequence[Sequence[str]], given: Mapping[str, float] | None) -> dict[str, float]:
@@ -348,10 +167,10 @@ def score_records(
         raise ValueError("records is empty: give at least one captured text")
     keys = [one.key_tokens if one.key_tokens is not None else one.query_tokens for one in items]
     freqs = _frequencies(keys, token_frequencies)
-    scores = _Scores(len(items))
+    scores = PerTextScores(len(items))
     for index, one in enumerate(items):
         scores.add(index, _score_item(one, freqs, None, limits, margin, rare_k))
-    return CorpusRoles(_summarise(scores, limits, margin, evidence), len(items), sum(map(len, keys)), freqs,
+    return CorpusRoles(summarise(scores, limits, margin, evidence), len(items), sum(map(len, keys)), freqs,
                        scores.values, limits, margin, evidence)  # fmt: skip
 
 
@@ -407,7 +226,7 @@ def corpus_roles(
     freqs = _frequencies([tokens for _, tokens in encoded], token_frequencies)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))  # similar lengths share a batch
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    scores = _Scores(len(encoded))
+    scores = PerTextScores(len(encoded))
     bar = ProgressBar(len(batches), desc=desc, unit="batch", enabled=progress)
     try:
         for batch in batches:
@@ -418,5 +237,5 @@ def corpus_roles(
             bar.update(note=f"{len(batch)} texts")
     finally:
         bar.close()
-    return CorpusRoles(_summarise(scores, limits, margin, evidence), len(encoded),
+    return CorpusRoles(summarise(scores, limits, margin, evidence), len(encoded),
                        sum(len(ids) for ids, _ in encoded), freqs, scores.values, limits, margin, evidence)  # fmt: skip

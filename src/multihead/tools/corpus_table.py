@@ -16,17 +16,24 @@ from __future__ import annotations
 import textwrap
 
 from .corpus_roles import CorpusRoles
-from .roles import NO_ROLE, format_legend
+from .roles import NO_ROLE, SCORE_MEANINGS, format_legend
 
-__all__ = ["corpus_table", "format_corpus_roles", "corpus_rule", "format_corpus_legend", "TEXTS_MEANING",
-           "SPREAD_MARKS"]  # fmt: skip
+__all__ = ["corpus_table", "format_corpus_roles", "corpus_rule", "format_corpus_legend", "corpus_meanings",
+           "TEXTS_MEANING", "SPREAD_MARKS"]  # fmt: skip
 
 _COLUMNS = ("previous", "next", "self", "cls", "sep", "punct", "broad", "rare", "entropy", "distance")
 #: The texts column, in the terminal legend and the page's.
 TEXTS_MEANING = "texts of the corpus that measured the head (each text counts once in every mean)"
 #: What the marks of a corpus table mean.
+#: The rare score over a corpus reads the corpus's frequencies.
+RARE_MEANING = "mean weight on the text's word that is rarest in the corpus"
 SPREAD_MARKS = ("each score is mean±sd over the texts that measured it; '*': a role's score measured on too "
                 "little to give the role; (role) in the roles column: its mean passed, its evidence did not")  # fmt: skip
+
+
+def corpus_meanings() -> dict[str, str]:
+    """``roles.SCORE_MEANINGS`` as they read over a corpus (the rare word is the corpus's rarest)."""
+    return {**SCORE_MEANINGS, "rare": RARE_MEANING}
 
 
 def corpus_rule(found: CorpusRoles) -> str:
@@ -65,4 +72,5 @@ def format_corpus_legend(found: CorpusRoles, digits: int = 2) -> str:
     """The rule, the marks, then one line per column (``roles.format_legend``'s column lines)."""
     lines = textwrap.wrap(f"corpus of {found.texts} texts: {corpus_rule(found)}; {SPREAD_MARKS}", 110)
     columns = format_legend(found.thresholds, digits, extra=[("texts", TEXTS_MEANING)]).splitlines()
-    return "\n".join(lines + [line for line in columns if line.startswith("  ")])
+    columns = [line.replace(SCORE_MEANINGS["rare"], RARE_MEANING) for line in columns if line.startswith("  ")]
+    return "\n".join(lines + columns)

@@ -161,3 +161,17 @@ def test_mistakes_are_one_line_and_write_nothing(gpt_ckpt, tmp_path):
     assert not out.exists()
     rc, _, err = quietly("inspect", "--corpus", str(long), "--checkpoint", str(gpt_ckpt), "--truncate", "--out", str(out))
     assert rc == 0, err
+
+
+def test_two_lines_are_too_little_evidence_for_any_role(tmp_path):
+    corpus = tmp_path / "two.txt"
+    corpus.write_text("\n".join(LINES[:2]) + "\n", encoding="utf-8")
+    rc, stdout, err = quietly("inspect", "--corpus", str(corpus), "--layer", "1", "--out", str(tmp_path / "out"))
+    assert rc == 0, err
+    assert "roles over 2 texts: 0 of 12 heads have one" in stdout
+    roles = json.loads((tmp_path / "out" / "heads.json").read_text())["roles"]
+    passed = [r for r in roles if r["scores"]["cls"] >= 0.5 and r["scores"]["cls"] - r["chance"]["cls"] >= 0.25]
+    assert passed and all(r["labels"] == [] for r in roles)
+    assert [r["head"] for r in roles if "cls" in r["withheld"]] == [r["head"] for r in passed]
+    line = next(x for x in stdout.splitlines() if x.startswith("  cls "))
+    assert f"no head   {len(passed)} withheld, too little evidence: " in line and "(2 texts, " in line

@@ -10,11 +10,17 @@ views show the main text (TEXT, or the file's first line without one);
 its role table, the terminal summary and ``--verbose`` table show the
 corpus's roles::
 
-    roles over 12 texts: 30 of 72 heads have one; a role needs ...
-      previous  >= 0.90   1 head    L0 H2 1.00±0.00
-      punct     >= 0.50   no head   closest: L3 H4 0.45±0.20
+    roles over 12 texts: 44 of 72 heads have one (mean±sd over the texts); a head gets a role when its mean
+    score over the texts reaches the threshold, beats the mean chance by 0.25 or more (broad: ...) and was
+    measured on >= 3 texts and >= 30 query rows (cls/sep/punct/rare: and >= 3 such key tokens)
+      previous  >= 0.90     1 head   L0 H2 1.00±0.00
+      cls       >= 0.50   34 heads   L4 H5 0.85±0.08, L2 H9 0.84±0.04, L2 H7 0.83±0.04, L1 H11 0.81±0.04, +30 more
+      punct     >= 0.50    no head   closest: L3 H11 0.43±0.13
       ...
-      withheld  1 head: L5 H1 sep (2 texts, 1 too few)
+      none                28 heads   (no role reached)
+
+    with two lines instead of twelve:
+      cls       >= 0.50    no head   7 withheld, too little evidence: L1 H11 0.78±0.07, ... (2 texts, 29 rows, 2 keys)
 
 Refused before the model is loaded: a missing file, an empty one, one that
 is not UTF-8, one with no text (blank lines only), ``--importance`` (it
@@ -25,6 +31,7 @@ with its number once the model's tokenizer is known, before any line is run.
 from __future__ import annotations
 
 import argparse
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,36 +121,41 @@ def _spread(h: CorpusHeadRoles, role: str) -> str:
 def _evidence(h: CorpusHeadRoles, role: str) -> str:
     s = h.stats[role]
     keys = "" if s.keys is None else f", {plural(s.keys, 'key')}"
-    return f"{head_name(h)} {role} {_spread(h, role)} ({plural(s.texts, 'text')}, {plural(s.rows, 'row')}{keys})"
+    return f"{plural(s.texts, 'text')}, {plural(s.rows, 'row')}{keys}"
+
+
+def _listed(chosen: list[CorpusHeadRoles], role: str, per_role: int) -> str:
+    shown = ", ".join(f"{head_name(h)} {_spread(h, role)}" for h in chosen[:per_role])
+    return shown + (f", +{len(chosen) - per_role} more" if len(chosen) > per_role else "")
 
 
 def format_corpus_summary(found: CorpusRoles, per_role: int = 4) -> str:
-    """The default printout: each role's heads (strongest mean first) with mean±sd, the withheld roles."""
+    """The default printout: each role's heads (strongest mean first) with mean±sd; where the evidence
+    kept a role from heads whose mean passed, those heads and the evidence of the strongest."""
     heads = found.heads
     having = sum(bool(h.labels) for h in heads)
-    lines = [f"roles over {plural(found.texts, 'text')}: {having} of {plural(len(heads), 'head')} have one; "
-             f"{corpus_rule(found)}"]  # fmt: skip
-    width = max(len(name) for name in (*ROLE_THRESHOLDS, NO_ROLE, "withheld"))
+    lines = textwrap.wrap(f"roles over {plural(found.texts, 'text')}: {having} of {plural(len(heads), 'head')} have "
+                          f"one (mean±sd over the texts); {corpus_rule(found)}", 110)  # fmt: skip
+    width = max(len(name) for name in (*ROLE_THRESHOLDS, NO_ROLE))
     for role, limit in found.thresholds.items():
         scored = [h for h in heads if role in h.stats]
-        chosen = sorted((h for h in scored if role in h.labels), key=lambda h: -h.stats[role].mean)
+        ranked = sorted(scored, key=lambda h: -h.stats[role].mean)
+        chosen = [h for h in ranked if role in h.labels]
+        held = [h for h in ranked if role in h.withheld]
         rule = f">= {limit:.2f}"
         if not scored:
             lines.append(f"  {role:<{width}}  {rule}  {'-':>9}   not measurable on these texts")
-        elif not chosen:
-            best = max(scored, key=lambda h: h.stats[role].mean)
-            lines.append(f"  {role:<{width}}  {rule}  {'no head':>9}   closest: {head_name(best)} {_spread(best, role)}")
+            continue
+        if chosen:
+            line = f"  {role:<{width}}  {rule}  {plural(len(chosen), 'head'):>9}   {_listed(chosen, role, per_role)}"
+            lines.append(line + (f"; {len(held)} more withheld (too little evidence)" if held else ""))
+        elif held:
+            lines.append(f"  {role:<{width}}  {rule}  {'no head':>9}   {len(held)} withheld, too little evidence: "
+                         f"{_listed(held, role, per_role)} ({_evidence(held[0], role)})")  # fmt: skip
         else:
-            shown = ", ".join(f"{head_name(h)} {_spread(h, role)}" for h in chosen[:per_role])
-            more = f", +{len(chosen) - per_role} more" if len(chosen) > per_role else ""
-            lines.append(f"  {role:<{width}}  {rule}  {plural(len(chosen), 'head'):>9}   {shown}{more}")
+            lines.append(f"  {role:<{width}}  {rule}  {'no head':>9}   closest: {head_name(ranked[0])} {_spread(ranked[0], role)}")
     none = sum(not h.labels for h in heads)
     lines.append(f"  {NO_ROLE:<{width}}  {'':7}  {plural(none, 'head'):>9}   (no role reached)")
-    held = [_evidence(h, role) for h in heads for role in h.withheld]
-    if held:
-        more = f", +{len(held) - per_role} more" if len(held) > per_role else ""
-        lines.append(f"  {'withheld':<{width}}  {'':7}  {plural(len(held), 'role'):>9}   "
-                     f"{', '.join(held[:per_role])}{more} (too little evidence)")  # fmt: skip
     return "\n".join(lines)
 
 

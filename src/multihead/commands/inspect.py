@@ -17,6 +17,12 @@ columns and each head's strongest links), and writes three files:
     heads.png    layers x heads grid of heatmaps
     heads.json   the record (weights and tokens) plus the roles
 
+With ``corpus`` (``--corpus FILE``, one text per line) the roles come from
+every line instead (``inspect_corpus``: each score's mean, spread and
+evidence over the lines, ``tools.corpus_roles``); the views still show the
+text, or the file's first line. ``Captured`` keeps the loaded model and its
+encoder of further texts for that.
+
 With ``importance`` every head also gets an ablation score
 (``head_scores``: the loss increase when the head alone is masked), a
 column of the printed table and ``"importance"`` among its scores in

@@ -209,6 +209,9 @@ def test_the_table_shows_mean_spread_evidence_and_withheld_roles():
         (lambda m: corpus_roles(m, ["ok"], batch_size=0, progress=False), ValueError, "batch_size"),
         (lambda m: corpus_roles(m, ["ok"], layers=[5], progress=False), ValueError, "layer 5 out of range"),
         (lambda m: corpus_roles(m, [([1, 2], ["a"])], progress=False), ValueError, "has 2 ids and 1 tokens"),
+        (lambda m: corpus_roles(m, [([300, 2], ["a", "b"])], progress=False), ValueError, "has token id 300, but"),
+        (lambda m: corpus_roles(GPT(GPTConfig.from_preset("tiny", vocab_size=300)), ["abc"], progress=False),
+         ValueError, "texts[0] is a string but there is no tokenizer"),
         (lambda m: score_records([torch.ones(2)]), TypeError, "records[0] must be an AttentionRecord"),
         (lambda m: score_records([]), ValueError, "records is empty"),
         (lambda m: score_records([hand_record(["a", "b"], torch.ones(1, 2, 2) / 2)], evidence=3), TypeError, "EvidenceRule"),
@@ -227,3 +230,13 @@ def test_truncate_keeps_the_first_tokens():
     model = GPT(GPTConfig.from_preset("tiny")).eval()  # context 128
     found = corpus_roles(model, ["x" * 200, "abc"], truncate=True, progress=False)
     assert found.tokens == 128 + 3
+
+
+def test_an_encoder_with_a_tokenizer_given_scores_as_the_sentence_encoder(minilm):
+    whole = corpus_roles(minilm, TEXTS[:3], progress=False)
+    bare = corpus_roles(minilm.encoder, TEXTS[:3], tokenizer=minilm.tokenizer, batch_size=3, progress=False)
+    assert bare.tokens == whole.tokens and bare.token_frequencies == whole.token_frequencies
+    for a, b in zip(whole.heads, bare.heads):
+        assert a.labels == b.labels
+        for name, s in a.stats.items():
+            assert b.stats[name].mean == pytest.approx(s.mean, abs=1e-5) and b.stats[name].rows == s.rows

@@ -29,7 +29,7 @@ from torch import nn
 
 from .capture import AttentionRecord, attention_modules, capture
 
-__all__ = ["encode_texts", "model_limit", "model_runner", "run_batch"]
+__all__ = ["encode_texts", "model_limit", "model_vocab", "model_runner", "run_batch"]
 
 
 def _byte_token(b: int) -> str:
@@ -49,6 +49,15 @@ def model_limit(model: nn.Module) -> int | None:
     return None
 
 
+def model_vocab(model: nn.Module) -> int | None:
+    """The number of token ids ``model`` (or a sentence encoder's ``.encoder``) knows; None when it says none."""
+    for m in (model, getattr(model, "encoder", None)):
+        value = getattr(getattr(m, "config", None), "vocab_size", None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def _cut(ids: list[int], tokens: list[str], special: list[bool], limit: int) -> tuple[list[int], list[str]]:
     """The first tokens and the closing special ones, ``limit`` in all."""
     closing = 0
@@ -59,14 +68,21 @@ def _cut(ids: list[int], tokens: list[str], special: list[bool], limit: int) -> 
 
 
 def encode_texts(
-    texts: Sequence, tokenizer=None, *, max_length: int | None = None, truncate: bool = False
+    texts: Sequence,
+    tokenizer=None,
+    *,
+    max_length: int | None = None,
+    truncate: bool = False,
+    vocab_size: int | None = None,
 ) -> list[tuple[list[int], list[str]]]:
-    """(ids, tokens) of every text (see the module docstring).
+    """(ids, tokens) of every text (see the module docstring); ``vocab_size``: the model's, when known.
 
     Raises:
         TypeError: texts not a list, an item that is neither a str nor an (ids, tokens) pair.
         ValueError: no texts, an empty text, ids and tokens of different lengths,
-            a text longer than ``max_length`` without ``truncate``.
+            a text longer than ``max_length`` without ``truncate``, an id the
+            model does not have, a string without a tokenizer for a model
+            whose vocabulary is not 256 bytes.
     """
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
         raise TypeError(f"texts must be a list of str (or of (ids, tokens) pairs), got {type(texts).__name__}")
@@ -87,6 +103,9 @@ def encode_texts(
             if not text.strip():
                 raise ValueError(f"texts[{i}] {text!r} is empty or only whitespace")
             if whole is None:
+                if vocab_size not in (None, 256):
+                    raise ValueError(f"texts[{i}] is a string but there is no tokenizer, and the model's vocabulary "
+                                     f"has {vocab_size} tokens, not 256 bytes: pass tokenizer=")  # fmt: skip
                 ids = list(text.encode("utf-8"))
                 tokens, special = [_byte_token(b) for b in ids], [False] * len(ids)
             else:
@@ -99,6 +118,8 @@ def encode_texts(
             special = [False] * len(ids)
         else:
             raise TypeError(f"texts[{i}] must be a str or an (ids, tokens) pair, got {type(text).__name__}")
+        if vocab_size is not None and max(ids) >= vocab_size:
+            raise ValueError(f"texts[{i}] has token id {max(ids)}, but the model's vocab_size is {vocab_size}")
         if max_length is not None and len(ids) > max_length:
             if not truncate:
                 raise ValueError(f"texts[{i}] is {len(ids)} tokens, more than the model's maximum of {max_length}: "

@@ -215,14 +215,15 @@ def corpus_roles(
         TypeError / ValueError: as ``encode_texts``, ``score_records``; a
             batch_size that is not a positive int; a layer out of range.
     """
-    from .corpus_inputs import encode_texts, model_limit, model_runner, run_batch
+    from .corpus_inputs import encode_texts, model_limit, model_runner, model_vocab, run_batch
 
     limits, margin, evidence = _check_rule(thresholds, margin, evidence)
     batch_size = positive_int("batch_size", batch_size)
     runner = model_runner(model, layers)
     if tokenizer is None:
         tokenizer = getattr(model, "tokenizer", None)
-    encoded = encode_texts(texts, tokenizer, max_length=max_length or model_limit(model), truncate=truncate)
+    encoded = encode_texts(texts, tokenizer, max_length=max_length or model_limit(model), truncate=truncate,
+                           vocab_size=model_vocab(model))  # fmt: skip
     freqs = _frequencies([tokens for _, tokens in encoded], token_frequencies)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))  # similar lengths share a batch
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]

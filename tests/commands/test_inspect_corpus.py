@@ -137,7 +137,13 @@ def test_a_hugging_face_folder(kind, tmp_path):
     assert all(r["evidence"]["broad"]["rows"] == rows for r in saved["roles"])
 
 
-def test_mistakes_are_one_line_and_write_nothing(gpt_ckpt, tmp_path):
+def test_mistakes_are_one_line_and_write_nothing(gpt_ckpt, tmp_path, monkeypatch):
+    import multihead.models.minilm as minilm
+
+    def forbidden(*args, **kwargs):
+        pytest.fail("a model was loaded before the mistake was reported")
+
+    monkeypatch.setattr(minilm, "load_minilm", forbidden)  # the file's mistakes come first
     out = tmp_path / "out"
     missing = tmp_path / "missing.txt"
     assert refused("--corpus", str(missing), "--out", str(out)).endswith(f"--corpus {missing}: no such file "
@@ -153,6 +159,7 @@ def test_mistakes_are_one_line_and_write_nothing(gpt_ckpt, tmp_path):
     assert refused("--corpus", str(latin), "--out", str(out)).endswith(f"--corpus {latin} is not UTF-8 text: byte 0xe9 on line 1")
     assert "--importance scores the heads on one text" in refused("--corpus", str(EXAMPLE), "--importance", "--out", str(out))
     assert "--batch-size 0: give a positive number" in refused("--corpus", str(EXAMPLE), "--batch-size", "0", "--out", str(out))
+    monkeypatch.undo()
     long = tmp_path / "long.txt"
     long.write_text("short line\n\n" + "x" * 200 + "\n", encoding="utf-8")
     line = refused("--corpus", str(long), "--checkpoint", str(gpt_ckpt), "--out", str(out))

@@ -240,3 +240,15 @@ def test_an_encoder_with_a_tokenizer_given_scores_as_the_sentence_encoder(minilm
         assert a.labels == b.labels
         for name, s in a.stats.items():
             assert b.stats[name].mean == pytest.approx(s.mean, abs=1e-5) and b.stats[name].rows == s.rows
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_model_on_the_gpu_scores_as_on_the_cpu():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny")).eval()
+    texts = ["to be or not", "that is the question", "whether tis nobler in the mind"]
+    on_cpu = corpus_roles(model, texts, batch_size=2, progress=False)
+    on_gpu = corpus_roles(model.cuda(), texts, batch_size=2, progress=False)
+    for a, b in zip(on_cpu.heads, on_gpu.heads):
+        for name, s in a.stats.items():
+            assert b.stats[name].mean == pytest.approx(s.mean, abs=1e-4) and b.stats[name].rows == s.rows

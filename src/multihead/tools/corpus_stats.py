@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .._checks import positive_int
-from ..train.compare_stats import t_quantile
 from .roles import HeadRoles
 
 __all__ = ["TOKEN_ROLES", "EvidenceRule", "ScoreSpread", "CorpusHeadRoles", "PerTextScores", "summarise"]
@@ -155,6 +154,8 @@ def _t(df: int) -> float:
     """The 97.5% quantile of Student's t; above 1000 degrees of freedom its expansion
     z + (z^3 + z) / (4 df), which is within 1e-6 there."""
     if df <= 1000:
+        from ..train.compare_stats import t_quantile  # here: importing multihead.train costs more than this module
+
         return t_quantile(_LEVEL, df)
     z = 1.959963984540054
     return z + (z**3 + z) / (4 * df)

@@ -182,3 +182,19 @@ def test_two_lines_are_too_little_evidence_for_any_role(tmp_path):
     assert [r["head"] for r in roles if "cls" in r["withheld"]] == [r["head"] for r in passed]
     line = next(x for x in stdout.splitlines() if x.startswith("  cls "))
     assert f"no head   {len(passed)} withheld, too little evidence: " in line and "(2 texts, " in line
+
+
+def test_a_pruned_checkpoint_keeps_its_heads_where_they_were(tmp_path):
+    from multihead.tools import prune_heads
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "pruned"
+    save_checkpoint(prune_heads(GPT(GPTConfig.from_preset("tiny")), {0: [1, 2]}), ckpt)  # 2 + 4 of 8 heads
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("to be or not to be\nthat is the question\nwhether tis nobler\n", encoding="utf-8")
+    rc, stdout, err = quietly("inspect", "--corpus", str(corpus), "--checkpoint", str(ckpt), "--out", str(tmp_path / "o"))
+    assert rc == 0, err
+    assert stdout.startswith("GPT checkpoint pruned: 2 layers, 6 of 8 heads kept (2 pruned); roles over 3 texts")
+    saved = json.loads((tmp_path / "o" / "heads.json").read_text())
+    assert [(r["layer"], r["head"]) for r in saved["roles"]] == [(0, 0), (0, 1), *((1, h) for h in range(4))]
+    assert len(saved["pruned"]) == 2

@@ -252,3 +252,12 @@ def test_a_model_on_the_gpu_scores_as_on_the_cpu():
     for a, b in zip(on_cpu.heads, on_gpu.heads):
         for name, s in a.stats.items():
             assert b.stats[name].mean == pytest.approx(s.mean, abs=1e-4) and b.stats[name].rows == s.rows
+
+
+@pytest.mark.parametrize("df", [1, 4, 30, 1000, 1001, 20000])
+def test_the_interval_uses_students_t(df):
+    student_t = pytest.importorskip("scipy.stats").t
+
+    from multihead.tools.corpus_stats import _t
+
+    assert _t(df) == pytest.approx(student_t.ppf(0.975, df), abs=1e-8)

@@ -180,8 +180,12 @@ def report_corpus(
     from ..tools.visualize import write_html, write_json, write_png
 
     record, slots = main.record, main.slots
-    echo(f"{record.source}: {plural(record.num_layers, 'layer')} x {plural(record.layers[0].num_heads, 'head')}; "
-         f"roles over {plural(found.texts, 'text')} of {path} ({plural(found.tokens, 'token')}); views of:")  # fmt: skip
+    if slots is not None:
+        shape = slots.summary([e.layer for e in record.layers])
+    else:
+        shape = f"{plural(record.num_layers, 'layer')} x {plural(record.layers[0].num_heads, 'head')}"
+    echo(f"{record.source}: {shape}; roles over {plural(found.texts, 'text')} of {path} "
+         f"({plural(found.tokens, 'token')}); views of:")  # fmt: skip
     echo(f"  {' '.join(readable_tokens(record.query_tokens))}")
     for note in main.notices:
         echo(f"notice: {note}")

@@ -61,7 +61,7 @@ from .roles import ROLE_MARGIN, HeadRoles, _thresholds, classify_heads
 
 __all__ = ["CorpusRoles", "corpus_roles", "score_records"]
 
-#: Roles about a kind of key token: their evidence also counts those keys.
+
 @dataclass
 class CorpusRoles:
     """What ``corpus_roles`` found.

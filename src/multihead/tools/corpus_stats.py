@@ -109,7 +109,6 @@ class CorpusHeadRoles:
         }  # fmt: skip
 
 
-
 class PerTextScores:
     """Per-text scores of every head, kept as rows of a [texts, heads] table per score."""
 
@@ -151,14 +150,14 @@ class PerTextScores:
 
 @functools.lru_cache(maxsize=64)
 def _t(df: int) -> float:
-    """The 97.5% quantile of Student's t; above 1000 degrees of freedom its expansion
-    z + (z^3 + z) / (4 df), which is within 1e-6 there."""
+    """The 97.5% quantile of Student's t; above 1000 degrees of freedom the first terms of its
+    expansion in 1/df (Abramowitz and Stegun 26.7.5), within 1e-8 there."""
     if df <= 1000:
         from ..train.compare_stats import t_quantile  # here: importing multihead.train costs more than this module
 
         return t_quantile(_LEVEL, df)
-    z = 1.959963984540054
-    return z + (z**3 + z) / (4 * df)
+    z = 1.959963984540054  # the normal 97.5% quantile
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def _spread(x: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor | None, chance: torch.Tensor | None) -> ScoreSpread | None:
@@ -180,6 +179,8 @@ def _spread(x: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor | None, chan
 
 
 def summarise(scores: PerTextScores, limits: dict[str, float], margin: float, rule: EvidenceRule) -> list[CorpusHeadRoles]:
+    """Each head's ``ScoreSpread`` per score and its labels: a role whose mean reaches ``limits[role]``
+    and beats the mean chance by ``margin`` is given when ``rule`` holds for it, else withheld."""
     out = []
     for j, (layer, head, name) in enumerate(scores.heads or []):
         stats: dict[str, ScoreSpread] = {}

@@ -166,8 +166,20 @@ def test_mistakes_are_one_line_and_write_nothing(gpt_ckpt, tmp_path, monkeypatch
     assert line.endswith(f"--corpus {long} line 3: the text is 200 bytes, more than the checkpoint {gpt_ckpt}'s "
                          "maximum of 128: shorten it, or pass --truncate to analyse only the first 128")  # fmt: skip
     assert not out.exists()
-    rc, _, err = quietly("inspect", "--corpus", str(long), "--checkpoint", str(gpt_ckpt), "--truncate", "--out", str(out))
+    rc, stdout, err = quietly("inspect", "--corpus", str(long), "--checkpoint", str(gpt_ckpt), "--truncate", "--out", str(out))
     assert rc == 0, err
+    note = f"notice: 1 line of {long} longer than the model's maximum of 128 tokens: only their first tokens were scored"
+    assert f"{note} (--truncate); line 3" in stdout
+
+
+def test_lines_the_tokenizer_does_not_know_get_a_notice(tmp_path):
+    corpus = tmp_path / "emoji.txt"
+    corpus.write_text("hello \U0001f600 \U0001f389\n\U0001f680 \U0001f600 there\nthe law is just\n", encoding="utf-8")
+    rc, stdout, err = quietly("inspect", "--corpus", str(corpus), "--layer", "0", "--out", str(tmp_path / "out"))
+    assert rc == 0, err
+    assert f"notice: 4 of 10 words of {corpus} became [UNK] (unknown to the tokenizer): roles over these lines say little" in stdout
+    page = (tmp_path / "out" / "heads.html").read_text(encoding="utf-8")
+    assert "4 of 10 words of" in page
 
 
 def test_two_lines_are_too_little_evidence_for_any_role(tmp_path):

@@ -63,7 +63,14 @@ from ..tools.objectives import encoder_importance, gpt_importance
 from ..tools.roles import classify_heads
 from .checking import checking
 from .imports import add_import_argument, import_modules
-from .inspect_corpus import add_corpus_arguments, check_corpus, encode_corpus, report_corpus, run_corpus
+from .inspect_corpus import (
+    add_corpus_arguments,
+    check_corpus,
+    corpus_notices,
+    encode_corpus,
+    report_corpus,
+    run_corpus,
+)
 from .inspect_report import Inspection, report
 from .model_sources import add_source_arguments
 from .run_dir import is_sentence_encoder, run_checkpoint
@@ -141,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
         encoded = encode_corpus(args.corpus, lines, captured.encode) if lines else None
     if encoded is not None:
         found = run_corpus(captured, encoded, batch_size=args.batch_size, layer=args.layer)
-        report_corpus(analyse(captured), found, args.corpus, folder, verbose=args.verbose)
+        notes = corpus_notices(args.corpus, lines, encoded)
+        report_corpus(analyse(captured), found, args.corpus, folder, verbose=args.verbose, notices=notes)
         return 0
     report(analyse(captured, importance=args.importance), folder, importance=args.importance, verbose=args.verbose)
     return 0

@@ -49,9 +49,12 @@ from ..tools.corpus_table import (
 from ..tools.roles import NO_ROLE, ROLE_THRESHOLDS, role_legend
 from ..tools.token_text import readable_tokens
 from .inspect_report import Inspection, format_links, head_name, plural, shown_links
-from .tokens import Encoded
+from .tokens import UNKNOWN_SHARE, Encoded
 
-__all__ = ["add_corpus_arguments", "check_corpus", "read_corpus", "encode_corpus", "run_corpus", "format_corpus_summary", "report_corpus"]
+__all__ = [
+    "add_corpus_arguments", "check_corpus", "read_corpus", "encode_corpus", "corpus_notices", "run_corpus",
+    "format_corpus_summary", "report_corpus",
+]  # fmt: skip
 
 
 def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,6 +107,22 @@ def encode_corpus(path: str, lines: list[tuple[int, str]], encode: Callable[[str
             out.append(encode(line))
         except ValueError as e:
             raise ValueError(f"--corpus {path} line {n}: {e}") from None
+    return out
+
+
+def corpus_notices(path: str, lines: list[tuple[int, str]], encoded: list[Encoded]) -> list[str]:
+    """What the reader must know about the lines: which were cut (``--truncate``), and when more than
+    a quarter of their words became the unknown token."""
+    out = []
+    cut = [n for (n, _), e in zip(lines, encoded) if e.truncated]
+    if cut:
+        shown = ", ".join(map(str, cut[:8])) + (f" and {len(cut) - 8} more" if len(cut) > 8 else "")
+        out.append(f"{plural(len(cut), 'line')} of {path} longer than the model's maximum of {encoded[0].limit} "
+                   f"tokens: only their first tokens were scored (--truncate); line {shown}")  # fmt: skip
+    words, unknown = sum(e.words for e in encoded), sum(e.unknown_words for e in encoded)
+    if words and unknown > UNKNOWN_SHARE * words:
+        out.append(f"{unknown} of {words} words of {path} became {encoded[0].unk_token} (unknown to the tokenizer): "
+                   "roles over these lines say little")  # fmt: skip
     return out
 
 
@@ -173,6 +192,7 @@ def report_corpus(
     folder: Path,
     *,
     verbose: bool = False,
+    notices: list[str] = (),
     echo: Callable[[str], None] = print,
 ) -> dict[str, Path]:
     """Print the corpus's roles (``verbose``: the table, its legend, each head's links on the main
@@ -187,7 +207,7 @@ def report_corpus(
     echo(f"{record.source}: {shape}; roles over {plural(found.texts, 'text')} of {path} "
          f"({plural(found.tokens, 'token')}); views of:")  # fmt: skip
     echo(f"  {' '.join(readable_tokens(record.query_tokens))}")
-    for note in main.notices:
+    for note in [*main.notices, *notices]:
         echo(f"notice: {note}")
     echo("")
     if verbose:
@@ -207,7 +227,7 @@ def report_corpus(
               "texts": {"meaning": TEXTS_MEANING, "threshold": None}}  # fmt: skip
     meanings = corpus_meanings()
     legend.update({name: {"meaning": meanings[name], "threshold": t} for name, _, t in role_legend(found.thresholds, masses=True)})
-    notes = [*main.notices, f"the role table holds each head's mean \u00b1 sd over {plural(found.texts, 'text')} "
+    notes = [*main.notices, *notices, f"the role table holds each head's mean \u00b1 sd over {plural(found.texts, 'text')} "
              f"of {Path(path).name}; the head and model views show the main text"]  # fmt: skip
     paths = {
         "html": write_html(record, folder / "heads.html", roles=roles, title=_title(record.source, main, found, path),

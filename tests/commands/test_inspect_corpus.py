@@ -88,8 +88,9 @@ def test_a_gpt_checkpoint_counts_the_rows_each_query_could_choose(gpt_ckpt, tmp_
                               "--batch-size", "2", "--out", str(tmp_path / "out"))  # fmt: skip
     assert rc == 0, err
     assert "roles over 3 texts" in stdout
+    assert stdout.index("causal roles (") < stdout.index("roles over 3 texts:")  # a causal model's roles still lead
     saved = json.loads((tmp_path / "out" / "heads.json").read_text())
-    assert "".join(saved["query_tokens"]) == "to be or not"
+    assert "".join(saved["query_tokens"]) == "to be or not" and saved["causal"]
     for role in saved["roles"]:  # causal: query 0 of each line sees one key and is no row
         assert role["evidence"]["broad"]["rows"] == sum(len(line) - 1 for line in lines if line)
         assert role["evidence"]["previous"]["texts"] == 3

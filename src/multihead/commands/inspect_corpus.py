@@ -48,6 +48,7 @@ from ..tools.corpus_table import (
 )  # fmt: skip
 from ..tools.roles import NO_ROLE, ROLE_THRESHOLDS, role_legend
 from ..tools.token_text import readable_tokens
+from .inspect_causal import causal_view, format_causal
 from .inspect_report import Inspection, format_links, head_name, plural, shown_links
 from .tokens import UNKNOWN_SHARE, Encoded
 
@@ -210,6 +211,9 @@ def report_corpus(
     for note in [*main.notices, *notices]:
         echo(f"notice: {note}")
     echo("")
+    if main.causal is not None:  # a causal model's roles on repeated random tokens lead, as without --corpus
+        echo(format_causal(main.causal, verbose=verbose))
+        echo("")
     if verbose:
         echo(format_corpus_roles(found))
         echo("")
@@ -229,11 +233,12 @@ def report_corpus(
     legend.update({name: {"meaning": meanings[name], "threshold": t} for name, _, t in role_legend(found.thresholds, masses=True)})
     notes = [*main.notices, *notices, f"the role table holds each head's mean \u00b1 sd over {plural(found.texts, 'text')} "
              f"of {Path(path).name}; the head and model views show the main text"]  # fmt: skip
+    causal = causal_view(main.causal) if main.causal is not None else None
     paths = {
         "html": write_html(record, folder / "heads.html", roles=roles, title=_title(record.source, main, found, path),
-                           legend=legend, notices=notes, slots=slots),  # fmt: skip
+                           legend=legend, notices=notes, slots=slots, causal=causal),  # fmt: skip
         "png": write_png(record, folder / "heads.png", roles=roles, slots=slots),
-        "json": write_json(record, folder / "heads.json", roles=roles, slots=slots),
+        "json": write_json(record, folder / "heads.json", roles=roles, slots=slots, causal=causal),
     }
     echo("")
     for kind, p in paths.items():

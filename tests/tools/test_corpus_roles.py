@@ -261,3 +261,21 @@ def test_the_interval_uses_students_t(df):
     from multihead.tools.corpus_stats import _t
 
     assert _t(df) == pytest.approx(student_t.ppf(0.975, df), abs=1e-8)
+
+
+def test_a_padded_batch_record_scores_as_its_items_one_by_one():
+    torch.manual_seed(0)
+    short, long = ["[CLS]", "a", ",", "[SEP]"], ["[CLS]", "b", "c", "d", ".", "[SEP]"]
+    w = torch.rand(2, 3, 6, 6)
+    w[0, :, :, 4:] = 0  # item 0: two padded keys
+    w = w / w.sum(dim=-1, keepdim=True)
+    batch = AttentionRecord([LayerAttention(0, "attn", "mha", w)], query_tokens=[short, long])
+    batch.attention_mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    together = score_records([batch])
+    apart = score_records([hand_record(short, w[0, :, :4, :4]), hand_record(long, w[1])])
+    assert together.texts == 2 and together.tokens == 10 and together.token_frequencies == apart.token_frequencies
+    for a, b in zip(together.heads, apart.heads):
+        assert a.stats.keys() == b.stats.keys()
+        for name, s in a.stats.items():
+            assert (s.mean, s.sd, s.texts, s.rows, s.keys) == pytest.approx(
+                (b.stats[name].mean, b.stats[name].sd, b.stats[name].texts, b.stats[name].rows, b.stats[name].keys))

@@ -169,7 +169,7 @@ def test_mistakes_are_one_line_and_write_nothing(gpt_ckpt, tmp_path, monkeypatch
     assert not out.exists()
     rc, stdout, err = quietly("inspect", "--corpus", str(long), "--checkpoint", str(gpt_ckpt), "--truncate", "--out", str(out))
     assert rc == 0, err
-    note = f"notice: 1 line of {long} longer than the model's maximum of 128 tokens: only their first tokens were scored"
+    note = f"notice: 1 line of {long} was longer than the model's maximum of 128 tokens: only their first tokens were scored"
     assert f"{note} (--truncate); line 3" in stdout
 
 

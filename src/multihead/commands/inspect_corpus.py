@@ -80,7 +80,7 @@ def check_corpus(args: argparse.Namespace) -> list[tuple[int, str]] | None:
 
 
 def read_corpus(path: str) -> list[tuple[int, str]]:
-    """(line number from 1, text) of every line of ``path`` that is not blank.
+    """(line number from 1, text without its surrounding spaces) of every line of ``path`` that is not blank.
 
     Raises:
         ValueError: no such file, not readable, empty, not UTF-8, blank lines only.
@@ -118,7 +118,8 @@ def corpus_notices(path: str, lines: list[tuple[int, str]], encoded: list[Encode
     cut = [n for (n, _), e in zip(lines, encoded) if e.truncated]
     if cut:
         shown = ", ".join(map(str, cut[:8])) + (f" and {len(cut) - 8} more" if len(cut) > 8 else "")
-        out.append(f"{plural(len(cut), 'line')} of {path} longer than the model's maximum of {encoded[0].limit} "
+        were = "was" if len(cut) == 1 else "were"
+        out.append(f"{plural(len(cut), 'line')} of {path} {were} longer than the model's maximum of {encoded[0].limit} "
                    f"tokens: only their first tokens were scored (--truncate); line {shown}")  # fmt: skip
     words, unknown = sum(e.words for e in encoded), sum(e.unknown_words for e in encoded)
     if words and unknown > UNKNOWN_SHARE * words:

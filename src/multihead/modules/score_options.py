@@ -47,7 +47,8 @@ def _slopes(alibi: object, H: int) -> tuple[float, ...] | None:
     if alibi is False or alibi is None:
         return None
     if alibi is True:
-        return tuple(alibi_slopes(H, dtype=torch.float64).tolist())
+        with torch.device("cpu"):  # numbers, also while a model is built under torch.device("meta")
+            return tuple(alibi_slopes(H, dtype=torch.float64).tolist())
     if isinstance(alibi, (str, bytes)) or not hasattr(alibi, "__len__"):
         raise TypeError(f"alibi must be a bool or a list of {H} slopes, got alibi={alibi!r}")
     values = list(alibi.tolist() if isinstance(alibi, torch.Tensor) else alibi)

@@ -5,7 +5,7 @@ draw the views (files, or inline in a notebook for any model's
 attentions; rollout and flow), mask heads, measure each head's causal
 effect on a metric (zero, mean, patch, restore) and score their importance (gradient,
 ablation, learned gates) on the objectives of a GPT or a sentence
-encoder, prune heads, convert MHA to GQA, distil a converted or pruned
+encoder, prune heads, convert MHA to GQA or MLA, distil a converted or pruned
 model back towards the original, count a model's KV cache and time a
 speed-up with its spread."""
 
@@ -19,6 +19,7 @@ from .causal_roles import (
     special_token_ids,
 )
 from .convert_heads import to_gqa
+from .convert_mla import to_mla
 from .corpus_roles import CorpusRoles, corpus_roles, score_records
 from .corpus_stats import CorpusHeadRoles, EvidenceRule, ScoreSpread
 from .corpus_table import corpus_table, format_corpus_roles
@@ -129,6 +130,7 @@ __all__ = [
     "measure_speedup",
     "Speedup",
     "to_gqa",
+    "to_mla",
     "prune_heads",
     "prune_closed_heads",
     "recover",

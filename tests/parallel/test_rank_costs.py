@@ -36,3 +36,16 @@ def test_one_ranks_share_sums_each_blocks_own_heads():
 def test_a_block_whose_heads_do_not_split_is_named():
     with pytest.raises(ValueError, match=r"block 2: tensor parallelism of degree 2 needs the head count to divide"):
         rank_cost(_config([4, 2, 1]), 2)
+
+
+def test_alibi_blocks_are_cut_on_the_meta_device_with_their_heads_slopes():
+    """catches: reading the slopes of a layer built on the meta device (no data) to keep a rank's heads."""
+    from multihead import build_attention
+
+    alibi = GPTConfig.from_dict({**_config([4, 2, 2]).to_dict(), "positions": "alibi"})
+    none = GPTConfig.from_dict({**alibi.to_dict(), "positions": "none"})
+    assert rank_cost(alibi, 2) == rank_cost(none, 2)  # the slopes are no parameters
+    real = build_attention("mha", embed_dim=64, num_heads=4, alibi=True)
+    meta = build_attention("mha", embed_dim=64, num_heads=4, alibi=True, device="meta")
+    want = real.alibi_slopes[2:].tolist()
+    assert meta.tensor_parallel_part([2, 3]).init_options["alibi"] == want == real.tensor_parallel_part([2, 3]).init_options["alibi"]

@@ -221,7 +221,6 @@ def _table(job: Job, costs, limits, measured) -> list[str]:
         lines.append(row)
     kv = costs["decode"].kv_cache_bytes_per_token
     lines += ["", f"KV cache: {kv:,} bytes per token of one sequence ({job.dtype}, all {job.config.num_layers} layers)"]
-    lines += _block_table(costs)
     if job.tensor_parallel > 1:
         from ..parallel.costs import rank_cost
 
@@ -231,7 +230,7 @@ def _table(job: Job, costs, limits, measured) -> list[str]:
             f"{share.kv_cache_bytes_per_token:,} KV-cache bytes per token; each block all-reduces "
             f"{share.all_reduce_bytes_per_token:,} bytes per token in a forward (multihead.parallel.costs)"
         )
-    return lines
+    return lines + _block_table(costs)
 
 
 def _spans(layers: list[int]) -> str:

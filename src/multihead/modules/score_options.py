@@ -102,7 +102,10 @@ def rebuilt_without_slopes(layer):
 def keep_head_slopes(new, old, heads: list[int]):
     """``new`` (``old`` reduced to ``heads``) with the kept heads' slopes."""
     if old.alibi_slopes is not None:
-        slopes = old.alibi_slopes.detach().cpu().tolist()
+        if old.alibi_slopes.is_meta:  # a layer built on the meta device: its numbers are in its options
+            slopes = list(_slopes(old.init_options["alibi"], old.num_heads))
+        else:
+            slopes = old.alibi_slopes.detach().cpu().tolist()
         kept = [slopes[h] for h in heads]
         new.register_buffer("alibi_slopes", torch.tensor(kept, dtype=torch.float32,
                             device=old.alibi_slopes.device), persistent=False)  # fmt: skip

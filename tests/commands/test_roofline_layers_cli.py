@@ -67,7 +67,8 @@ def test_a_checkpoints_config_is_counted(tmp_path, limits):
     record = json.loads((out / "roofline.json").read_text())
     assert GPTConfig.from_dict(record["config"]) == config
     assert _phases(record) == _expected(config, 16)
-    assert f"checkpoint {tmp_path / 'ckpt'}, mha: batch 1, context 16" in printed
+    assert (f"checkpoint {tmp_path / 'ckpt'}, mha, per layer [{{'window': 4}}, {{}}], heads per layer [4, 2], "
+            "positions alibi: batch 1, context 16") in printed
     assert "| 1: 1 | 2 / 2 | global |" in printed
 
 

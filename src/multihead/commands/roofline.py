@@ -142,16 +142,18 @@ def _model(args: argparse.Namespace):
         if given:
             raise ValueError(f"--checkpoint {args.checkpoint} brings its own model; {', '.join(given)} cannot be "
                              "given with it")  # fmt: skip
-        config = read_config(args.checkpoint)
-        return config, f"checkpoint {args.checkpoint}, {config.attention}"
-    preset, attention = args.preset or "gpt2-small", args.attention or "mha"
-    if preset not in GPT_PRESETS:
-        raise ValueError(f"--preset {preset!r}: unknown; valid: {', '.join(GPT_PRESETS)}")
-    options = parse_attention_options(args.attention_option)
-    config = GPTConfig.from_preset(preset, attention=attention, attention_options=options, **fields)
-    label = f"{preset}, {attention}{' ' + str(options) if options else ''}"
+        config, label = read_config(args.checkpoint), f"checkpoint {args.checkpoint}"
+    else:
+        label = args.preset or "gpt2-small"
+        if label not in GPT_PRESETS:
+            raise ValueError(f"--preset {label!r}: unknown; valid: {', '.join(GPT_PRESETS)}")
+        options = parse_attention_options(args.attention_option)
+        config = GPTConfig.from_preset(label, attention=args.attention or "mha", attention_options=options, **fields)
+    label += f", {config.attention}{' ' + str(config.attention_options) if config.attention_options else ''}"
     if config.layer_attention_options:
         label += f", per layer {config.layer_attention_options}"
+    if config.layer_heads:
+        label += f", heads per layer {config.layer_heads}"
     if config.positions != "learned":
         label += f", positions {config.positions}"
     return config, label

@@ -1,11 +1,18 @@
-"""``multihead effects``: which heads carry a GPT's answer, by replacing one head at a time.
+"""``multihead effects``: which heads carry a causal model's answer, by replacing one head at a time.
 
     multihead effects --checkpoint runs/tiny --clean "When Mary and John went to the store, John gave a drink to" \\
         --corrupted "When Mary and John went to the store, Mary gave a drink to" --answer " Mary" --wrong " John"
 
-Encodes both prompts and the two answers (each must be one token) with the
-model's tokenizer (a run's, the tokenizer.json beside a checkpoint or in a
-GPT-2 ``--hf`` folder, else UTF-8 bytes for a 256-token vocabulary), takes
+``--hf`` takes a local Hugging Face folder (config.json, weights,
+tokenizer.json): GPT-2 is loaded into multihead's own GPT, any other causal
+model (Llama, Qwen, Mistral, ...) runs on multihead attention through
+``multihead.hf`` (``AutoModelForCausalLM``), its heads replaced through
+``multihead.hf.head_hook``.
+
+Encodes both prompts and the two answers (each must be one token; answers
+without the special tokens a tokenizer.json adds, such as a BOS) with the
+model's tokenizer (a run's, the tokenizer.json beside a checkpoint or in
+the ``--hf`` folder, else UTF-8 bytes for a 256-token vocabulary), takes
 the metric as the logit difference answer - wrong at ``--position``
 (default the last prompt token), runs ``tools.head_effects`` with
 ``--method`` (zero, mean, patch or restore: docs/effects.md), prints the
@@ -18,7 +25,8 @@ and writes into ``--out``:
 
 Everything is checked before the model runs and before anything is
 written: the method, exactly one of ``--checkpoint`` and ``--hf``, a GPT
-(not a sentence encoder), the output folder (and matplotlib for the PNG),
+or a causal transformers model (not a sentence encoder, nor a model whose
+heads see later tokens), the output folder (and matplotlib for the PNG),
 prompts that encode and fit the context, answers of one token, prompts of
 the same length for patch and restore, and a kind whose heads are coupled
 (refused with its reason unless ``--coupled-heads``). The folder is
@@ -46,20 +54,21 @@ METHODS = ("zero", "mean", "patch", "restore")  # tools.head_effects.METHODS, wi
 OUTPUT_FILES = ("effects.html", "effects.png", "effects.json")
 DEFAULT_TOP = 10
 DESCRIPTION = (
-    "Measure every attention head's causal effect on a GPT's answer: the logit difference between --answer "
+    "Measure every attention head's causal effect on a causal model's answer: the logit difference between --answer "
     "and --wrong (one token each) at the last prompt token, when that head's output alone is replaced before "
     "the output projection: by zeros (zero), by its mean over the clean prompt's positions (mean), by its "
     "output on --corrupted (patch, the clean run; activation patching), or, in the corrupted run, by its "
     "output on --clean (restore). Prints the top heads and writes effects.html (heatmap, values on hover), "
-    "effects.png and effects.json into --out. --hf takes a GPT-2 folder. See docs/effects.md."
+    "effects.png and effects.json into --out. --hf takes a GPT-2 folder or any causal transformers folder "
+    "(Llama, Qwen, ...; run on multihead attention). See docs/effects.md."
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The description and flags of ``multihead effects``."""
     parser.description = DESCRIPTION
-    add_source_arguments(parser, hf_help="a local Hugging Face GPT-2 folder (config.json, model.safetensors, "
-                                         "tokenizer.json)")  # fmt: skip
+    add_source_arguments(parser, hf_help="a local Hugging Face folder of a causal model: GPT-2, Llama, Qwen, ... "
+                                         "(config.json, safetensors weights, tokenizer.json)")  # fmt: skip
     parser.add_argument("--clean", required=True, metavar="TEXT", help="the prompt the model answers correctly")
     parser.add_argument("--corrupted", metavar="TEXT", help="the prompt that changes the answer (patch, restore)")
     parser.add_argument("--answer", required=True, metavar="TOKEN", help="the clean prompt's answer (one token)")
@@ -197,7 +206,7 @@ def prepare(
     coupled_heads: bool = False,
     out: str = "effects",
 ) -> Effects:
-    """Check the options and --out, load the GPT, encode the prompts and answers.
+    """Check the options and --out, load the model, encode the prompts and answers.
 
     Raises:
         ValueError / TypeError / ImportError: see the module docstring; nothing is written.

@@ -37,10 +37,11 @@ the other channels. Replacing ctx_h before ``out_proj`` changes exactly
 head h's term ``W[:, cols_h] ctx_h`` and keeps the bias: zeroing it equals
 removing the head (``tools.prune.prune_heads``), which is tested.
 
-Cost: one clean run (and one corrupted run when given), recording only
-what the method needs through ``run_with_cache`` (name "z", the measured
-layers): the contexts [B, H, T, Dv] of the other run for patch/restore, of
-the clean run for mean, which keeps their mean [H, Dv] per layer; then one
+Cost: one clean run (and one corrupted run when given), keeping only what
+the method needs of the measured layers: for patch/restore the other run's
+contexts [B, H, T, Dv], recorded through ``run_with_cache`` (name "z"); for
+mean each context's mean [H, Dv], taken as the layer runs (recording every
+layer's contexts first would hold L x [B, H, T, Dv] at once); then one
 intervention per head.
 ``batch_size`` interventions share a forward: the input is repeated that
 many times along the batch and copy i gets intervention i, so the model's
@@ -252,6 +253,16 @@ def _split(output, k: int, B: int, inside: bool = False) -> list:
                     "pass batch_size=1")  # fmt: skip
 
 
+def _averaging(means: dict, i: int) -> Callable:
+    """A hook that keeps layer i's head outputs' mean over the batch and the positions, (B, H, T, Dv) -> (H, Dv),
+    as it passes (returning None: nothing replaced), so no layer's [B, H, T, Dv] outlives its own call."""
+
+    def hook(out: torch.Tensor) -> None:
+        means[i] = out.double().mean(dim=(0, 2))
+
+    return hook
+
+
 def _replacing(jobs: list[tuple[int, int]], k: int, B: int, source, method: str):
     """A head hook for one layer: of k copies of a batch of B, copy c gets head h replaced, for each (c, h) in ``jobs``."""
 
@@ -345,10 +356,10 @@ def head_effects(
     wanted = sorted(table)
 
     with eval_mode(model):
-        output, kept = runs.forward(clean, record=wanted if method in ("mean", "restore") else ())
-        clean_value, corrupted_value = _value(metric, output), None
-        if method == "mean":  # (B, H, T, Dv) -> (H, Dv): over the batch and the positions
-            kept = {i: z.double().mean(dim=(0, 2)) for i, z in kept.items()}
+        means: dict[int, torch.Tensor] = {}
+        averaging = {i: _averaging(means, i) for i in wanted} if method == "mean" else None
+        output, kept = runs.forward(clean, averaging, record=wanted if method == "restore" else ())
+        clean_value, corrupted_value, kept = _value(metric, output), None, means if method == "mean" else kept
         if corrupted is not None:
             output, other = runs.forward(corrupted, record=wanted if method == "patch" else ())
             corrupted_value = _value(metric, output)

@@ -322,7 +322,7 @@ def prepare(
     G = _check_options(to, num_kv_heads, method, calibration_data, calibration_batches, heldout_lines, recover_steps,
                        kv_rank)  # fmt: skip
     folder = output_folder("--out", out, OUTPUT_FILES)
-    kind, _ = family(model, checkpoint, hf)
+    kind, _ = family(model, checkpoint, hf, command="convert")
     if calibration_data is not None and (kind == "encoder" or hf is not None):
         raise ValueError(f"--calibration-data {calibration_data} is for a GPT --checkpoint; "
                          f"{'an encoder' if kind == 'encoder' else 'a GPT-2 --hf folder'} calibrates on "
@@ -330,7 +330,7 @@ def prepare(
     if kind == "gpt" and heldout_lines is not None:
         raise ValueError(f"--heldout-lines {heldout_lines} is for encoders (--model, a BERT --hf, a sentence-encoder "
                          "--checkpoint); a GPT is measured on validation text")  # fmt: skip
-    loaded = load_source(model, checkpoint, hf)
+    loaded = load_source(model, checkpoint, hf, command="convert")
     net = loaded.net
     if to == "mla":
         _check_mla_model(net, kv_rank)

@@ -283,14 +283,14 @@ def prepare(
     _check_gates(method, gate_penalties, gate_steps)
     check_recover_steps(recover_steps)
     folder = output_folder("--out", out, OUTPUT_FILES)
-    if family(model, checkpoint, hf)[0] == "gpt" and heldout_lines is not None:
+    if family(model, checkpoint, hf, command="prune")[0] == "gpt" and heldout_lines is not None:
         from .prune_hf import VAL_WINDOWS
 
         measured = (f"the GPT-2 --hf {hf} is measured on {VAL_WINDOWS} windows of the Shakespeare validation text"
                     if hf is not None else "a GPT checkpoint is measured on its run's validation batches")  # fmt: skip
         raise ValueError(f"--heldout-lines {heldout_lines} is for encoders (--model, a BERT --hf, a sentence-encoder "
                          f"--checkpoint); {measured}")  # fmt: skip
-    loaded = load_source(model, checkpoint, hf)
+    loaded = load_source(model, checkpoint, hf, command="prune")
     net = loaded.net
     _target(net)
     if loaded.encoder:

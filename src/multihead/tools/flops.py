@@ -19,8 +19,10 @@ bytes of one sequence's caches at n positions, each layer counting
 ``window_cache.cached_positions(layer, n)`` positions (min(n, window) for a
 local layer)::
 
-    kv_cache_size(gemma_like, context=1024)   # "73728 bytes/token (float32); 5 : 1 ... "
-    .bytes                                    # one sequence at 1024 positions, every layer
+    size = kv_cache_size(gpt2_small_5_local_1_global, context=1024)   # window 128, float32
+    str(size)    # "73728 bytes/token (float32); 20447232 bytes per sequence at 1024 positions
+                 #  (local layers hold their window)"
+    size.bytes   # 20447232: 10 local blocks x 128 + 2 global x 1024 positions, 6144 bytes each
 """
 
 from __future__ import annotations

@@ -134,3 +134,20 @@ def test_a_call_that_fails_after_the_write_leaves_the_cache_as_it_was():
             m(x[:, 5:7], is_causal=True, kv_cache=cache, key_mask=torch.ones(2, 3, dtype=torch.bool))
         assert cache.length == 5 and torch.equal(cache.k, k) and torch.equal(cache.v, v)
         assert_paths_agree(_decode(m, x[:, 5:], cache, 1), _decode(m, x[:, 5:], reference, 1))
+
+
+def test_an_attn_mask_over_every_position_written_is_cut_to_the_kept_keys():
+    """Each query also hides the key two positions back (inside the window of 4): a
+    [T, length] mask per call gives the full forward with that [T, T] mask."""
+    torch.manual_seed(0)
+    m = build_attention("gqa", embed_dim=C, num_heads=H, num_kv_heads=2, window=4, dtype=F64, rope=True).eval()
+    x = _x(T=10)
+    i, j = torch.arange(10)[:, None], torch.arange(10)[None, :]
+    hide = j != i - 2  # (T, T)
+    cache = window_cache(m, 2, 10)
+    with torch.no_grad():
+        want = m(x, is_causal=True, attn_mask=hide)
+        outs = [m(x[:, :6], is_causal=True, kv_cache=cache, attn_mask=hide[:6, :6])]
+        outs += [m(x[:, t : t + 1], is_causal=True, kv_cache=cache, attn_mask=hide[t : t + 1, : t + 1]) for t in range(6, 10)]
+    assert_paths_agree(torch.cat(outs, 1), want)
+    assert not torch.allclose(want, m(x, is_causal=True))  # the mask matters

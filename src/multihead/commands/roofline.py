@@ -186,15 +186,14 @@ def measure(job: Job, repeats: int = 3) -> dict[str, float]:
         return min(times)
 
     def decode_step():
-        for cache in caches:
-            cache.length = job.context  # the same step each time
+        for cache, state in zip(caches, filled):
+            cache.restore_state(state)  # the same step each time
         model(idx[:, job.context :], kv_caches=caches)
 
     with torch.no_grad():
         prefill = best(lambda: model(idx[:, : job.context]))
-        for cache in caches:
-            cache.length = 0
         model(idx[:, : job.context], kv_caches=caches)  # fill the cache once
+        filled = [cache.save_state() for cache in caches]
         decode = best(decode_step)
     return {"prefill": prefill, "decode": decode}
 

@@ -478,7 +478,7 @@ class GPT(nn.Module):
                 or cached length + arange(T).
             kv_caches: one cache per block from :meth:`make_kv_caches`; this
                 call appends its T positions and attends over everything
-                cached (caches expose the cached length as ``.length``, a
+                cached (a local block: the last ``window`` positions) (caches expose the cached length as ``.length``, a
                 Python int, equal in every block). Every cache is checked
                 before any is written, and a call that fails anyway leaves
                 every cache's length as it was. Streaming caches from

@@ -18,7 +18,8 @@ last w of them. The layer's window mask hides every key the cache dropped,
 so the outputs are the full cache's (tests/modules/test_window_cache.py).
 ``length`` counts every position written and ``max_len`` bounds it as it
 does a ``KVCache``; ``key_mask`` and ``attn_mask`` may span every position
-written (their last columns are the kept keys', ``local.kept_key_columns``).
+written (their last columns are the kept keys', ``local.kept_key_columns``);
+weights a call returns or observers see span the keys it attends over.
 
 The keys and values are new tensors after each call (a one-token step
 concatenates w - 1 kept positions and its own: one copy of the window, no

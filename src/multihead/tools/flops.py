@@ -14,8 +14,7 @@ summed over the layers), at the model's own dtype (its parameters'), with that
 element type named. A local layer's decoding cache (``window_cache``, what
 ``GPT.make_kv_caches`` builds for a layer with a window) holds at most its
 window, so the bytes of a sequence depend on its length: ``kv_cache_size(model,
-context=n)`` (default the model's ``config.context_length``) also gives the
-bytes of one sequence's caches at n positions, each layer counting
+context=n)`` also gives the bytes of one sequence's caches at n positions, each layer counting
 ``window_cache.cached_positions(layer, n)`` positions (min(n, window) for a
 local layer)::
 
@@ -94,8 +93,7 @@ def kv_cache_size(model: nn.Module, dtype: torch.dtype | None = None, *, context
             SentenceEncoder, a single layer); a layer that caches nothing
             counts 0.
         dtype: the cache's element type (default: the model's parameters').
-        context: positions of one sequence for ``bytes`` (default: the
-            model's ``config.context_length`` when it has one, else none).
+        context: positions of one sequence for ``bytes`` (None: not counted).
 
     Raises:
         ValueError: ``model`` holds no multihead attention layer, or a context below 1.
@@ -107,9 +105,7 @@ def kv_cache_size(model: nn.Module, dtype: torch.dtype | None = None, *, context
             names.append(name)
     if not layers:
         raise ValueError(f"{type(model).__name__} holds no multihead attention layer")
-    if context is None:
-        context = getattr(getattr(model, "config", None), "context_length", None)
-    elif isinstance(context, bool) or not isinstance(context, int) or context < 1:
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
         raise ValueError(f"context must be a positive int, got context={context!r}")
     if dtype is None:
         dtype = next(model.parameters()).dtype

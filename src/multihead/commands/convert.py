@@ -71,7 +71,16 @@ from ..paths import output_folder
 from ..tools.convert_heads import METHODS
 from ..tools.convert_mla import MLA_METHODS
 from .checking import checking
-from .encoder_inputs import HELDOUT_LINES, check_heldout_lines, shakespeare_lines
+from .convert_options import (
+    TARGETS,
+    UNCALIBRATED,
+    check_family_options,
+    check_gqa_model,
+    check_mla_model,
+    check_options,
+    model_layers,
+)
+from .encoder_inputs import HELDOUT_LINES, shakespeare_lines
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
@@ -82,7 +91,7 @@ from .gpt_inputs import (
 )
 from .imports import add_import_argument, import_modules
 from .model_sources import HF_FOLDER, MODELS, add_source_arguments, check_sources, family, load_source
-from .recovery_option import add_recover_steps, check_recover_steps, recover_model
+from .recovery_option import add_recover_steps, recover_model
 from .staged_output import interruptible
 from .surgery_report import echo_measurements
 
@@ -91,12 +100,9 @@ __all__ = [
     "CALIBRATION_SEED", "DEFAULT_CALIBRATION_BATCHES",
 ]  # fmt: skip
 
-TARGETS = ("gqa", "mqa", "mla")
 DEFAULT_METHOD = {"gqa": "mean", "mqa": "mean", "mla": "activation"}
-UNCALIBRATED = ("mean", "svd")  # the methods that read no data
 DEFAULT_CALIBRATION_BATCHES = 8
 BATCH_SIZE = 64  # encoder lines per forward pass of the fidelity
-_FAMILY = ("mha", "gqa", "mqa")
 DESCRIPTION = (
     "Give every attention layer of a model G key/value heads (--to mqa: one), or with --to mla one latent of "
     "--kv-rank channels for its keys and values: the pretrained MiniLM "
@@ -163,99 +169,6 @@ def run(args: argparse.Namespace) -> int:
     return interruptible("multihead convert", args.out, body)
 
 
-def _check_options(to: str, num_kv_heads: int | None, method: str, calibration_data: str | None,
-                   calibration_batches: int | None, heldout: int | None, recover_steps: int,
-                   kv_rank: int | None) -> int | None:  # fmt: skip
-    """G, from --to and --num-kv-heads (None for --to mla); the other options checked."""
-    if to not in TARGETS:
-        raise ValueError(f"--to {to}: unknown target; valid: {', '.join(TARGETS)}")
-    if to == "mqa" and num_kv_heads not in (None, 1):
-        raise ValueError(f"--to mqa has one key/value head; --num-kv-heads {num_kv_heads} is for --to gqa")
-    if to == "gqa" and num_kv_heads is None:
-        raise ValueError("--to gqa needs --num-kv-heads G, the key/value heads of every layer (--to mqa: G = 1)")
-    if to == "mla" and num_kv_heads is not None:
-        raise ValueError(f"--num-kv-heads {num_kv_heads} is for --to gqa; --to mla takes --kv-rank R")
-    if to != "mla" and kv_rank is not None:
-        raise ValueError(f"--kv-rank {kv_rank} is for --to mla (the latent's channels); --to {to} takes G heads")
-    if to == "mla" and kv_rank is None:
-        raise ValueError("--to mla needs --kv-rank R, the channels of the latent every layer caches per token")
-    if to == "mla" and kv_rank < 1:
-        raise ValueError(f"--kv-rank {kv_rank}: give a number of latent channels >= 1")
-    valid = MLA_METHODS if to == "mla" else METHODS
-    if method not in valid:
-        raise ValueError(f"--method {method}: unknown method for --to {to}; valid: {', '.join(valid)}")
-    check_recover_steps(recover_steps)
-    if method in UNCALIBRATED and not recover_steps:
-        given = [
-            f
-            for f, v in (("--calibration-data", calibration_data), ("--calibration-batches", calibration_batches))
-            if v is not None
-        ]
-        if given:
-            raise ValueError(f'{" and ".join(given)} only go with --method aligned or activation or --recover-steps '
-                             f'("{method}" uses no calibration)')
-    if calibration_batches is not None and calibration_batches < 1:
-        raise ValueError(f"--calibration-batches {calibration_batches}: give a number >= 1")
-    check_heldout_lines(heldout)
-    return 1 if to == "mqa" else num_kv_heads if to == "gqa" else None
-
-
-def _layers(model) -> tuple[object, list[nn.Module]]:
-    """(config, attention layers) of a GPT or a SentenceEncoder."""
-    from ..models.gpt import GPT
-
-    if isinstance(model, GPT):
-        return model.config, [block.attn for block in model.blocks]
-    return model.encoder.config, [layer.attention for layer in model.encoder.layers]
-
-
-def _check_model(model, num_kv_heads: int, method: str) -> None:
-    """The to_gqa refusals, worded with the command's flags."""
-    config, layers = _layers(model)
-    H, counts, G = config.num_heads, config.layer_heads, num_kv_heads
-    if counts is None:
-        if not 1 <= G <= H:
-            raise ValueError(f"--num-kv-heads {G} out of range: the model has {H} heads, so G is in 1..{H}")
-        if H % G:
-            raise ValueError(f"--num-kv-heads {G} does not divide the model's {H} heads")
-    elif not 1 <= G <= min(counts):
-        raise ValueError(f"--num-kv-heads {G} out of range: the model's layers have {counts} query heads "
-                         f"after pruning, so G is in 1..{min(counts)}")  # fmt: skip
-    for i, attn in enumerate(layers):
-        kind = getattr(attn, "kind", type(attn).__name__)
-        if kind not in _FAMILY:
-            raise ValueError(
-                f"layer {i} is attention kind {kind!r}, which has no key/value heads to merge; "
-                f"convert takes {', '.join(_FAMILY)} layers"
-            )
-        if attn.num_kv_heads % G:
-            pruned = f" ({attn.num_heads} query heads after pruning)" if counts is not None else ""
-            raise ValueError(f"--num-kv-heads {G} does not divide layer {i}'s {attn.num_kv_heads} key/value heads"
-                             f"{pruned}")  # fmt: skip
-        if method == "aligned" and (attn.rope is not None or attn.qk_norm is not None):
-            raise ValueError(
-                f"--method aligned rotates keys, which does not commute with rope or qk_norm (layer {i} has "
-                f"rope={attn.rope is not None}, qk_norm={attn.qk_norm is not None}): use --method mean"
-            )
-
-
-def _check_mla_model(model, kv_rank: int) -> None:
-    """The to_mla refusals, worded with the command's flags."""
-    _, layers = _layers(model)
-    for i, attn in enumerate(layers):
-        kind = getattr(attn, "kind", type(attn).__name__)
-        if kind not in _FAMILY:
-            raise ValueError(f"layer {i} is attention kind {kind!r}; --to mla converts {', '.join(_FAMILY)} layers")
-        found = [n for n in ("rope", "qk_norm", "sinks") if getattr(attn, n) is not None]
-        if found:
-            raise ValueError(f"layer {i} has {', '.join(found)}: --to mla converts models with absolute positions "
-                             "and without qk_norm or sinks (see docs/surgery.md)")  # fmt: skip
-        width = 2 * attn.num_kv_heads * attn.head_dim
-        if kv_rank > width:
-            raise ValueError(f"--kv-rank {kv_rank} out of range: layer {i}'s keys and values have {width} channels "
-                             f"(2 x {attn.num_kv_heads} heads x {attn.head_dim}), so R is in 1..{width}")  # fmt: skip
-
-
 @dataclass
 class Conversion:
     """What ``prepare`` checked and loaded for ``convert``.
@@ -319,24 +232,18 @@ def prepare(
     """
     check_sources(model, checkpoint, hf)
     method = DEFAULT_METHOD.get(to, "mean") if method is None else method
-    G = _check_options(to, num_kv_heads, method, calibration_data, calibration_batches, heldout_lines, recover_steps,
+    G = check_options(to, num_kv_heads, method, calibration_data, calibration_batches, heldout_lines, recover_steps,
                        kv_rank)  # fmt: skip
     folder = output_folder("--out", out, OUTPUT_FILES)
     kind, _ = family(model, checkpoint, hf, command="convert")
-    if calibration_data is not None and (kind == "encoder" or hf is not None):
-        raise ValueError(f"--calibration-data {calibration_data} is for a GPT --checkpoint; "
-                         f"{'an encoder' if kind == 'encoder' else 'a GPT-2 --hf folder'} calibrates on "
-                         "Shakespeare's text through its own tokenizer")  # fmt: skip
-    if kind == "gpt" and heldout_lines is not None:
-        raise ValueError(f"--heldout-lines {heldout_lines} is for encoders (--model, a BERT --hf, a sentence-encoder "
-                         "--checkpoint); a GPT is measured on validation text")  # fmt: skip
+    check_family_options(kind, hf, calibration_data, heldout_lines)
     loaded = load_source(model, checkpoint, hf, command="convert")
     net = loaded.net
     if to == "mla":
-        _check_mla_model(net, kv_rank)
+        check_mla_model(net, kv_rank)
     else:
-        _check_model(net, G, method)
-    removed = None if checkpoint is None else _pruned_heads(Path(checkpoint), _layers(net)[0].layer_heads)
+        check_gqa_model(net, G, method)
+    removed = None if checkpoint is None else _pruned_heads(Path(checkpoint), model_layers(net)[0].layer_heads)
     count = DEFAULT_CALIBRATION_BATCHES if calibration_batches is None else calibration_batches
     calibrate = method not in UNCALIBRATED or recover_steps
     if loaded.encoder:
@@ -397,7 +304,7 @@ def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
         batches = anchor_batches(new, job.pairs) if job.encoder else calibration
         recovery = recover_model(new, model, batches, "encoder" if job.encoder else "gpt", job.recover_steps)
         recovery["before"] = before
-    (config0, layers0), (config1, layers1) = _layers(model), _layers(new)
+    (config0, layers0), (config1, layers1) = model_layers(model), model_layers(new)
     kv0, kv1 = kv_cache_size(model), kv_cache_size(new)
     report = {
         "source": job.source,

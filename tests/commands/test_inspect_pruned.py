@@ -165,13 +165,13 @@ def test_page_greys_the_removed_heads(pruned, tmp_path):
 def test_a_report_without_layer_heads_is_named_without_none(tmp_path):
     from types import SimpleNamespace
 
-    from multihead.commands.inspect import _pruned_slots
+    from multihead.commands.inspect_sources import pruned_slots
 
     config = SimpleNamespace(num_heads=4, layer_heads=[2, 4])
     (tmp_path / "report.json").write_text('{"removed": {"0": [1, 3]}}')
-    slots, notes = _pruned_slots(config, tmp_path / "report.json")
+    slots, notes = pruned_slots(config, tmp_path / "report.json")
     assert slots is not None and len(notes) == 1
     assert "it lists no layer_heads" in notes[0] and "None" not in notes[0]
     (tmp_path / "report.json").write_text('{"layer_heads": [3, 4], "removed": {}}')
-    _, notes = _pruned_slots(config, tmp_path / "report.json")
+    _, notes = pruned_slots(config, tmp_path / "report.json")
     assert "its layer_heads [3, 4] are not the checkpoint's [2, 4]" in notes[0]

@@ -46,16 +46,15 @@ Mistakes are refused before any work: an output folder that cannot be
 written, a missing tokenizer file, options that contradict each other, an
 empty text; a text longer than the model's maximum is refused unless
 ``truncate`` is set, and then the terminal and the page say what was cut.
-``capture_text`` checks the options, loads the model, encodes the text and
-runs it once (capturing the weights); ``analyse`` then scores the heads.
-``--import MODULE`` is imported first (a checkpoint of a kind from the
-user's own package).
+``capture_text`` checks the options, loads the model (``inspect_sources``),
+encodes the text and runs it once (capturing the weights); ``analyse``
+then scores the heads. ``--import MODULE`` is imported first (a checkpoint
+of a kind from the user's own package).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -64,14 +63,12 @@ from pathlib import Path
 import torch
 
 from ..paths import input_file, output_folder
-from ..tools.capture import AttentionRecord, attention_modules, capture
+from ..tools.capture import AttentionRecord
 from ..tools.causal_roles import CausalScores
 from ..tools.head_slots import HeadSlots
-from ..tools.objectives import encoder_importance, gpt_importance
 from ..tools.roles import classify_heads
 from .checking import checking
 from .imports import add_import_argument, import_modules
-from .inspect_causal import is_causal, score_causal
 from .inspect_corpus import (
     add_corpus_arguments,
     check_corpus,
@@ -81,9 +78,10 @@ from .inspect_corpus import (
     run_corpus,
 )
 from .inspect_report import Inspection, report
+from .inspect_sources import run_gpt, run_hf, run_minilm
 from .model_sources import add_source_arguments
-from .run_dir import is_sentence_encoder, run_checkpoint
-from .tokens import Encoded, check_text, encode_bytes, encode_text, load_tokenizer, notices
+from .run_dir import is_sentence_encoder
+from .tokens import Encoded, check_text
 
 __all__ = [
     "DEFAULT_TEXT", "MODELS", "OUTPUT_FILES", "Captured", "capture_text", "analyse", "inspect_text",
@@ -93,7 +91,6 @@ __all__ = [
 DEFAULT_TEXT = "The law will never be perfect, but its application should be just."
 MODELS = ("minilm-l6",)
 OUTPUT_FILES = ("heads.html", "heads.png", "heads.json")
-_MINILM = "all-MiniLM-L6-v2"
 DESCRIPTION = (
     "Run TEXT through a pretrained model (all-MiniLM-L6-v2 by default, offline) or a GPT "
     "checkpoint, capture every head's exact attention weights, score each head for documented "
@@ -172,144 +169,6 @@ def _check_out(out: str) -> Path:
         raise ImportError("multihead inspect draws heads.png with matplotlib, which is not installed: "
                           "pip install 'multihead[viz]'")
     return output_folder("--out", out, OUTPUT_FILES)
-
-
-def _captured(model, layer: int | None):
-    """``capture(model)`` of every layer, or of the attention module ``layer`` only (the others record nothing)."""
-    if layer is None:
-        return capture(model)
-    count = len(attention_modules(model))
-    if layer >= count:
-        raise ValueError(f"--layer {layer} out of range: the model has layers 0..{count - 1}")
-    return capture(model, layers=[layer])
-
-
-def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer: str | None = None, layer=None):
-    """The packaged MiniLM, or the sentence encoder saved in ``folder`` (what prune and convert write)."""
-    from ..models.minilm import load_minilm, load_sentence_encoder
-
-    if folder is None:
-        model, name, slots, extra = load_minilm(), _MINILM, None, []
-    else:
-        if tokenizer is not None:
-            raise ValueError(f"--checkpoint {folder} is a sentence encoder with its own tokenizer.json; "
-                             f"--tokenizer {tokenizer} cannot replace it")  # fmt: skip
-        model, name = load_sentence_encoder(folder), f"sentence encoder {Path(folder).name}"
-        slots, extra = _pruned_slots(model.encoder.config, Path(folder) / "report.json")
-    def encode(line: str) -> Encoded:
-        return encode_text(model.tokenizer, line, model.max_seq_length, model=name, truncate=truncate)
-
-    enc = encode(text)
-    ids = torch.tensor([enc.ids])  # (1, T)
-    with torch.no_grad(), _captured(model.encoder, layer) as record:
-        model.encoder(ids, attention_mask=torch.ones_like(ids))
-    record.source = name
-    note = f"; {_MINILM} is an English, uncased model" if folder is None else ""
-    found = [*notices(enc, model=name, language_note=note), *extra]
-    return record, enc, found, lambda: encoder_importance(model, ids), slots, None, (model, encode)
-
-
-def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, layer: int | None = None):
-    from ..models.checkpoint import checkpoint_paths, load_checkpoint
-
-    tok = load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
-    found = run_checkpoint(checkpoint)  # a `multihead train` run directory brings its own tokenizer
-    if found is not None:
-        step_dir, run_tok, step = found
-        if tok is not None and step is not None:
-            raise ValueError(
-                f"--checkpoint {checkpoint} is a training run with its own tokenizer; "
-                f"--tokenizer {tokenizer} cannot replace it"
-            )
-        model, folder = load_checkpoint(step_dir).eval(), step_dir
-        if tok is None:  # beside a checkpoint folder: --tokenizer, when given, is used
-            tok = None if run_tok.kind == "bytes" else run_tok  # a BPE run's tokenizer, as tokenizers.Tokenizer JSON
-        source = f"GPT run {Path(checkpoint).name}, step {step}" if step is not None else f"GPT checkpoint {Path(checkpoint).name}"
-    else:
-        model, folder = load_checkpoint(checkpoint).eval(), checkpoint_paths(checkpoint)[0].parent
-        source = f"GPT checkpoint {Path(checkpoint).name}"
-    vocab, limit, name = model.config.vocab_size, model.config.context_length, f"the checkpoint {checkpoint}"
-    if tok is None and vocab != 256:
-        raise ValueError(
-            f"the checkpoint's vocabulary has {vocab} tokens, not 256 bytes: pass --tokenizer tokenizer.json"
-        )
-
-    def encode(line: str) -> Encoded:
-        if tok is None:
-            return encode_bytes(line, limit, model=name, truncate=truncate)
-        found = encode_text(tok, line, limit, model=name, truncate=truncate)
-        if max(found.ids) >= vocab:
-            raise ValueError(f"--tokenizer {tokenizer} produced id {max(found.ids)}, but the checkpoint's vocab_size is {vocab}")
-        return found
-
-    enc = encode(text)
-    ids = torch.tensor([enc.ids])  # (1, T)
-    with torch.no_grad(), _captured(model, layer) as record:
-        model(ids)
-    record.source = source
-    slots, notes = _pruned_slots(model.config, folder / "report.json")
-    causal, more = score_causal(model, vocab_size=vocab, context=limit, tokenizer=tok)
-    return record, enc, [*notices(enc, model=name), *notes, *more], lambda: gpt_importance(model, ids), slots, causal, (model, encode)
-
-
-def _pruned_slots(config, report_path: Path) -> tuple[HeadSlots | None, list[str]]:
-    """(the heads before pruning, notices) of a checkpoint whose layers have fewer than ``num_heads`` heads.
-
-    The indices of the removed heads come from prune's report.json at
-    ``report_path`` when its ``layer_heads`` is the config's; else they are unknown.
-    """
-    counts = config.layer_heads
-    if counts is None or all(h == config.num_heads for h in counts):
-        return None, []
-    if not report_path.is_file():
-        return HeadSlots.from_counts(config.num_heads, counts), []
-    try:
-        if report_path.stat().st_size > 1 << 20:  # prune writes a few kilobytes
-            raise ValueError(f"{report_path.stat().st_size} bytes, more than a report")
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-        if not isinstance(report, dict) or "layer_heads" not in report:
-            raise ValueError("it lists no layer_heads")
-        if report["layer_heads"] != list(counts):
-            raise ValueError(f"its layer_heads {report['layer_heads']} are not the checkpoint's {list(counts)}")
-        removed = report.get("removed")
-        if not isinstance(removed, dict):
-            raise ValueError("it has no 'removed' table")
-        table = {int(layer): [int(h) for h in heads] for layer, heads in removed.items()}
-        return HeadSlots.from_counts(config.num_heads, counts, table), []
-    except (ValueError, TypeError, OSError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
-        note = f"{report_path} does not describe this checkpoint ({e}); the pruned heads' former indices are unknown"
-        return HeadSlots.from_counts(config.num_heads, counts), [note]
-
-
-def _run_hf(text: str, hf: str, truncate: bool):
-    from ..hf import capture as hf_capture  # imports transformers: only for --hf
-    from ..hf import encoder_importance as hf_importance
-    from ..hf.folders import load_transformers_folder, model_folder
-
-    folder = model_folder(hf, ("config.json", "tokenizer.json"), label=f"--hf {hf}")
-    tok = load_tokenizer(str(folder / "tokenizer.json"))
-    model = load_transformers_folder(folder, label=f"--hf {hf}")
-    config = model.config
-    sizes = [getattr(config, n, None) for n in ("max_position_embeddings", "n_positions")]
-    limit = next((v for v in sizes if isinstance(v, int)), None)  # None: no positional limit
-    name = f"{config.model_type} model {hf}"
-
-    def encode(line: str) -> Encoded:
-        found = encode_text(tok, line, limit or 1 << 30, model=name, truncate=truncate)
-        if max(found.ids) >= config.vocab_size:
-            raise ValueError(f"--hf {hf}: tokenizer.json produced id {max(found.ids)}, but vocab_size is {config.vocab_size}")
-        return found
-
-    enc = encode(text)
-    ids = torch.tensor([enc.ids])  # (1, T)
-    with torch.no_grad(), hf_capture(model) as record:
-        model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    record.source = name
-    L, H = record.num_layers, record.layers[0].num_heads
-    causal, more = None, []
-    if is_causal(model, hf=True, vocab_size=config.vocab_size):
-        causal, more = score_causal(model, vocab_size=config.vocab_size, context=limit, tokenizer=tok)
-    return record, enc, [*notices(enc, model=name), *more], lambda: hf_importance(model, ids, L, H), None, causal, (model, encode)
 
 
 def _visible(record: AttentionRecord, T: int) -> torch.Tensor:
@@ -405,10 +264,10 @@ def capture_text(
     if tokenizer is not None:
         input_file("--tokenizer", tokenizer, "a Hugging Face tokenizer.json")
     if hf is not None:
-        record, enc, notes, scorer, slots, causal, source = _run_hf(text, hf, truncate)
+        record, enc, notes, scorer, slots, causal, source = run_hf(text, hf, truncate)
         visible = _visible(record, len(enc.ids))
     elif checkpoint is not None and not is_sentence_encoder(checkpoint):
-        record, enc, notes, scorer, slots, causal, source = _run_gpt(text, checkpoint, tokenizer, truncate, layer)
+        record, enc, notes, scorer, slots, causal, source = run_gpt(text, checkpoint, tokenizer, truncate, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
         if importance and len(enc.ids) < 2:
             raise ValueError(
@@ -416,7 +275,7 @@ def capture_text(
                 f"the text has {len(enc.ids)} token, give at least 2"
             )
     else:  # the packaged MiniLM, or a sentence encoder that prune or convert wrote
-        record, enc, notes, scorer, slots, causal, source = _run_minilm(text, truncate, checkpoint, tokenizer, layer)
+        record, enc, notes, scorer, slots, causal, source = run_minilm(text, truncate, checkpoint, tokenizer, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     record.query_tokens = list(enc.tokens)
     if layer is not None and hf is not None:  # multihead.hf.capture records every layer

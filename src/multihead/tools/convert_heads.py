@@ -81,10 +81,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..models.bert import BertEncoder
-from ..models.gpt import GPT
-from ..models.minilm import SentenceEncoder
 from ..modules.kinds.mha import MultiHeadAttention
+from .calibration import backbone_of, finished, rebuilt, run_calibration
 
 __all__ = ["to_gqa", "METHODS"]
 
@@ -96,19 +94,8 @@ _GPA_TOL = 1e-10
 
 
 # ------------------------------------------------------------------ checks
-def _backbone(model: nn.Module) -> tuple[GPT | BertEncoder, list[nn.Module]]:
-    """The model whose layers are converted and its attention modules, in layer order."""
-    if isinstance(model, SentenceEncoder):
-        model = model.encoder
-    if isinstance(model, GPT):
-        return model, [block.attn for block in model.blocks]
-    if isinstance(model, BertEncoder):
-        return model, [layer.attention for layer in model.layers]
-    raise TypeError(f"to_gqa takes a GPT, BertEncoder or SentenceEncoder, got {type(model).__name__}")
-
-
 def _check(model: nn.Module, num_kv_heads: int, method: str, calibration) -> list[MultiHeadAttention]:
-    backbone, attentions = _backbone(model)
+    backbone, attentions = backbone_of(model, "to_gqa")
     if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int):
         raise TypeError(f"num_kv_heads must be an int, got num_kv_heads={num_kv_heads!r}")
     if method not in METHODS:
@@ -152,36 +139,11 @@ def _check(model: nn.Module, num_kv_heads: int, method: str, calibration) -> lis
 
 
 # ------------------------------------------------------------- calibration
-def _run_batch(model: nn.Module, backbone: nn.Module, batch, n: int) -> None:
-    """Run one calibration batch (forms in the module docstring) through ``backbone``."""
-    ids, mask = batch, None
-    if isinstance(backbone, BertEncoder):
-        if isinstance(model, SentenceEncoder) and isinstance(batch, list) and batch and all(
-            isinstance(s, str) for s in batch
-        ):
-            batch = model.tokenize(batch)
-        if hasattr(batch, "input_ids") and hasattr(batch, "attention_mask"):
-            ids, mask = batch.input_ids, batch.attention_mask
-        elif isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch):
-            ids, mask = batch
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-        forms = "a [B, T] tensor of token ids"
-        if isinstance(backbone, BertEncoder):
-            forms += ", a pair (input_ids [B, T], attention_mask [B, T])"
-            forms += ", or a list of sentences" if isinstance(model, SentenceEncoder) else ""
-        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(batch).__name__
-        raise TypeError(f"calibration batch {n} must be {forms}; got {got}")
-    if mask is None:
-        backbone(ids)
-    else:
-        backbone(ids, attention_mask=mask)  # raises ValueError on a mask of another shape
-
-
 @torch.no_grad()
 def _collect(model: nn.Module, layers: list[MultiHeadAttention], calibration: Iterable) -> list[tuple[torch.Tensor, ...]]:
     """Keys and values of every layer's kv heads at the real (unpadded)
     calibration tokens: per layer (k, v), each float64 [G0, N, D]."""
-    backbone, _ = _backbone(model)
+    backbone, _ = backbone_of(model, "to_gqa")
     inputs: list[list[tuple[torch.Tensor, torch.Tensor | None]]] = [[] for _ in layers]
 
     def keep(i: int):
@@ -190,20 +152,7 @@ def _collect(model: nn.Module, layers: list[MultiHeadAttention], calibration: It
 
         return hook
 
-    handles = [layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(layers)]
-    was_training = backbone.training
-    backbone.eval()
-    try:
-        count = 0
-        for n, batch in enumerate(calibration):
-            _run_batch(model, backbone, batch, n)
-            count += 1
-        if count == 0:
-            raise ValueError("calibration holds no batches")
-    finally:
-        for h in handles:
-            h.remove()
-        backbone.train(was_training)
+    run_calibration(model, backbone, layers, calibration, keep)
     out = []
     for layer, xs in zip(layers, inputs):
         ks, vs = [], []
@@ -375,21 +324,6 @@ def _convert_layer(old: MultiHeadAttention, new: MultiHeadAttention, G: int, sta
         new.out_proj.bias.copy_(old.out_proj.bias)
 
 
-def _rebuilt(model: nn.Module, G: int) -> nn.Module:
-    """A fresh model like ``model`` with G key/value heads, holding every weight
-    whose shape did not change (the attention layers are written afterwards)."""
-    param = next(model.parameters())
-    config = _new_config(model.config, G)
-    if isinstance(model, GPT):
-        new = GPT(config, device=param.device, dtype=param.dtype)
-    else:
-        new = BertEncoder(config).to(device=param.device, dtype=param.dtype)
-    new_state = new.state_dict()
-    kept = {k: v for k, v in model.state_dict().items() if k in new_state and new_state[k].shape == v.shape}
-    new.load_state_dict(kept, strict=False)
-    return new
-
-
 def to_gqa(model: nn.Module, num_kv_heads: int, *, method: str = "mean", calibration: Iterable | None = None):
     """A new model whose every attention layer has ``num_kv_heads`` key/value heads.
 
@@ -431,15 +365,9 @@ def to_gqa(model: nn.Module, num_kv_heads: int, *, method: str = "mean", calibra
     if all(layer.num_kv_heads == G for layer in layers):
         return copy.deepcopy(model)
     stats = _collect(model, layers, calibration) if method == "aligned" else [None] * len(layers)
-    backbone, _ = _backbone(model)
-    new = _rebuilt(backbone, G)
-    _, new_layers = _backbone(new)
+    backbone, _ = backbone_of(model, "to_gqa")
+    new = rebuilt(backbone, _new_config(backbone.config, G))
+    _, new_layers = backbone_of(new, "to_gqa")
     for old_layer, new_layer, layer_stats in zip(layers, new_layers, stats):
         _convert_layer(old_layer, new_layer, G, layer_stats)
-    new.train(backbone.training)
-    if isinstance(model, SentenceEncoder):
-        new = SentenceEncoder(
-            new, model.tokenizer, max_seq_length=model.max_seq_length, pooling=model.pooling, normalize=model.normalize
-        )
-        new.train(model.training)
-    return new
+    return finished(model, backbone, new)

@@ -60,11 +60,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..models.bert import BertEncoder
-from ..models.gpt import GPT
-from ..models.minilm import SentenceEncoder
 from ..modules.kinds.mha import MultiHeadAttention
-from .convert_heads import _backbone, _run_batch
+from .calibration import backbone_of, finished, rebuilt, run_calibration
 
 __all__ = ["to_mla", "MLA_METHODS", "check_kv_rank"]
 
@@ -93,9 +90,7 @@ def check_kv_rank(kv_rank: object, layers: list[nn.Module]) -> int:
 
 
 def _check(model: nn.Module, kv_rank: int, method: str, calibration) -> list[MultiHeadAttention]:
-    if not isinstance(model, (GPT, BertEncoder, SentenceEncoder)):
-        raise TypeError(f"to_mla takes a GPT, BertEncoder or SentenceEncoder, got {type(model).__name__}")
-    _, attentions = _backbone(model)
+    _, attentions = backbone_of(model, "to_mla")
     if method not in MLA_METHODS:
         raise ValueError(f"unknown method={method!r}; valid methods: {list(MLA_METHODS)}")
     for i, attn in enumerate(attentions):
@@ -128,7 +123,7 @@ def _check(model: nn.Module, kv_rank: int, method: str, calibration) -> list[Mul
 @torch.no_grad()
 def _input_moments(model: nn.Module, layers: list[nn.Module], calibration: Iterable) -> list[tuple]:
     """Per layer (mean μ [C], covariance Σ [C, C]) of its inputs at the real calibration tokens, float64."""
-    backbone, _ = _backbone(model)
+    backbone, _ = backbone_of(model, "to_mla")
     sums = [[0, 0.0, 0.0] for _ in layers]  # count, Σx [C], Σxxᵀ [C, C]
 
     def keep(i: int):
@@ -141,20 +136,7 @@ def _input_moments(model: nn.Module, layers: list[nn.Module], calibration: Itera
 
         return hook
 
-    handles = [layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(layers)]
-    was_training = backbone.training
-    backbone.eval()
-    try:
-        count = 0
-        for n, batch in enumerate(calibration):
-            _run_batch(model, backbone, batch, n)
-            count += 1
-        if count == 0:
-            raise ValueError("calibration holds no batches")
-    finally:
-        for h in handles:
-            h.remove()
-        backbone.train(was_training)
+    run_calibration(model, backbone, layers, calibration, keep)
     out = []
     for n, s, ss in sums:
         mean = s / n
@@ -212,20 +194,6 @@ def _new_config(config, r: int, decode: str):
                                attention_options=options)  # fmt: skip
 
 
-def _rebuilt(model: nn.Module, r: int, decode: str) -> nn.Module:
-    """A model like ``model`` with "mla" layers, holding every weight whose name and shape did not change."""
-    param = next(model.parameters())
-    config = _new_config(model.config, r, decode)
-    if isinstance(model, GPT):
-        new = GPT(config, device=param.device, dtype=param.dtype)
-    else:
-        new = BertEncoder(config).to(device=param.device, dtype=param.dtype)
-    new_state = new.state_dict()
-    kept = {k: v for k, v in model.state_dict().items() if k in new_state and new_state[k].shape == v.shape}
-    new.load_state_dict(kept, strict=False)
-    return new
-
-
 def to_mla(model: nn.Module, kv_rank: int, *, method: str = "activation", calibration: Iterable | None = None,
            decode: str = "absorbed"):  # fmt: skip
     """A new model whose every attention layer is "mla" with a latent of ``kv_rank`` channels.
@@ -261,15 +229,9 @@ def to_mla(model: nn.Module, kv_rank: int, *, method: str = "activation", calibr
     if decode not in ("absorbed", "naive"):
         raise ValueError(f"decode must be 'absorbed' or 'naive', got decode={decode!r}")
     moments = _input_moments(model, layers, calibration) if method == "activation" else [None] * len(layers)
-    backbone, _ = _backbone(model)
-    new = _rebuilt(backbone, kv_rank, decode)
-    _, new_layers = _backbone(new)
+    backbone, _ = backbone_of(model, "to_mla")
+    new = rebuilt(backbone, _new_config(backbone.config, kv_rank, decode))
+    _, new_layers = backbone_of(new, "to_mla")
     for old_layer, new_layer, layer_moments in zip(layers, new_layers, moments):
         _convert_layer(old_layer, new_layer, kv_rank, layer_moments)
-    new.train(backbone.training)
-    if isinstance(model, SentenceEncoder):
-        new = SentenceEncoder(
-            new, model.tokenizer, max_seq_length=model.max_seq_length, pooling=model.pooling, normalize=model.normalize
-        )
-        new.train(model.training)
-    return new
+    return finished(model, backbone, new)

@@ -6,14 +6,10 @@
     new = finished(model, backbone, new)     # train mode restored, a SentenceEncoder rewrapped
 
 ``model`` is a GPT, a BertEncoder or a SentenceEncoder (its ``encoder`` is
-the backbone). Calibration batches follow the backbone's forward::
-
-    GPT               input_ids [B, T]
-    BertEncoder       input_ids [B, T] (no padding), or a pair
-                      (input_ids [B, T], attention_mask [B, T], 1 = real token),
-                      or an object with .input_ids and .attention_mask (Tokenized)
-    SentenceEncoder   any of the BertEncoder forms, or a list of sentences (str),
-                      tokenised by the model
+the backbone). Calibration batches take the forms listed in the
+``convert_heads`` module docstring: input_ids [B, T], for an encoder also
+(input_ids, attention_mask [B, T]) pairs or ``Tokenized`` batches, for a
+SentenceEncoder also lists of sentences.
 
 ``run_calibration`` registers ``hook(i)`` as a forward pre-hook (with
 kwargs) of ``layers[i]``: it sees the layer's input x [B, T, C] as
@@ -51,7 +47,7 @@ def backbone_of(model: nn.Module, caller: str) -> tuple[GPT | BertEncoder, list[
 
 
 def run_batch(model: nn.Module, backbone: nn.Module, batch, n: int) -> None:
-    """Run calibration batch number ``n`` (forms in the module docstring) through ``backbone``.
+    """Run calibration batch number ``n`` (its forms: the module docstring) through ``backbone``.
 
     Raises:
         TypeError: a batch of none of the forms. ValueError: a mask of another shape.

@@ -95,8 +95,8 @@ def test_encoder_only_options_are_refused_for_a_gpt_and_back(tmp_path):
     plain = tmp_path / "ckpt"
     save_checkpoint(GPT(GPTConfig.from_preset("tiny", context_length=32)), plain)
     out = tmp_path / "out"
-    rc, _, err = quietly("convert", "--to", "mqa", "--checkpoint", str(plain), "--heldout-lines", "8", "--out", str(out))
-    assert rc == 2 and "--heldout-lines 8 is for encoders" in err, err
+    rc, _, err = quietly("convert", "--to", "mqa", "--checkpoint", str(plain), "--heldout-lines", "16", "--out", str(out))
+    assert rc == 2 and "--heldout-lines 16 is for encoders" in err, err
     rc, _, err = quietly("convert", "--to", "mqa", "--checkpoint", str(enc), "--method", "aligned",
                          "--calibration-data", "shakespeare", "--out", str(out))  # fmt: skip
     assert rc == 2 and "--calibration-data shakespeare is for a GPT --checkpoint" in err, err

@@ -44,7 +44,7 @@ PLAN: dict[str, list[str]] = {
     "src/multihead/tools/importance.py": ["tests/tools/test_importance.py"],
     "src/multihead/tools/convert_heads.py": ["tests/tools/test_convert_heads.py",
                                              "tests/tools/test_convert_heads_aligned.py"],
-    "src/multihead/tools/calibration.py": ["tests/tools/test_convert_heads.py",
+    "src/multihead/tools/calibration.py": ["tests/tools/test_calibration.py", "tests/tools/test_convert_heads.py",
                                            "tests/tools/test_convert_heads_aligned.py", "tests/tools/test_convert_mla.py"],
     "src/multihead/tools/prune.py": ["tests/tools/test_prune.py", "tests/tools/test_prune_transformer.py"],
     "src/multihead/train/checkpoint.py": ["tests/train/test_state_integrity.py", "tests/train/test_state_refusals.py",

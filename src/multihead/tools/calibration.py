@@ -1,6 +1,7 @@
 """What the attention conversions (``convert_heads.to_gqa``, ``convert_mla.to_mla``) share.
 
     backbone, attentions = backbone_of(model, "to_gqa")   # GPT or BertEncoder, its attention modules
+    check_kind(i, attentions[i], "to_gqa")                # a layer of a kind in FAMILY, or ValueError
     run_calibration(model, backbone, layers, calibration, hook)   # every batch through the backbone
     new = rebuilt(backbone, config)          # a fresh model of the new config, unchanged weights kept
     new = finished(model, backbone, new)     # train mode restored, a SentenceEncoder rewrapped
@@ -27,8 +28,11 @@ from torch import nn
 from ..models.bert import BertEncoder
 from ..models.gpt import GPT
 from ..models.minilm import SentenceEncoder
+from ..modules.kinds.mha import MultiHeadAttention
 
-__all__ = ["backbone_of", "run_batch", "run_calibration", "rebuilt", "finished"]
+__all__ = ["FAMILY", "backbone_of", "check_kind", "run_batch", "run_calibration", "rebuilt", "finished"]
+
+FAMILY = ("mha", "gqa", "mqa")  # the attention kinds the conversions take
 
 
 def backbone_of(model: nn.Module, caller: str) -> tuple[GPT | BertEncoder, list[nn.Module]]:
@@ -44,6 +48,19 @@ def backbone_of(model: nn.Module, caller: str) -> tuple[GPT | BertEncoder, list[
     if isinstance(model, BertEncoder):
         return model, [layer.attention for layer in model.layers]
     raise TypeError(f"{caller} takes a GPT, BertEncoder or SentenceEncoder, got {type(model).__name__}")
+
+
+def check_kind(i: int, attn: nn.Module, caller: str) -> None:
+    """Refuse layer ``i`` unless it is a ``MultiHeadAttention`` of a kind in ``FAMILY``.
+
+    Raises:
+        ValueError: another kind or class (the message names ``caller``).
+    """
+    if type(attn) is not MultiHeadAttention or attn.kind not in FAMILY:
+        raise ValueError(
+            f"layer {i} is attention kind {getattr(attn, 'kind', type(attn).__name__)!r} "
+            f"({type(attn).__name__}); {caller} converts only {list(FAMILY)} layers"
+        )
 
 
 def run_batch(model: nn.Module, backbone: nn.Module, batch, n: int) -> None:

@@ -82,12 +82,11 @@ import torch
 from torch import nn
 
 from ..modules.kinds.mha import MultiHeadAttention
-from .calibration import backbone_of, finished, rebuilt, run_calibration
+from .calibration import backbone_of, check_kind, finished, rebuilt, run_calibration
 
 __all__ = ["to_gqa", "METHODS"]
 
 METHODS = ("mean", "aligned")
-_FAMILY = ("mha", "gqa", "mqa")
 _EXHAUSTIVE_LIMIT = 20_000  # partitions of the heads into groups tried one by one
 _GPA_ITERATIONS = 100
 _GPA_TOL = 1e-10
@@ -114,11 +113,7 @@ def _check(model: nn.Module, num_kv_heads: int, method: str, calibration) -> lis
         )
     layers = []
     for i, attn in enumerate(attentions):
-        if type(attn) is not MultiHeadAttention or attn.kind not in _FAMILY:
-            raise ValueError(
-                f"layer {i} is attention kind {getattr(attn, 'kind', type(attn).__name__)!r} "
-                f"({type(attn).__name__}); to_gqa converts only {list(_FAMILY)} layers"
-            )
+        check_kind(i, attn, "to_gqa")
         G0 = attn.num_kv_heads
         if G0 % num_kv_heads:
             raise ValueError(

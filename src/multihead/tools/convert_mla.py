@@ -61,12 +61,11 @@ import torch
 from torch import nn
 
 from ..modules.kinds.mha import MultiHeadAttention
-from .calibration import backbone_of, finished, rebuilt, run_calibration
+from .calibration import backbone_of, check_kind, finished, rebuilt, run_calibration
 
 __all__ = ["to_mla", "MLA_METHODS", "check_kv_rank"]
 
 MLA_METHODS = ("svd", "activation")
-_FAMILY = ("mha", "gqa", "mqa")
 _RIDGE = 1e-9  # Σ + _RIDGE · tr(Σ)/C · I
 
 
@@ -94,11 +93,7 @@ def _check(model: nn.Module, kv_rank: int, method: str, calibration) -> list[Mul
     if method not in MLA_METHODS:
         raise ValueError(f"unknown method={method!r}; valid methods: {list(MLA_METHODS)}")
     for i, attn in enumerate(attentions):
-        if type(attn) is not MultiHeadAttention or attn.kind not in _FAMILY:
-            raise ValueError(
-                f"layer {i} is attention kind {getattr(attn, 'kind', type(attn).__name__)!r} "
-                f"({type(attn).__name__}); to_mla converts only {list(_FAMILY)} layers"
-            )
+        check_kind(i, attn, "to_mla")
         found = {"rope": attn.rope is not None, "qk_norm": attn.qk_norm is not None, "sinks": attn.sinks is not None}
         if any(found.values()):
             raise ValueError(

@@ -1,0 +1,43 @@
+"""What to_gqa and to_mla share (tools.calibration): the refusals name the converter, and a calibration
+pass that fails leaves the model as it was (train mode, no hooks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multihead.models.gpt import GPT, GPTConfig
+from multihead.tools.convert_heads import to_gqa
+from multihead.tools.convert_mla import to_mla
+
+CONVERTERS = [
+    ("to_gqa", lambda model, calibration=None: to_gqa(model, 2, method="aligned", calibration=calibration)),
+    ("to_mla", lambda model, calibration=None: to_mla(model, 8, method="activation", calibration=calibration)),
+]
+
+
+def _gpt(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_preset("tiny", num_layers=2, context_length=16, **overrides))
+
+
+@pytest.mark.parametrize("caller, convert", CONVERTERS, ids=[c for c, _ in CONVERTERS])
+def test_a_layer_of_another_kind_and_another_model_class_are_refused_naming_the_converter(caller, convert):
+    with pytest.raises(ValueError) as err:
+        convert(_gpt(attention="gated"), [torch.zeros(1, 4, dtype=torch.long)])
+    assert str(err.value).startswith("layer 0 is attention kind 'gated' (")
+    assert str(err.value).endswith(f"; {caller} converts only ['mha', 'gqa', 'mqa'] layers")
+    with pytest.raises(TypeError, match=f"^{caller} takes a GPT, BertEncoder or SentenceEncoder, got Linear$"):
+        convert(torch.nn.Linear(2, 2), [torch.zeros(1, 4, dtype=torch.long)])
+
+
+@pytest.mark.parametrize("caller, convert", CONVERTERS, ids=[c for c, _ in CONVERTERS])
+def test_a_bad_calibration_batch_leaves_the_model_in_train_mode_without_hooks(caller, convert):
+    model = _gpt().train()
+    good = torch.randint(0, model.config.vocab_size, (2, 8))
+    with pytest.raises(TypeError, match=r"calibration batch 1 must be a \[B, T\] tensor of token ids; got \(8,\)"):
+        convert(model, [good, good[0]])
+    assert model.training and all(m.training for m in model.modules())
+    assert all(not block.attn._forward_pre_hooks for block in model.blocks)
+    new = convert(model, [good])  # the same model converts afterwards, in its train mode
+    assert new.training and isinstance(new, GPT)

@@ -126,6 +126,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("device", str, "auto|cpu|cuda", "where to train (auto: CUDA when available)"),
     Flag("shard", bool, "", "under torchrun, shard the model over the processes with FSDP2 instead of DDP"),
     Flag("tensor_parallel", int, "N", "under torchrun, split every layer's heads over N processes (the rest: data parallel)"),
+    Flag("track_heads", bool, "", "at each evaluation, score every head's causal roles (induction, ...) into "
+         "metrics.jsonl; 'multihead heads RUN_DIR' plots them"),
 )
 
 # Fields set by flags of another shape: --attention-option K=V (repeated).

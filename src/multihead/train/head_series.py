@@ -1,0 +1,180 @@
+"""The tracked heads of a run (``--track-heads``): read, find where they rose, plot.
+
+``read_head_series(run_dir)`` gathers the ``"heads"`` entries of
+``metrics.jsonl`` (``multihead.train.head_tracking``) into one array per
+role, with the run's loss curves::
+
+    series.steps                  [N]        the evaluation steps that were scored
+    series.scores["induction"]    [N, L, H]  NaN where a layer lacks the head
+    series.loss_steps, train_loss [M]        every metrics line
+    series.val_steps, val_loss    [K]        the evaluation lines
+
+``rises(series, threshold)`` names each head whose score reached
+``threshold`` and the first scored step at which it did (the "induction
+bump" of Olsson et al. 2022 is the step where induction heads form);
+``plot_heads`` draws the loss beside every role's curves as a PNG.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["HeadSeries", "Rise", "read_head_series", "rises", "plot_heads"]
+
+
+@dataclass
+class HeadSeries:
+    """The tracked scores of one run (see the module docstring for the shapes)."""
+
+    run_dir: Path
+    steps: np.ndarray
+    scores: dict[str, np.ndarray]
+    layers: list[str]
+    length: int
+    batch: int
+    loss_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    train_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    val_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    val_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def uniform(self) -> float:
+        """About what a head spreading its weight evenly scores: ln(2n) / (2n)."""
+        return math.log(2 * self.length) / (2 * self.length)
+
+
+@dataclass(frozen=True)
+class Rise:
+    """Head (layer, head) of ``role`` first scored at least the threshold at ``step``;
+    ``before``: its score at the previous scored step (None: ``step`` is the first)."""
+
+    role: str
+    layer: int
+    head: int
+    step: int
+    before: float | None
+    at: float
+    final: float
+
+
+def _lines(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a kill
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
+
+
+def read_head_series(run_dir: str | Path) -> HeadSeries:
+    """The tracked heads and loss curves of a ``multihead train`` run directory.
+
+    Raises:
+        ValueError: ``run_dir`` is not a run directory (no metrics.jsonl),
+            no line holds tracked heads, or the tracked tables change shape.
+    """
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir}: no such folder (expected the run directory of 'multihead train --out DIR')")
+    if not metrics.is_file():
+        raise ValueError(f"{run_dir} is not a multihead train run directory: it has no metrics.jsonl")
+    rows = _lines(metrics)
+    tracked = [r for r in rows if isinstance(r.get("heads"), dict) and isinstance(r["heads"].get("scores"), dict)]
+    if not tracked:
+        raise ValueError(
+            f"{run_dir} has no tracked heads (no evaluation line of its metrics.jsonl has \"heads\"): train it with "
+            f"--track-heads, or resume it with: multihead train --out {run_dir} --resume --track-heads --max-steps N"
+        )
+    first = tracked[0]["heads"]
+    roles = list(first["scores"])
+    scores = {}
+    for role in roles:
+        try:
+            table = [[[math.nan if v is None else float(v) for v in row] for row in r["heads"]["scores"][role]]
+                     for r in tracked]  # fmt: skip
+            scores[role] = np.asarray(table, dtype=np.float64)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{metrics}: the tracked {role!r} scores change shape or are missing between lines") from None
+        if scores[role].ndim != 3:
+            raise ValueError(f"{metrics}: the tracked {role!r} scores are not [layers][heads] tables")
+    losses = [r for r in rows if isinstance(r.get("train_loss"), (int, float))]
+    vals = [r for r in rows if isinstance(r.get("val_loss"), (int, float))]
+    return HeadSeries(
+        run_dir, np.array([r["step"] for r in tracked]), scores, list(first.get("layers", [])),
+        int(first.get("length", 32)), int(first.get("batch", 0)),
+        np.array([r["step"] for r in losses]), np.array([r["train_loss"] for r in losses], dtype=np.float64),
+        np.array([r["step"] for r in vals]), np.array([r["val_loss"] for r in vals], dtype=np.float64),
+    )  # fmt: skip
+
+
+def rises(series: HeadSeries, threshold: float) -> list[Rise]:
+    """Every head whose score of a role reached ``threshold``, by role (in the series' order) then step."""
+    found = []
+    for role, s in series.scores.items():
+        for layer in range(s.shape[1]):
+            for head in range(s.shape[2]):
+                curve = s[:, layer, head]
+                above = np.flatnonzero(curve >= threshold)  # NaN (no such head) is never above
+                if above.size:
+                    i = int(above[0])
+                    before = float(curve[i - 1]) if i > 0 else None
+                    found.append(Rise(role, layer, head, int(series.steps[i]), before, float(curve[i]), float(curve[-1])))
+    order = {role: k for k, role in enumerate(series.scores)}
+    return sorted(found, key=lambda r: (order[r.role], r.step, -r.final))
+
+
+def plot_heads(series: HeadSeries, threshold: float, found: list[Rise]) -> bytes:
+    """The PNG: the loss curves on top, then one panel per role with every head's
+    score over steps (the heads that reached ``threshold`` in colour and named,
+    the others grey), the threshold dashed and the even-spread level dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    roles = list(series.scores)
+    fig, axes = plt.subplots(len(roles) + 1, 1, figsize=(8, 2.2 * (len(roles) + 1) + 0.4), sharex=True)
+    loss = axes[0]
+    if series.loss_steps.size:
+        loss.plot(series.loss_steps, series.train_loss, color="0.6", lw=0.8, label="train (batch)")
+    if series.val_steps.size:
+        loss.plot(series.val_steps, series.val_loss, color="C3", marker=".", lw=1.4, label="validation")
+    loss.set(ylabel="loss (nats/token)", title=f"{series.run_dir}: loss and head roles")
+    loss.legend(fontsize=8, loc="upper right")
+    risen = {(r.role, r.layer, r.head): r for r in found}
+    for ax, role in zip(axes[1:], roles, strict=True):
+        s = series.scores[role]
+        colour = 0
+        for layer in range(s.shape[1]):
+            for head in range(s.shape[2]):
+                rise = risen.get((role, layer, head))
+                if rise is None:
+                    ax.plot(series.steps, s[:, layer, head], color="0.75", lw=0.7)
+                    continue
+                ax.plot(series.steps, s[:, layer, head], color=f"C{colour % 10}", lw=1.6,
+                        label=f"L{layer} H{head} (step {rise.step})")  # fmt: skip
+                colour += 1
+        ax.axhline(threshold, color="k", ls="--", lw=0.8)
+        ax.axhline(series.uniform, color="k", ls=":", lw=0.8)
+        ax.set(ylabel=f"{role.replace('_', ' ')}\nscore", ylim=(0, 1))
+        if colour:
+            ax.legend(fontsize=7, loc="upper left", ncol=min(4, colour))
+        else:
+            ax.text(0.01, 0.9, f"no head reached {threshold:g}", transform=ax.transAxes, fontsize=8, va="top")
+    axes[-1].set_xlabel(f"step  (scores on {series.batch} x 2·{series.length} repeated random tokens; "
+                        f"dashed: threshold {threshold:g}, dotted: even spread)")  # fmt: skip
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()

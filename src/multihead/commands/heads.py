@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         from ..io import write_bytes_atomic
 
         found = rises(series, threshold)
+        png.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(png, plot_heads(series, threshold, found))
         for line in format_rises(series, found, threshold):
             print(line)

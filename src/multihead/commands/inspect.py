@@ -17,6 +17,13 @@ columns and each head's strongest links), and writes three files:
     heads.png    layers x heads grid of heatmaps
     heads.json   the record (weights and tokens) plus the roles
 
+A causal model (a GPT checkpoint or run, a Hugging Face model whose heads
+hide later tokens) also gets the standard causal head scores on repeated
+random tokens (``inspect_causal``: induction, previous-token,
+duplicate-token, and the copying score of each head's OV circuit, the
+tokenizer's special ids never drawn); the printout, heads.html and
+heads.json lead with them. An encoder has none, and no such section.
+
 With ``importance`` every head also gets an ablation score
 (``head_scores``: the loss increase when the head alone is masked), a
 column of the printed table and ``"importance"`` among its scores in
@@ -52,11 +59,13 @@ import torch
 
 from ..paths import input_file, output_folder
 from ..tools.capture import AttentionRecord, attention_modules, capture
+from ..tools.causal_roles import CausalScores
 from ..tools.head_slots import HeadSlots
 from ..tools.objectives import encoder_importance, gpt_importance
 from ..tools.roles import classify_heads
 from .checking import checking
 from .imports import add_import_argument, import_modules
+from .inspect_causal import is_causal, score_causal
 from .inspect_report import Inspection, report
 from .model_sources import add_source_arguments
 from .run_dir import is_sentence_encoder, run_checkpoint
@@ -77,7 +86,9 @@ DESCRIPTION = (
     "roles (previous/next token, self, [CLS], [SEP], punctuation, broad, rare token), print the "
     "strongest heads of each role and the top token links (--verbose: every head's scores, the legend "
     "of the columns and each head's strongest links), and write heads.html (head view, model view, role table; opens from disk), heads.png and "
-    "heads.json into --out. --hf DIR does the same for any local Hugging Face model folder "
+    "heads.json into --out. A causal model (a GPT --checkpoint or run, a causal --hf model) is first scored "
+    "for the causal roles on repeated random tokens (induction, previous-token, duplicate-token heads and "
+    "the copying score of each head's OV circuit), which the printout and the page show first. --hf DIR does the same for any local Hugging Face model folder "
     "(config.json, safetensors weights, tokenizer.json), run on multihead attention. --importance "
     "adds each head's ablation score: the loss increase when that head alone is masked (a GPT's LM "
     "loss on the text; for an encoder 1 - cosine between the masked and the whole text's mean-pooled "
@@ -166,7 +177,7 @@ def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer:
     record.source = name
     note = f"; {_MINILM} is an English, uncased model" if folder is None else ""
     found = [*notices(enc, model=name, language_note=note), *extra]
-    return record, enc, found, lambda: encoder_importance(model, ids), slots
+    return record, enc, found, lambda: encoder_importance(model, ids), slots, None
 
 
 def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, layer: int | None = None):
@@ -204,7 +215,8 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, 
         model(ids)
     record.source = source
     slots, notes = _pruned_slots(model.config, folder / "report.json")
-    return record, enc, [*notices(enc, model=name), *notes], lambda: gpt_importance(model, ids), slots
+    causal, more = score_causal(model, vocab_size=vocab, context=limit, tokenizer=tok)
+    return record, enc, [*notices(enc, model=name), *notes, *more], lambda: gpt_importance(model, ids), slots, causal
 
 
 def _pruned_slots(config, report_path: Path) -> tuple[HeadSlots | None, list[str]]:
@@ -256,7 +268,10 @@ def _run_hf(text: str, hf: str, truncate: bool):
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
     record.source = name
     L, H = record.num_layers, record.layers[0].num_heads
-    return record, enc, notices(enc, model=name), lambda: hf_importance(model, ids, L, H), None
+    causal, more = None, []
+    if is_causal(model, hf=True, vocab_size=config.vocab_size):
+        causal, more = score_causal(model, vocab_size=config.vocab_size, context=limit, tokenizer=tok)
+    return record, enc, [*notices(enc, model=name), *more], lambda: hf_importance(model, ids, L, H), None, causal
 
 
 def _visible(record: AttentionRecord, T: int) -> torch.Tensor:
@@ -280,6 +295,8 @@ class Captured:
         visible: [T, T] bool, the keys each query was allowed to see.
         scorer: () -> [L, H] ablation scores of every head (``--importance``).
         slots: a pruned model's heads before pruning (None: nothing pruned).
+        causal: a causal model's head scores on repeated random tokens
+            (``inspect_causal``; None for an encoder).
     """
 
     record: AttentionRecord
@@ -288,6 +305,7 @@ class Captured:
     visible: torch.Tensor
     scorer: Callable[[], torch.Tensor]
     slots: HeadSlots | None = None
+    causal: CausalScores | None = None
 
 
 def capture_text(
@@ -344,10 +362,10 @@ def capture_text(
     if tokenizer is not None:
         input_file("--tokenizer", tokenizer, "a Hugging Face tokenizer.json")
     if hf is not None:
-        record, enc, notes, scorer, slots = _run_hf(text, hf, truncate)
+        record, enc, notes, scorer, slots, causal = _run_hf(text, hf, truncate)
         visible = _visible(record, len(enc.ids))
     elif checkpoint is not None and not is_sentence_encoder(checkpoint):
-        record, enc, notes, scorer, slots = _run_gpt(text, checkpoint, tokenizer, truncate, layer)
+        record, enc, notes, scorer, slots, causal = _run_gpt(text, checkpoint, tokenizer, truncate, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
         if importance and len(enc.ids) < 2:
             raise ValueError(
@@ -355,14 +373,14 @@ def capture_text(
                 f"the text has {len(enc.ids)} token, give at least 2"
             )
     else:  # the packaged MiniLM, or a sentence encoder that prune or convert wrote
-        record, enc, notes, scorer, slots = _run_minilm(text, truncate, checkpoint, tokenizer, layer)
+        record, enc, notes, scorer, slots, causal = _run_minilm(text, truncate, checkpoint, tokenizer, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     record.query_tokens = list(enc.tokens)
     if layer is not None and hf is not None:  # multihead.hf.capture records every layer
         if layer >= record.num_layers:
             raise ValueError(f"--layer {layer} out of range: the model has layers 0..{record.num_layers - 1}")
         record.layers = [record.layers[layer]]
-    return Captured(record, enc, notes, visible, scorer, slots)
+    return Captured(record, enc, notes, visible, scorer, slots, causal)
 
 
 def analyse(captured: Captured, *, importance: bool = False) -> Inspection:
@@ -375,7 +393,7 @@ def analyse(captured: Captured, *, importance: bool = False) -> Inspection:
         for r in roles:
             r.scores["importance"] = float(scores[r.layer, r.head])
     return Inspection(record, enc.ids, roles, captured.visible, enc.analysed, enc.total, captured.notices,
-                      captured.slots)  # fmt: skip
+                      captured.slots, captured.causal)  # fmt: skip
 
 
 def inspect_text(text: str, *, importance: bool = False, **options) -> Inspection:

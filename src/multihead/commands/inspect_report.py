@@ -1,5 +1,6 @@
 """What ``multihead inspect`` prints and writes: a short summary by default, every head with
-``--verbose``, and heads.html, heads.png and heads.json (``report``).
+``--verbose``, and heads.html, heads.png and heads.json (``report``). A causal model's roles
+(``inspect_causal.format_causal``) come first, before the roles on the text.
 
 The summary (``format_summary``)::
 
@@ -33,6 +34,7 @@ from pathlib import Path
 import torch
 
 from ..tools.capture import AttentionRecord
+from ..tools.causal_roles import CausalScores
 from ..tools.head_slots import HeadSlots
 from ..tools.roles import (
     MARKS,
@@ -50,6 +52,7 @@ from ..tools.roles import (
 )  # fmt: skip
 from ..tools.token_text import readable_tokens
 from .head_scores import IMPORTANCE_MEANING, format_head_table
+from .inspect_causal import causal_view, format_causal
 
 __all__ = ["Inspection", "plural", "head_name", "token_label", "format_summary", "format_links", "shown_links", "report"]
 
@@ -67,6 +70,8 @@ class Inspection:
         total_tokens: tokens of the whole text (more than ``token_ids`` when cut).
         notices: what the reader must know (text cut, words not understood).
         slots: a pruned model's heads before pruning (None: nothing pruned).
+        causal: a causal model's head scores on repeated random tokens
+            (None for an encoder).
     """
 
     record: AttentionRecord
@@ -77,6 +82,7 @@ class Inspection:
     total_tokens: int
     notices: list[str] = field(default_factory=list)
     slots: HeadSlots | None = None
+    causal: CausalScores | None = None
 
 
 def plural(n: int, word: str) -> str:
@@ -248,6 +254,9 @@ def report(
     for note in found.notices:
         echo(f"notice: {note}")
     echo("")
+    if found.causal is not None:  # a causal model's roles lead
+        echo(format_causal(found.causal, verbose=verbose))
+        echo("")
     if not verbose:
         echo(format_summary(roles, shown_links(found, k=8, words=True), record.query_tokens, importance=importance))
         echo("")
@@ -270,13 +279,15 @@ def report(
     legend.update({name: {"meaning": meaning, "threshold": limit} for name, meaning, limit in role_legend(masses=True)})
     if importance:
         legend["importance"] = {"meaning": IMPORTANCE_MEANING, "threshold": None}
+    causal = causal_view(found.causal) if found.causal is not None else None
     paths = {
         "html": write_html(
-            record, folder / "heads.html", roles=roles, title=title, legend=legend, notices=found.notices, slots=slots
+            record, folder / "heads.html", roles=roles, title=title, legend=legend, notices=found.notices, slots=slots,
+            causal=causal,
         ),
         "png": write_png(record, folder / "heads.png", roles=roles, slots=slots),
-        "json": write_json(record, folder / "heads.json", roles=roles, slots=slots),
-    }
+        "json": write_json(record, folder / "heads.json", roles=roles, slots=slots, causal=causal),
+    }  # fmt: skip
     echo("")
     for kind, path in paths.items():
         echo(f"wrote {kind:<4} {path.resolve()}")

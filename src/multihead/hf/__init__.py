@@ -22,6 +22,8 @@ folder into multihead's own models, without transformers (importing
 ``multihead.hf`` registers "multihead" only where transformers is
 installed); ``load_transformers_folder`` is ``load_hf`` for a command.
 ``encoder_importance`` scores each head of a transformers model by ablation.
+``multihead.tools.run_with_cache`` reaches a transformers model through
+``activations.py`` (named q, k, v, pattern, z, attn_out and residuals).
 
 Export (``export.py``): ``export_hf(model, folder)`` writes a multihead GPT
 as a ``GPT2LMHeadModel`` folder and a BERT/MiniLM as a ``BertModel`` (and

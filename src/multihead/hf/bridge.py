@@ -2,13 +2,14 @@
 
 ``attention_forward`` has the signature of transformers' attention interface;
 ``register`` installs it (and SDPA's mask builder) under the name
-``"multihead"``. ``capture`` / ``head_gates`` blocks (``scopes.py``) reach it
-through ``_SCOPES``.
+``"multihead"``. ``capture`` / ``head_gates`` blocks (``scopes.py``) and
+``run_with_cache`` (``activations.py``) reach it through ``_SCOPES``.
 """
 
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,13 +34,22 @@ _REFUSED = {
 
 @dataclass
 class _Scope:
-    """One active ``capture`` or ``head_gates`` block on one model."""
+    """One active ``capture``, ``head_gates`` or ``run_with_cache`` on one model.
+
+    ``on_call(module, position, query, key, value, weights, out)`` sees each call's
+    q [B, H, T, D], k [B, G, S, D], v [B, G, S, Dv], the weights of ``selection``
+    (None unless the module's position, its order of first call, is in
+    ``on_call_weights``) and out [B, H, T, Dv] after the gates of the scopes
+    entered before it.
+    """
 
     module_names: dict[int, str]
     record: AttentionRecord | None = None
     gates: torch.Tensor | None = None
     order: dict[int, int] = field(default_factory=dict)
     selection: WeightSelection = field(default_factory=WeightSelection)  # the heads and rows a capture records
+    on_call: Callable | None = None
+    on_call_weights: frozenset[int] = frozenset()
 
 
 _SCOPES: contextvars.ContextVar[tuple[_Scope, ...]] = contextvars.ContextVar("multihead_hf_scopes", default=())
@@ -85,6 +95,11 @@ def _weights_requested(kwargs: dict) -> bool:
     except (ImportError, LookupError):
         return False
     return isinstance(collected, dict) and any(key.endswith("attentions") for key in collected)
+
+
+def _position(scope: _Scope, module: nn.Module) -> int:
+    """The module's index among the scope's attention modules, in order of first call."""
+    return scope.order.setdefault(id(module), len(scope.order))
 
 
 def _kind(H: int, G: int) -> str:
@@ -155,7 +170,9 @@ def attention_forward(
 
     scopes = [s for s in _SCOPES.get() if id(module) in s.module_names]
     asked = _weights_requested(kwargs)
-    recording = [(None, s.selection) for s in scopes if s.record is not None]
+    takes = [s.record is not None or (s.on_call is not None and _position(s, module) in s.on_call_weights)
+             for s in scopes]  # fmt: skip
+    recording = [(None, s.selection) for s, took in zip(scopes, takes) if took]
     want_weights, got, own = asked, (None, None), []
     if recording:  # the union of the captures' heads and rows; every weight when output_attentions asks
         union, own = observed_selection(recording, query.shape[1], query.shape[2])
@@ -174,7 +191,9 @@ def attention_forward(
     )
     out, weights = result if want_weights is not False else (result, None)
     own = iter(own)
-    for scope in scopes:
+    for scope, took in zip(scopes, takes):
+        heads, rows = next(own) if took else (None, None)
+        part = part_of(weights.detach(), (heads, rows), got) if took else None  # (B, h, r, S)
         if scope.gates is not None:
             layer = _layer_index(module)
             L, H = scope.gates.shape
@@ -189,17 +208,18 @@ def attention_forward(
             if not scope.record.layers and scope.record.attention_mask is None:
                 scope.record.attention_mask = padding_of(attention_mask, query.shape[0])
             position = scope.order.setdefault(id(module), len(scope.order))
-            heads, rows = next(own)
             scope.record.layers.append(
                 LayerAttention(
                     layer=position,
                     name=scope.module_names[id(module)],
                     kind=_kind(query.shape[1], key.shape[1]),
-                    weights=part_of(weights.detach(), (heads, rows), got).float().cpu(),
+                    weights=part.float().cpu(),
                     heads=heads,
                     rows=rows,
                 )
             )
+        if scope.on_call is not None:
+            scope.on_call(module, _position(scope, module), query, key, value, part, out)
     out = out.transpose(1, 2).contiguous()  # (B, H, T, Dv) -> (B, T, H, Dv)
     return out, weights if asked else None
 

@@ -8,7 +8,7 @@
           k, v, extra = write_cache(...)  [kind layout] append, read everything cached
           mask = attn_mask AND key_mask
           out, weights = core(...)        [kind] default: functional.attention
-      observers <- AttentionEvent(weights, q, k, mask, heads, rows, ...)
+      observers <- AttentionEvent(weights, q, k, v, mask, heads, rows, ...)
       out = head hooks(out)               only while one is registered
       return merge_heads(out)             (B, H, T, Dv) -> (B, T, H*Dv) -> out_proj
 
@@ -299,10 +299,11 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         self._attention_observers[handle.id] = (observer, WeightSelection(heads=heads, rows=rows))
         return handle
 
-    def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str, heads=None, rows=None):
+    def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str, heads=None, rows=None,
+                         v=None):  # fmt: skip
         """Hand one call's weights [B, h, r, S] of query heads ``heads`` and rows ``rows``
-        (None: all H, T) and its q/k to each observer, cut to its own part."""
-        notify(self, list(self._attention_observers.values()), weights, (heads, rows), self.num_heads, q=q, k=k,
+        (None: all H, T) and its q/k/v to each observer, cut to its own part."""
+        notify(self, list(self._attention_observers.values()), weights, (heads, rows), self.num_heads, q=q, k=k, v=v,
                attn_mask=mask, scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale, is_causal=is_causal,
                causal_alignment=causal_alignment, kind=self.kind)  # fmt: skip
 
@@ -495,7 +496,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             )  # fmt: skip
         if observed:
             self.notify_observers(weights, q, k, mask, is_causal=is_causal, causal_alignment=causal_alignment,
-                                  heads=got[0], rows=got[1])  # fmt: skip
+                                  heads=got[0], rows=got[1], v=v)  # fmt: skip
         if self._head_hooks:
             out = self.run_head_hooks(out)
         out = self.merge_heads(out)

@@ -57,6 +57,8 @@ class AttentionEvent:
             layer's ``num_heads``), h of them.
         rows: the query rows the weights hold (ascending indices into the
             call's T queries), r of them.
+        v: [B, G, S, Dv] values after projection, including cached ones
+            (detached); None where the caller has none to give.
     """
 
     weights: torch.Tensor
@@ -69,6 +71,7 @@ class AttentionEvent:
     kind: str
     heads: tuple[int, ...]
     rows: tuple[int, ...]
+    v: torch.Tensor | None = None
 
 
 Observer = Callable[[torch.nn.Module, AttentionEvent], None]
@@ -123,6 +126,7 @@ def notify(
     *,
     q: torch.Tensor,
     k: torch.Tensor,
+    v: torch.Tensor | None = None,
     **call,
 ) -> None:
     """Call each observer with an ``AttentionEvent`` holding its part of ``weights``.
@@ -131,15 +135,16 @@ def notify(
         weights: [B, h, r, S] of the heads and rows ``got`` (None: all H, T).
         H: the layer's heads (``num_heads``: the heads of its weights, which
             a kind's q may outnumber, as differential attention's 2H do).
-        q: [B, H', T, D]; k: [B, G, S, D].
+        q: [B, H', T, D]; k: [B, G, S, D]; v: [B, G, S, Dv] or None.
         call: the event's scale, attn_mask, is_causal, causal_alignment, kind.
     """
     T = q.shape[2]
     _, own = observed_selection(entries, H, T)
     weights, q, k = weights.detach(), q.detach(), k.detach()
+    v = None if v is None else v.detach()
     for (observer, _), (heads, rows) in zip(entries, own):
         event = AttentionEvent(
-            weights=part_of(weights, (heads, rows), got), q=q, k=k, **call,
+            weights=part_of(weights, (heads, rows), got), q=q, k=k, v=v, **call,
             heads=tuple(range(H)) if heads is None else heads, rows=tuple(range(T)) if rows is None else rows,
         )  # fmt: skip
         observer(module, event)

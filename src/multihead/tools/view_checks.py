@@ -176,3 +176,19 @@ def number(name: str, value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {value!r}")
     return float(value) if math.isfinite(value) else None
+
+
+def causal_entries(causal) -> dict:
+    """A causal model's role scores for the page and heads.json, checked: a mapping with "roles"
+    (a list of {"name": str, "meaning": str, "threshold", "chance"}) and "scores" (name -> rows of numbers or None)."""
+    if not isinstance(causal, Mapping):
+        raise TypeError(f"causal must be a dict (inspect_causal.causal_view), got {type(causal).__name__}")
+    roles, scores = causal.get("roles"), causal.get("scores")
+    if not isinstance(roles, list) or not isinstance(scores, Mapping):
+        raise TypeError("causal needs a 'roles' list and a 'scores' dict")
+    for role in roles:
+        if not isinstance(role, Mapping) or not all(isinstance(role.get(k), str) for k in ("name", "meaning")):
+            raise TypeError(f"each causal role needs a str 'name' and 'meaning', got {role!r}")
+        if role["name"] not in scores:
+            raise ValueError(f"causal role {role['name']!r} has no scores; scored: {sorted(scores)}")
+    return dict(causal)

@@ -45,6 +45,12 @@ with ``record.attention_mask``, without its padding. Tokens are shown by
 ``␣``); the page keeps each raw token as its tooltip and in heads.json.
 Each writer refuses a path whose folder does not exist before any work.
 
+``causal`` (``commands.inspect_causal.causal_view``: ``"roles"``, a list
+of ``{"name", "meaning", "threshold", "chance"}`` in the order shown, and
+``"scores"``, role -> L lists of H numbers or null) puts a causal model's
+roles first on the page, a section of their own above the head view, and
+into heads.json; without it the page has no such section.
+
 ``slots`` (a ``head_slots.HeadSlots``) draws a pruned model with every
 layer's heads before pruning: the removed ones as grey cells labelled
 "pruned", the kept ones with their index before pruning when known; the
@@ -75,6 +81,7 @@ from ..io import write_bytes_atomic
 from .capture import AttentionRecord
 from .head_slots import HeadSlots
 from .token_text import readable_tokens
+from .view_checks import causal_entries as _causal
 from .view_checks import check_slots as _check_slots
 from .view_checks import folder_of as _folder_of
 from .view_checks import legend_entries as _legend
@@ -102,6 +109,7 @@ def write_html(
     legend: Mapping | None = None,
     notices: list[str] | None = None,
     slots: HeadSlots | None = None,
+    causal: Mapping | None = None,
 ) -> Path:
     """Write one self-contained HTML page: head view, model view, role table.
 
@@ -119,6 +127,7 @@ def write_html(
             (or just the meaning as a str), see the module docstring.
         notices: sentences shown at the top of the page.
         slots: the heads before pruning, see the module docstring.
+        causal: a causal model's role scores, see the module docstring.
 
     Returns:
         ``path`` as a Path.
@@ -133,6 +142,30 @@ def write_html(
         FileNotFoundError: the folder of ``path`` does not exist.
     """
     _folder_of(path)
+    page = page_html(record, roles=roles, title=title, batch=batch, legend=legend, notices=notices, slots=slots)
+    return write_bytes_atomic(path, page.encode("utf-8"))
+
+
+def page_html(
+    record: AttentionRecord,
+    *,
+    roles: list | None = None,
+    title: str | None = None,
+    batch: int = 0,
+    legend: Mapping | None = None,
+    notices: list[str] | None = None,
+    slots: HeadSlots | None = None,
+    options: Mapping | None = None,
+) -> str:
+    """The page ``write_html`` writes, as a str (checks as ``write_html``, without the path).
+
+    ``options`` go into the page's data as they are (the notebook views,
+    ``tools.views``, set them): ``"view"`` ("head": no model view; "model":
+    the head view hidden until a model-view cell is clicked), ``"start"`` (``{"row",
+    "heads"}``: what the head view shows first), ``"sides"`` (the two token
+    columns' titles), ``"row_titles"`` (a name per drawn row), ``"summary"``
+    (the line under the title).
+    """
     record, tokens = _validate(record, batch)
     role_rows = _match_roles(roles, record)
     _check_slots(slots, record)
@@ -156,6 +189,8 @@ def write_html(
         "legend": _legend(legend),
         "notices": _strings("notices", notices) if notices is not None else [],
     }
+    if causal is not None:  # left out for an encoder: its page has no causal section
+        data["causal"] = _causal(causal)
     if slots is not None:  # left out for an unpruned model: its page stays as it was
         data["slots"] = {
             "num_heads": slots.num_heads,
@@ -166,14 +201,14 @@ def write_html(
                 for e in record.layers
             ],
         }
+    data.update(options or {})
     css, js = _asset("heads.css"), _asset("heads.js")
     csp = (
         f"default-src 'none'; script-src '{_sha256(js)}'; style-src '{_sha256(css)}'; "
         "img-src data:; base-uri 'none'; form-action 'none'"
     )
     parts = {"TITLE": html.escape(title), "CSP": csp, "CSS": css, "DATA": _script_json(data), "JS": js}
-    page = _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("heads.html"))
-    return write_bytes_atomic(path, page.encode("utf-8"))
+    return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("heads.html"))
 
 
 def write_png(
@@ -301,8 +336,9 @@ def write_json(
     roles: list | None = None,
     batch: int = 0,
     slots: HeadSlots | None = None,
+    causal: Mapping | None = None,
 ) -> Path:
-    """Write ``record.to_dict(batch)`` plus ``"roles"`` as JSON (atomically).
+    """Write ``record.to_dict(batch)`` plus ``"roles"`` (and ``"causal"``) as JSON (atomically).
 
     ``AttentionRecord.from_dict`` reads the file back (it ignores ``roles``
     and what ``slots`` adds, see the module docstring).
@@ -315,6 +351,8 @@ def write_json(
     _check_slots(slots, record)
     payload = record.to_dict(0)
     payload["roles"] = [r for _, r in _match_roles(roles, record)] if roles is not None else None
+    if causal is not None:
+        payload["causal"] = _causal(causal)
     if slots is not None:
         payload["num_heads"] = slots.num_heads
         payload["pruned"] = [

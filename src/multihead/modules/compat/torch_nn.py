@@ -282,7 +282,7 @@ class TorchMultiheadAttention(nn.Module):
         if need_weights or observed:
             out, all_weights = out
             if observed:  # observers of the inner module see this call too
-                inner.notify_observers(all_weights, q, k, mask, is_causal=False, causal_alignment="top_left")
+                inner.notify_observers(all_weights, q, k, mask, is_causal=False, causal_alignment="top_left", v=v)
             if need_weights:
                 # (B, H, T, S) -> (B, T, S) when averaged
                 weights = all_weights.mean(dim=1) if average_attn_weights else all_weights

@@ -89,6 +89,7 @@
   /* "Layer 4"; "Call 2 (layer 0)" only when a layer was called more than once (a generation loop) */
   const REPEATED = LAYERS.some((L, i) => LAYERS.findIndex((M) => M.layer === L.layer) !== i);
   function layerName(i) {
+    if (DATA.row_titles) return DATA.row_titles[i];
     const L = LAYERS[i];
     return REPEATED ? "Call " + i + " (layer " + L.layer + ")" : "Layer " + L.layer;
   }
@@ -246,6 +247,10 @@
   }
 
   function select(layer, head, reveal) {
+    if (reveal && $("head-view").hidden) {  /* a model view alone: a clicked cell opens the head view */
+      $("head-view").hidden = false;
+      fitLinks();
+    }
     state.layer = layer;
     state.head = Math.min(head, LAYERS[layer].weights.length - 1);
     state.heads = [state.head];
@@ -253,7 +258,17 @@
     if (reveal) {
       const box = $("head-view").getBoundingClientRect();
       if (box.top < 0 || box.top > window.innerHeight - 80) $("head-view").scrollIntoView({ block: "start" });
+      fitFrame();
     }
+  }
+
+  /* In a notebook the page is an iframe's srcdoc (tools.views): the frame grows to the page's height. */
+  function fitFrame() {
+    let frame = null;
+    try { frame = window.frameElement; } catch (e) { return; }
+    if (!frame || frame.dataset.mhView === undefined) return;
+    const height = Math.ceil(document.body.getBoundingClientRect().height) + 2;
+    if (Math.abs(frame.getBoundingClientRect().height - height) > 1) frame.style.height = height + "px";
   }
 
   /* The Head select (one head, or all of them) and one coloured toggle per head of the layer. */
@@ -524,6 +539,70 @@
     buildLegend(cols, keys.filter((k) => k.endsWith("_mass")));
   }
 
+  /* ---- a causal model's roles: each role's heads at or above its threshold, strongest first, then
+     every head's scores; a head opens in the head view (its weights on the text) ---- */
+  const rowOfLayer = (layer) => LAYERS.findIndex((L) => L.layer === layer);
+
+  function causalHead(tr, layer, head) {
+    const row = rowOfLayer(layer);
+    if (row < 0) { tr.disabled = true; return; }  /* --layer: that layer's weights on the text were not captured */
+    tr.addEventListener("click", () => select(row, head, true));
+  }
+
+  function buildCausal() {
+    const C = DATA.causal;
+    if (!C || !C.roles.length) return;
+    $("causal").hidden = false;
+    $("causal-subtitle").textContent = plural(C.batch, "sequence") + " of " + C.length + " random tokens, each " +
+      "repeated; a head has a role when its score reaches the threshold (chance: an even spread, 0 for copying). " +
+      "Click a head to open it on the text.";
+    for (const role of C.roles) {
+      const found = [];
+      C.scores[role.name].forEach((r, li) => r.forEach((v, h) => { if (v !== null && v >= role.threshold) found.push([v, li, h]); }));
+      found.sort((a, b) => b[0] - a[0] || a[1] - b[1] || a[2] - b[2]);
+      const item = el("li", "causal-role"), name = el("span", "causal-name", role.name);
+      item.dataset.role = role.name;
+      name.title = role.meaning;
+      item.append(name, el("span", "legend-rule", "\u2265 " + role.threshold.toFixed(2)),
+        el("span", "muted", "chance " + fmt(role.chance) + " \u00b7 " + plural(found.length, "head")));
+      if (!found.length) {  /* the head that came closest, as the printout names it */
+        let best = null;
+        C.scores[role.name].forEach((r, li) => r.forEach((v, h) => { if (v !== null && (!best || v > best[0])) best = [v, li, h]; }));
+        if (best) item.appendChild(el("span", "muted", "closest: L" + best[1] + " H" + best[2] + " " + fmt(best[0])));
+      }
+      for (const [v, li, h] of found) {
+        const button = el("button", "causal-head", "L" + li + " H" + h + " " + fmt(v));
+        button.type = "button";
+        causalHead(button, li, h);
+        item.appendChild(button);
+      }
+      $("causal-roles").appendChild(item);
+    }
+    const headRow = el("tr");
+    for (const name of ["layer", "head"].concat(C.roles.map((r) => r.name))) {
+      const th = el("th", "", name), role = C.roles.find((r) => r.name === name);
+      th.scope = "col";
+      if (role) th.title = role.meaning + "; a role when \u2265 " + role.threshold.toFixed(2);
+      headRow.appendChild(th);
+    }
+    document.querySelector("#causal-table thead").appendChild(headRow);
+    const body = document.querySelector("#causal-table tbody"), first = C.scores[C.roles[0].name];
+    first.forEach((r, li) => r.forEach((v0, h) => {
+      if (v0 === null) return;  /* the layer has fewer heads */
+      const tr = el("tr");
+      tr.append(el("td", "", li), el("td", "", h));
+      for (const role of C.roles) {
+        const v = C.scores[role.name][li][h];
+        tr.appendChild(el("td", "num" + (v !== null && v >= role.threshold ? " hit" : ""), fmt(v)));
+      }
+      causalHead(tr, li, h);
+      body.appendChild(tr);
+    }));
+    const notes = $("causal-notes");
+    for (const text of C.notes || []) notes.appendChild(el("p", "notice", text));
+    notes.hidden = !notes.children.length;
+  }
+
   /* ---- wiring ---- */
   function init() {
     const H = LAYERS.map((L) => L.weights.length), same = H.every((h) => h === H[0]);
@@ -532,6 +611,7 @@
     $("summary").textContent = [DATA.source, SLOTS ? SLOTS.summary : layers + " \u00d7 " + (same ? plural(H[0], "head")
       : "up to " + Math.max(...H) + " heads"), QT.length + (QT.length === 1 ? " query, " : " queries, ") +
       plural(KT.length, "key"), "batch item " + DATA.batch].filter(Boolean).join(" \u00b7 ");
+    if (DATA.summary) $("summary").textContent = DATA.summary;
     const notes = $("notices");
     for (const text of DATA.notices || []) notes.appendChild(el("p", "notice", text));
     notes.hidden = !notes.children.length;
@@ -556,16 +636,29 @@
       $("hv-threshold-value").textContent = state.threshold.toFixed(2);
       drawHead();
     });
+    if (DATA.sides) {
+      document.querySelector(".hv-col-title.hv-left").textContent = DATA.sides[0];
+      document.querySelector(".hv-col-title.hv-right").textContent = DATA.sides[1];
+    }
+    $("model-view").hidden = DATA.view === "head";
+    if (DATA.view === "model") {  /* the grid first; the head view opens below it on a click */
+      $("head-view").hidden = true;
+      $("head-view").style.order = "1";
+    }
     buildModelView();
+    buildCausal();
     buildRoles();
     fitLinks();
     fitCells();
-    select(0, 0, false);
+    const start = DATA.start || { row: 0, heads: [0] };
+    select(start.row, start.heads[0], false);
+    if (start.heads.length > 1) { state.heads = start.heads.slice(); drawHead(); }
     let pending = 0;
     window.addEventListener("resize", () => {
       cancelAnimationFrame(pending);
-      pending = requestAnimationFrame(() => { fitCells(); if (fitLinks()) drawHead(); });
+      pending = requestAnimationFrame(() => { fitCells(); if (fitLinks()) drawHead(); fitFrame(); });
     });
+    fitFrame();
     document.body.dataset.ready = "true";
   }
 

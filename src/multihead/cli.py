@@ -67,9 +67,10 @@ COMMANDS = (
         "multihead compare --attention mha,gqa,mqa --seeds 0 --max-steps 300 --out runs/compare",
         "multihead compare --quick --attention mha,moh --out /tmp/compare",
         "multihead compare --import mykinds --attention mha,my_kind --max-steps 300 --out runs/mine")),
-    Command("convert", "convert the attention of MiniLM, a GPT checkpoint or a HF BERT/GPT-2 to GQA or MQA", (
+    Command("convert", "convert the attention of MiniLM, a GPT checkpoint or a HF BERT/GPT-2 to GQA, MQA or MLA", (
         "multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini-mha --out runs/mini-gqa2",
         "multihead convert --to mqa --model minilm-l6 --out minilm-mqa",
+        "multihead convert --to mla --kv-rank 128 --model minilm-l6 --out minilm-mla128",
         "multihead convert --to mqa --method aligned --checkpoint tiny-init --calibration-data a.txt --out mqa",
         'multihead generate --checkpoint runs/mini-gqa2 "To be"',
         "multihead convert --import mykinds --to gqa --num-kv-heads 1 --checkpoint runs/mine --out runs/mine-mqa")),

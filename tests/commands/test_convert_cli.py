@@ -186,7 +186,7 @@ def test_mistakes_are_one_line_and_write_nothing(plain, tmp_path):
     assert "--num-kv-heads 5 out of range" in refused(*base, "--num-kv-heads", "5")
     assert "--num-kv-heads 0 out of range" in refused(*base, "--num-kv-heads", "0")
     assert "--method median: unknown method" in refused(*base, "--num-kv-heads", "2", "--method", "median")
-    assert "--to mla: unknown target" in refused(*base[2:], "--to", "mla", "--num-kv-heads", "2")
+    assert "--to moh: unknown target" in refused(*base[2:], "--to", "moh", "--num-kv-heads", "2")
     assert "only go with --method aligned" in refused(*base, "--num-kv-heads", "2", "--calibration-data", "shakespeare")
     assert "--recover-steps -1: give a number of steps >= 0" in refused(*base, "--num-kv-heads", "2",
                                                                         "--recover-steps", "-1")  # fmt: skip

@@ -60,6 +60,9 @@ CASES = {
     "q_lora_rope_half": {"q_lora_rank": 4, "rope": {"interleaved": False, "base": 50.0, "rotary_dim": 2}},
     "yarn": {"rope": True, "yarn": YARN, "q_lora_rank": 6},
     "yarn_rotate_half": {"rope": {"interleaved": False}, "yarn": YARN},
+    "no_latent_norm": {"kv_norm": False, "rope": True},
+    "no_rope_part": {"qk_rope_head_dim": 0},
+    "converted_layout": {"kv_norm": False, "qk_rope_head_dim": 0},
 }
 
 
@@ -101,7 +104,7 @@ def test_cross_attention_with_another_key_width(decode):
 
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
-@pytest.mark.parametrize("case", ["q_lora", "rope_norm", "yarn"])
+@pytest.mark.parametrize("case", ["q_lora", "rope_norm", "yarn", "converted_layout"])
 def test_naive_and_absorbed_agree_at_every_decoding_step(case, dtype):
     naive = make(decode="naive", dtype=dtype, **CASES[case])
     absorbed = make(decode="naive", dtype=dtype, **CASES[case])
@@ -231,6 +234,30 @@ def test_defaults_cache_dtype_and_device_cost_defaults_and_repr():
         assert m.cost(5) == m.cost(5, 5, batch=1, causal=False, bytes_per_element=2)
         assert f"decode={decode!r}" in repr(m) and "yarn" not in repr(m)
     assert "yarn={'beta_fast': 32.0" in repr(make(rope=True, yarn=YARN))
+
+
+def test_without_latent_norm_or_rope_part_the_layer_is_smaller_and_caches_only_the_latent():
+    """kv_norm=False has no kv_a_norm; R = 0 gives scale 1/sqrt(Dn), no rope key and a
+    latent cache of L channels; rope or qk_norm without rope channels are refused."""
+    m = make(kv_norm=False, qk_rope_head_dim=0)
+    assert m.kv_a_norm is None and not any(n.startswith("kv_a_norm") for n in m.state_dict())
+    assert m.kv_a_proj.out_features == 7 and m.q_proj.out_features == H * 5 and m.scale == pytest.approx(5**-0.5)
+    assert "kv_norm=False" in repr(m) and "kv_norm" not in repr(make())
+    for decode, per_token in (("naive", H * (5 + 3)), ("absorbed", 7)):
+        m.decode = decode
+        cache = m.make_kv_cache(2, 4)
+        assert sum(b.numel() for b in cache.buffers()) == 2 * 4 * per_token
+        assert m.cost(4, bytes_per_element=4).kv_cache_bytes_per_token == 4 * per_token
+    small = m.select_heads([1])
+    assert small.kv_a_norm is None and small.qk_rope_head_dim == 0
+    with pytest.raises(ValueError, match="qk_rope_head_dim=0 has none"):
+        make(qk_rope_head_dim=0, rope=True)
+    with pytest.raises(ValueError, match="qk_rope_head_dim=0 has none"):
+        make(qk_rope_head_dim=0, qk_norm=True)
+    with pytest.raises(TypeError, match="kv_norm must be a bool"):
+        make(kv_norm="no")
+    with pytest.raises(ValueError, match="qk_rope_head_dim must be a non-negative int"):
+        make(qk_rope_head_dim=-1)
 
 
 def test_rope_is_interleaved_unless_told():

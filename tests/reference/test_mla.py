@@ -102,3 +102,22 @@ def test_yarn_scales_the_scores_by_mscale_squared(seed):
     plain = {**w, "W_UQ": w["W_UQ"] * m**2, "W_QR": w["W_QR"] * m**2}
     _, P_big = mla_attention(x, x, plain, rope=rope, yarn={**yarn, "mscale": 0.0}, return_weights=True)
     np.testing.assert_allclose(P, P_big, rtol=1e-12, atol=1e-14)
+
+
+def test_without_latent_norm_and_rope_part_it_is_attention_over_factored_keys_and_values(seed):
+    """kv_norm=False and R = 0: keys c W^UK_i and values c W^UV_i of the raw latent c = h W^DKV + b,
+    scale 1/sqrt(Dn), as the general reference computes them."""
+    rng = seed
+    B, T, C, H, Dn, Dv, L = 2, 4, 6, 2, 3, 5, 4
+    w = weights(rng, C, H, Dn, 0, Dv, L)
+    w["b_DKV"] = rng.standard_normal(L)
+    del w["g_KV"]
+    x = rng.standard_normal((B, T, C))
+    got, P = mla_attention(x, x, w, kv_norm=False, is_causal=True, return_weights=True)
+    c = x @ w["W_DKV"] + w["b_DKV"]
+    q = np.einsum("btc,chd->bhtd", x, w["W_UQ"])
+    k, v = np.einsum("bsl,lhd->bhsd", c, w["W_UK"]), np.einsum("bsl,lhd->bhsd", c, w["W_UV"])
+    out, want_P = attention(q, k, v, is_causal=True, scale=1 / math.sqrt(Dn), return_weights=True)
+    want = out.transpose(0, 2, 1, 3).reshape(B, T, H * Dv) @ w["W_O"] + w["b_O"]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(P, want_P, rtol=1e-12, atol=1e-12)

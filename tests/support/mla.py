@@ -25,7 +25,7 @@ def reference_weights(m) -> dict:
     w = {
         "W_UQ": Wq[..., :Dn], "W_QR": Wq[..., Dn:],
         "b_UQ": None if bq is None else bq[:, :Dn], "b_QR": None if bq is None else bq[:, Dn:],
-        "W_DKV": Wa[:, :L], "W_KR": Wa[:, L:], "g_KV": _np(m.kv_a_norm.weight),
+        "W_DKV": Wa[:, :L], "W_KR": Wa[:, L:], "g_KV": None if m.kv_a_norm is None else _np(m.kv_a_norm.weight),
         "b_DKV": None if ba is None else ba[:L], "b_KR": None if ba is None else ba[L:],
         "W_UK": Wb[..., :Dn], "W_UV": Wb[..., Dn:],
         "W_O": _np(m.out_proj.weight).T, "b_O": _np(m.out_proj.bias),
@@ -46,5 +46,6 @@ def mla_forward(m, x, kv, *, q_pos=None, k_pos=None, rope=True, norm=True, **cor
         np.asarray(x, dtype=np.float64), np.asarray(kv, dtype=np.float64), reference_weights(m),
         q_pos=q_pos, k_pos=k_pos, rope=dict(m.rope) if rope and m.rope is not None else None,
         yarn=m.yarn if rope else None, qk_norm=qk, eps=m.qk_norm.q_norm.eps if qk else 1e-6,
-        norm_eps=m.kv_a_norm.eps, return_weights=True, **core,
+        norm_eps=1e-6 if m.kv_a_norm is None else m.kv_a_norm.eps, kv_norm=m.kv_a_norm is not None,
+        return_weights=True, **core,
     )  # fmt: skip

@@ -1,7 +1,8 @@
-"""``multihead convert --to gqa|mqa``: a model's attention converted to grouped-query attention.
+"""``multihead convert --to gqa|mqa|mla``: a model's attention converted to grouped-query or latent attention.
 
     multihead convert --to gqa --num-kv-heads 2 --checkpoint runs/mini --out runs/mini-gqa2
     multihead convert --to mqa --model minilm-l6 --out minilm-mqa
+    multihead convert --to mla --kv-rank 128 --model minilm-l6 --out minilm-mla128
     multihead convert --to gqa --num-kv-heads 4 --hf path/to/bert-or-gpt2 --out converted
 
 Takes the same models as ``multihead prune`` (``model_sources``): the
@@ -11,7 +12,11 @@ prune or convert wrote (``--checkpoint``, GPT or sentence encoder), or a
 Hugging Face BERT or GPT-2 folder (``--hf``). ``--to mqa`` is G = 1.
 Every attention layer is converted with
 ``multihead.tools.convert_heads.to_gqa`` (a pruned model layer by layer;
-G must divide every layer's key/value heads), the result is saved into
+G must divide every layer's key/value heads), or with ``--to mla`` by
+``multihead.tools.convert_mla.to_mla`` into an "mla" layer whose keys and
+values come from one latent of ``--kv-rank`` r channels (``--method
+activation``, the default, or ``svd``; the model must have no rope, qk_norm
+or sinks, r is at most 2·G·D of every layer); the result is saved into
 ``--out`` and a report printed, also written to ``--out/report.json``::
 
     parameters                 before and after
@@ -25,7 +30,7 @@ G must divide every layer's key/value heads), the result is saved into
                                agreement on --heldout-lines held-out Shakespeare
                                lines (``encoder_inputs``), as prune reports them
 
-Calibration for ``--method aligned`` (and ``--recover-steps``): GPT:
+Calibration for ``--method aligned`` or ``activation`` (and ``--recover-steps``): GPT:
 ``--calibration-batches`` batches of ``CALIBRATION_BATCH_SIZE`` windows
 drawn (seed ``CALIBRATION_SEED``) from the run's data/train.bin, or from the
 training part of ``--calibration-data`` (``shakespeare`` or a UTF-8 file)
@@ -45,7 +50,9 @@ prints one line and exits with 130 or 143.
 Mistakes are refused before anything is written: an --out that cannot be
 written, not exactly one model source, G outside the layers' head counts or
 not dividing their key/value heads, an unknown target or method, "aligned"
-on a model with rope or qk_norm, calibration options with "mean",
+on a model with rope or qk_norm, calibration options with "mean" or "svd",
+--kv-rank without --to mla or outside 1..2·G·D, --to mla on a model with
+rope, qk_norm or sinks,
 --calibration-data for an encoder or a GPT-2 folder, --heldout-lines for a
 GPT, layers that are not mha/gqa/mqa. ``--import MODULE`` is imported first
 (a checkpoint of a kind from the user's own package).
@@ -62,6 +69,7 @@ from torch import nn
 
 from ..paths import output_folder
 from ..tools.convert_heads import METHODS
+from ..tools.convert_mla import MLA_METHODS
 from .checking import checking
 from .encoder_inputs import HELDOUT_LINES, shakespeare_lines
 from .gpt_inputs import (
@@ -83,19 +91,24 @@ __all__ = [
     "CALIBRATION_SEED", "DEFAULT_CALIBRATION_BATCHES",
 ]  # fmt: skip
 
-TARGETS = ("gqa", "mqa")
+TARGETS = ("gqa", "mqa", "mla")
+DEFAULT_METHOD = {"gqa": "mean", "mqa": "mean", "mla": "activation"}
+UNCALIBRATED = ("mean", "svd")  # the methods that read no data
 DEFAULT_CALIBRATION_BATCHES = 8
 BATCH_SIZE = 64  # encoder lines per forward pass of the fidelity
 _FAMILY = ("mha", "gqa", "mqa")
 DESCRIPTION = (
-    "Give every attention layer of a model G key/value heads (--to mqa: one): the pretrained MiniLM "
+    "Give every attention layer of a model G key/value heads (--to mqa: one), or with --to mla one latent of "
+    "--kv-rank channels for its keys and values: the pretrained MiniLM "
     "(--model), a GPT checkpoint, the run directory of 'multihead train' or a folder prune or convert wrote "
     "(--checkpoint), or a Hugging Face BERT or GPT-2 folder (--hf). mean: average each group's key and value "
-    "projections; aligned: rotate the heads onto each other first, from calibration data. Saves the "
+    "projections; aligned: rotate the heads onto each other first, from calibration data; mla: activation "
+    "(default) or svd, a joint low-rank factorisation of the key and value projections. Saves the "
     "converted model into --out (whole or not at all) and prints parameters and KV-cache bytes per token "
     "before and after, the validation loss (a GPT run, GPT-2) or the held-out fidelity (an encoder); "
     "report.json holds the same. Examples: multihead convert --to mqa --model minilm-l6 --out minilm-mqa; "
-    "multihead convert --to gqa --num-kv-heads 2 --hf path/to/gpt2 --out gpt2-gqa. See docs/surgery.md."
+    "multihead convert --to gqa --num-kv-heads 2 --hf path/to/gpt2 --out gpt2-gqa; "
+    "multihead convert --to mla --kv-rank 128 --model minilm-l6 --out minilm-mla128. See docs/surgery.md."
 )
 
 
@@ -106,18 +119,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-kv-heads", type=int, metavar="G", help="key/value heads per layer, dividing H (--to mqa: 1)"
     )
-    parser.add_argument("--method", default="mean", metavar="M", help=f"{' or '.join(METHODS)} (default mean)")
+    parser.add_argument("--kv-rank", type=int, metavar="R", help="--to mla: channels of the shared key/value latent")
+    parser.add_argument(
+        "--method", metavar="M",
+        help=f"gqa, mqa: {' or '.join(METHODS)} (default mean); mla: {' or '.join(MLA_METHODS)} (default activation)",
+    )  # fmt: skip
     parser.add_argument("--model", metavar="NAME", help=f"a pretrained model: {', '.join(MODELS)}")
     add_source_arguments(parser, hf_help=HF_FOLDER)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for the converted model and report.json")
     parser.add_argument(
         "--calibration-data", metavar="SOURCE",
-        help="GPT checkpoint, aligned or recovery: shakespeare or a UTF-8 text file "
+        help="GPT checkpoint, aligned, activation or recovery: shakespeare or a UTF-8 text file "
         "(default: a run directory's data/train.bin)",
     )  # fmt: skip
     parser.add_argument(
         "--calibration-batches", type=int, metavar="N",
-        help=f"aligned or recovery: batches of {CALIBRATION_BATCH_SIZE} windows or lines "
+        help=f"aligned, activation or recovery: batches of {CALIBRATION_BATCH_SIZE} windows or lines "
         f"(default {DEFAULT_CALIBRATION_BATCHES})",
     )  # fmt: skip
     parser.add_argument(
@@ -138,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                 to=args.to, num_kv_heads=args.num_kv_heads, out=args.out, model=args.model,
                 checkpoint=args.checkpoint, hf=args.hf, method=args.method, calibration_data=args.calibration_data,
                 calibration_batches=args.calibration_batches, heldout_lines=args.heldout_lines,
-                recover_steps=args.recover_steps,
+                recover_steps=args.recover_steps, kv_rank=args.kv_rank,
             )  # fmt: skip
         convert(job)
         return 0
@@ -147,31 +164,41 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_options(to: str, num_kv_heads: int | None, method: str, calibration_data: str | None,
-                   calibration_batches: int | None, heldout: int | None, recover_steps: int) -> int:  # fmt: skip
-    """G, from --to and --num-kv-heads; the other options checked."""
+                   calibration_batches: int | None, heldout: int | None, recover_steps: int,
+                   kv_rank: int | None) -> int | None:  # fmt: skip
+    """G, from --to and --num-kv-heads (None for --to mla); the other options checked."""
     if to not in TARGETS:
         raise ValueError(f"--to {to}: unknown target; valid: {', '.join(TARGETS)}")
     if to == "mqa" and num_kv_heads not in (None, 1):
         raise ValueError(f"--to mqa has one key/value head; --num-kv-heads {num_kv_heads} is for --to gqa")
     if to == "gqa" and num_kv_heads is None:
         raise ValueError("--to gqa needs --num-kv-heads G, the key/value heads of every layer (--to mqa: G = 1)")
-    if method not in METHODS:
-        raise ValueError(f"--method {method}: unknown method; valid: {', '.join(METHODS)}")
+    if to == "mla" and num_kv_heads is not None:
+        raise ValueError(f"--num-kv-heads {num_kv_heads} is for --to gqa; --to mla takes --kv-rank R")
+    if to != "mla" and kv_rank is not None:
+        raise ValueError(f"--kv-rank {kv_rank} is for --to mla (the latent's channels); --to {to} takes G heads")
+    if to == "mla" and kv_rank is None:
+        raise ValueError("--to mla needs --kv-rank R, the channels of the latent every layer caches per token")
+    if to == "mla" and kv_rank < 1:
+        raise ValueError(f"--kv-rank {kv_rank}: give a number of latent channels >= 1")
+    valid = MLA_METHODS if to == "mla" else METHODS
+    if method not in valid:
+        raise ValueError(f"--method {method}: unknown method for --to {to}; valid: {', '.join(valid)}")
     check_recover_steps(recover_steps)
-    if method == "mean" and not recover_steps:
+    if method in UNCALIBRATED and not recover_steps:
         given = [
             f
             for f, v in (("--calibration-data", calibration_data), ("--calibration-batches", calibration_batches))
             if v is not None
         ]
         if given:
-            raise ValueError(f'{" and ".join(given)} only go with --method aligned or --recover-steps '
-                             '("mean" uses no calibration)')
+            raise ValueError(f'{" and ".join(given)} only go with --method aligned or activation or --recover-steps '
+                             f'("{method}" uses no calibration)')
     if calibration_batches is not None and calibration_batches < 1:
         raise ValueError(f"--calibration-batches {calibration_batches}: give a number >= 1")
     if heldout is not None and heldout < 2:
         raise ValueError(f"--heldout-lines {heldout}: give a number >= 2 (neighbours are ranked among them)")
-    return 1 if to == "mqa" else num_kv_heads
+    return 1 if to == "mqa" else num_kv_heads if to == "gqa" else None
 
 
 def _layers(model) -> tuple[object, list[nn.Module]]:
@@ -213,6 +240,23 @@ def _check_model(model, num_kv_heads: int, method: str) -> None:
             )
 
 
+def _check_mla_model(model, kv_rank: int) -> None:
+    """The to_mla refusals, worded with the command's flags."""
+    _, layers = _layers(model)
+    for i, attn in enumerate(layers):
+        kind = getattr(attn, "kind", type(attn).__name__)
+        if kind not in _FAMILY:
+            raise ValueError(f"layer {i} is attention kind {kind!r}; --to mla converts {', '.join(_FAMILY)} layers")
+        found = [n for n in ("rope", "qk_norm", "sinks") if getattr(attn, n) is not None]
+        if found:
+            raise ValueError(f"layer {i} has {', '.join(found)}: --to mla converts models with absolute positions "
+                             "and without qk_norm or sinks (see docs/surgery.md)")  # fmt: skip
+        width = 2 * attn.num_kv_heads * attn.head_dim
+        if kv_rank > width:
+            raise ValueError(f"--kv-rank {kv_rank} out of range: layer {i}'s keys and values have {width} channels "
+                             f"(2 x {attn.num_kv_heads} heads x {attn.head_dim}), so R is in 1..{width}")  # fmt: skip
+
+
 @dataclass
 class Conversion:
     """What ``prepare`` checked and loaded for ``convert``.
@@ -223,7 +267,7 @@ class Conversion:
     """
 
     model: nn.Module
-    num_kv_heads: int
+    num_kv_heads: int | None  # None: --to mla
     method: str
     folder: Path
     source: str
@@ -236,6 +280,7 @@ class Conversion:
     pairs: list | None = None
     heldout: list | None = None
     removed: dict | None = None  # the heads a pruned --checkpoint lost, from its prune report
+    kv_rank: int | None = None  # --to mla: the latent's channels
 
 
 def prepare(
@@ -246,32 +291,37 @@ def prepare(
     model: str | None = None,
     checkpoint: str | None = None,
     hf: str | None = None,
-    method: str = "mean",
+    method: str | None = None,
     calibration_data: str | None = None,
     calibration_batches: int | None = None,
     heldout_lines: int | None = None,
     recover_steps: int = 0,
+    kv_rank: int | None = None,
 ) -> Conversion:
     """Check the options and --out, load the model and its calibration and measuring data.
 
     Args:
-        to: the target kind, "gqa" or "mqa".
-        num_kv_heads: G, the key/value heads of every converted layer (None with "mqa").
+        to: the target kind, "gqa", "mqa" or "mla".
+        num_kv_heads: G, the key/value heads of every converted layer (None with "mqa", "mla").
         out: the folder for the converted model and report.json.
         model, checkpoint, hf: exactly one model source (``model_sources``).
-        method: "mean" or "aligned" (``to_gqa``).
+        method: "mean" or "aligned" (``to_gqa``), "activation" or "svd"
+            (``to_mla``); None: the target's default (mean, activation).
         calibration_data: a GPT checkpoint's calibration text: "shakespeare" or a file.
         calibration_batches: batches for "aligned" and recovery (default
             ``DEFAULT_CALIBRATION_BATCHES``).
         heldout_lines: an encoder's held-out lines (None: ``HELDOUT_LINES``).
         recover_steps: steps of distillation towards the original after the
             conversion, on the calibration batches (``recovery_option``); 0: none.
+        kv_rank: "mla": the latent's channels r.
 
     Raises:
         ValueError: see the module docstring; nothing is written.
     """
     check_sources(model, checkpoint, hf)
-    G = _check_options(to, num_kv_heads, method, calibration_data, calibration_batches, heldout_lines, recover_steps)
+    method = DEFAULT_METHOD.get(to, "mean") if method is None else method
+    G = _check_options(to, num_kv_heads, method, calibration_data, calibration_batches, heldout_lines, recover_steps,
+                       kv_rank)  # fmt: skip
     folder = output_folder("--out", out, OUTPUT_FILES)
     kind, _ = family(model, checkpoint, hf)
     if calibration_data is not None and (kind == "encoder" or hf is not None):
@@ -283,17 +333,20 @@ def prepare(
                          "--checkpoint); a GPT is measured on validation text")  # fmt: skip
     loaded = load_source(model, checkpoint, hf)
     net = loaded.net
-    _check_model(net, G, method)
+    if to == "mla":
+        _check_mla_model(net, kv_rank)
+    else:
+        _check_model(net, G, method)
     removed = None if checkpoint is None else _pruned_heads(Path(checkpoint), _layers(net)[0].layer_heads)
     count = DEFAULT_CALIBRATION_BATCHES if calibration_batches is None else calibration_batches
-    calibrate = method == "aligned" or recover_steps
+    calibrate = method not in UNCALIBRATED or recover_steps
     if loaded.encoder:
         held = HELDOUT_LINES if heldout_lines is None else heldout_lines
         pairs, heldout = shakespeare_lines(net, count * CALIBRATION_BATCH_SIZE if calibrate else 0, held)
         step = CALIBRATION_BATCH_SIZE
         lines = [[a for a, _ in pairs[i : i + step]] for i in range(0, len(pairs), step)] if calibrate else None
         return Conversion(net, G, method, folder, loaded.source, lines, None, recover_steps, None, True,
-                          loaded.pooling, pairs, heldout, removed)  # fmt: skip
+                          loaded.pooling, pairs, heldout, removed, kv_rank)  # fmt: skip
     calibration = validate = None
     if loaded.hf_tokenizer is not None:
         from . import prune_hf
@@ -307,7 +360,7 @@ def prepare(
             calibration = calibration_windows(net, loaded.run_dir, loaded.tokenizer, calibration_data, count)
         validate = validation(loaded.run_dir) if loaded.run_dir is not None else None
     return Conversion(net, G, method, folder, loaded.source, calibration, validate, recover_steps,
-                      loaded.tokenizer_file, removed=removed)  # fmt: skip
+                      loaded.tokenizer_file, removed=removed, kv_rank=kv_rank)  # fmt: skip
 
 
 def _pruned_heads(folder: Path, counts: list[int] | None) -> dict | None:
@@ -328,11 +381,16 @@ def _pruned_heads(folder: Path, counts: list[int] | None) -> dict | None:
 def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
     """Convert, distil back when asked, measure, save, print and return the report (as in report.json)."""
     from ..tools.convert_heads import to_gqa
+    from ..tools.convert_mla import to_mla
     from ..tools.flops import kv_cache_size
     from ..tools.objectives import anchor_batches
 
     model, method, calibration = job.model, job.method, job.calibration
-    new = to_gqa(model, job.num_kv_heads, method=method, calibration=calibration if method == "aligned" else None).eval()
+    data = None if method in UNCALIBRATED else calibration
+    if job.kv_rank is not None:
+        new = to_mla(model, job.kv_rank, method=method, calibration=data).eval()
+    else:
+        new = to_gqa(model, job.num_kv_heads, method=method, calibration=data).eval()
     measure = _fidelity(model, job.heldout) if job.encoder else None if job.validate is None else job.validate[0]
     recovery = None
     if job.recover_steps:
@@ -349,7 +407,8 @@ def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
         "num_heads": config0.num_heads,
         "layer_heads": config1.layer_heads,
         "removed": job.removed,
-        "num_kv_heads": [layers0[0].num_kv_heads, layers1[0].num_kv_heads],
+        "num_kv_heads": [layers0[0].num_kv_heads, None if job.kv_rank is not None else layers1[0].num_kv_heads],
+        "kv_rank": job.kv_rank,
         "parameters": [_count(model), _count(new)],
         "kv_cache_bytes_per_token": [kv0.bytes_per_token, kv1.bytes_per_token],
         "kv_cache_dtype": kv1.dtype,
@@ -397,8 +456,9 @@ def _save(model, folder: Path) -> None:
 
 def _print(report: dict, folder: Path, encoder: bool, has_tokenizer: bool, echo: Callable[[str], None]) -> None:
     (a0, a1), (g0, g1) = report["attention"], report["num_kv_heads"]
+    after = f"a latent of {report['kv_rank']} channels" if report.get("kv_rank") is not None else g1
     echo(
-        f"{report['source']}: {a0} ({g0} key/value heads) -> {a1} ({g1}), method {report['method']}, "
+        f"{report['source']}: {a0} ({g0} key/value heads) -> {a1} ({after}), method {report['method']}, "
         f"{report['num_heads']} query heads" + (f" (per layer {report['layer_heads']})" if report["layer_heads"] else "")
     )
     rows = [("parameters", *report["parameters"]),

@@ -73,7 +73,8 @@ def calibration_windows(model, run_dir: Path | None, tokenizer, data: str | None
         tokens, where = read_tokens(run_dir / "data" / "train.bin"), f"{run_dir / 'data' / 'train.bin'}"
     else:
         raise ValueError(
-            "--method aligned needs calibration text: give --calibration-data shakespeare|FILE "
+            "--method aligned or activation (and --recover-steps) needs calibration text: give --calibration-data "
+            "shakespeare|FILE "
             "(or --checkpoint a training run, whose data/train.bin is used)"
         )
     T = model.config.context_length

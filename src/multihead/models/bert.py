@@ -93,6 +93,9 @@ class BertConfig:
             ``tools.prune.prune_heads`` (see ``models.head_layout``).
         layer_kv_heads: key/value heads of each layer, with ``layer_heads``
             and ``num_kv_heads`` only (None: ``num_kv_heads``).
+        attention_options: further keyword options of the attention kind,
+            the same in every layer (JSON values; e.g. an "mla" layer's
+            ``kv_lora_rank``, written by ``tools.convert_mla.to_mla``).
 
     Derived: ``head_dim`` = C // H (H = ``num_heads``, also where
     ``layer_heads`` differs).
@@ -117,6 +120,7 @@ class BertConfig:
     attention_dropout: float = 0.1
     layer_heads: list[int] | None = None
     layer_kv_heads: list[int] | None = None
+    attention_options: dict = dataclasses.field(default_factory=dict)
     head_dim: int = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -140,6 +144,8 @@ class BertConfig:
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"unknown hidden_act {self.hidden_act!r}; valid: {sorted(_ACTIVATIONS)}")
         check_kind(self.attention)
+        if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
+            raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
         self.dropout = dropout_probability(self.dropout, "dropout")
         self.attention_dropout = dropout_probability(self.attention_dropout, "attention_dropout")
         self.layer_heads, self.layer_kv_heads = check_layer_heads(
@@ -255,7 +261,8 @@ class BertEmbeddings(nn.Module):
 def layer_attention(config: BertConfig, layer: int = 0, **factory) -> nn.Module:
     """The attention of layer ``layer`` as ``config`` describes it (its head
     counts from ``layer_head_options``), freshly initialised."""
-    options: dict = {"qkv_bias": True, "out_bias": True, "dropout": config.attention_dropout, **factory}
+    options: dict = {"qkv_bias": True, "out_bias": True, "dropout": config.attention_dropout,
+                     **config.attention_options, **factory}  # fmt: skip
     options.update(layer_head_options(config, layer))
     return build_attention(config.attention, embed_dim=config.hidden_size, **options)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import positive_int
+from .._checks import non_negative_int, positive_int
 
 __all__ = ["KVCache", "DynamicKVCache", "LatentKVCache"]
 
@@ -210,7 +210,7 @@ class LatentKVCache(KVCache):
 
     Args:
         batch_size: B; max_len: S_max; latent_dim: L (kv_lora_rank);
-        rope_dim: R (qk_rope_head_dim); dtype, device: of the buffer.
+        rope_dim: R (qk_rope_head_dim, 0: none); dtype, device: of the buffer.
 
     Attributes:
         k: [B, 1, S_max, L + R]; the values are its first L channels (no
@@ -226,7 +226,7 @@ class LatentKVCache(KVCache):
         self.max_len = S
         self.length = 0
         self.cross_source = None
-        shape = (B, 1, S, self.latent_dim + positive_int("rope_dim", rope_dim))
+        shape = (B, 1, S, self.latent_dim + non_negative_int("rope_dim", rope_dim))
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
     def update(self, k: torch.Tensor, v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ Per query token t, key token j and head i (h the layer inputs)::
 
     c^Q_t  = RMSNorm(h_t W^DQ) ⊙ g^Q             (q_lora_rank; without it c^Q_t = h_t)
     q^C_ti = c^Q_t W^UQ_i                         (Dn)     q^R_ti = RoPE(c^Q_t W^QR_i)   (R)
-    c^KV_j = RMSNorm(h_j W^DKV) ⊙ g^KV            (L, the cached latent)
+    c^KV_j = RMSNorm(h_j W^DKV) ⊙ g^KV            (L, the cached latent; h_j W^DKV without kv_norm)
     k^C_ji = c^KV_j W^UK_i                        (Dn)     k^R_j = RoPE(h_j W^KR)      (R, shared by all heads)
     v^C_ji = c^KV_j W^UV_i                        (Dv)
     s_tji  = scale · (q^C_ti · k^C_ji + q^R_ti · k^R_j),   scale = 1/sqrt(Dn + R) (· m² with YaRN)
@@ -18,6 +18,8 @@ RoPE rotates the first r channels of the R rope channels in pairs (2k, 2k+1)
 (interleaved, DeepSeek's) or (k, k + r/2) by position · θ_k, θ_k =
 base^(-2k/r), or YaRN's θ'_k (:func:`yarn_theta`). ``qk_norm`` gains, when
 given, RMS-normalise q^R_ti and k^R_j before the rotation.
+
+R may be 0 (no rope part: s_tji = scale · q^C_ti · k^C_ji, scale = 1/sqrt(Dn)).
 
 Weights are in the paper's (in, out) layout, ``x @ W``, split per head:
 W^UQ_i is ``W_UQ[:, i]`` of shape [.., H, Dn].
@@ -82,6 +84,7 @@ def mla_attention(
     qk_norm=None,
     eps=1e-6,
     norm_eps=1e-6,
+    kv_norm=True,
     mask=None,
     is_causal=False,
     causal_alignment="top_left",
@@ -93,7 +96,7 @@ def mla_attention(
         h_q: [B, T, C] query-side inputs; h_kv: [B, S, Ck] (h_q for self-attention).
         w: dict of weights: ``W_UQ`` [Cq, H, Dn], ``W_QR`` [Cq, H, R] with Cq
             = C, or with ``W_DQ`` [C, Rq] and ``g_Q`` [Rq] Cq = Rq;
-            ``W_DKV`` [Ck, L], ``g_KV`` [L], ``W_KR`` [Ck, R], ``W_UK``
+            ``W_DKV`` [Ck, L], ``g_KV`` [L] (with ``kv_norm``), ``W_KR`` [Ck, R], ``W_UK``
             [L, H, Dn], ``W_UV`` [L, H, Dv], ``W_O`` [H·Dv, C_out]; optional
             biases ``b_DQ``, ``b_UQ``, ``b_QR``, ``b_DKV``, ``b_KR``, ``b_O``.
         q_pos, k_pos: rope positions [T] / [S] or [B, ·] (default 0 .. T-1 / 0 .. S-1).
@@ -103,6 +106,7 @@ def mla_attention(
             m = 0.1 · mscale · ln(factor) + 1.
         qk_norm: None or (gain of q^R [R], gain of k^R [R]) with ``eps``.
         norm_eps: eps of the latent norms.
+        kv_norm: False: c^KV_j = h_j W^DKV (+ b_DKV), no RMS norm and no gain.
         mask, is_causal, causal_alignment: as :func:`multihead.reference.attention`
             (hidden keys removed; a query seeing nothing gets output 0).
         return_weights: also return the weights [B, H, T, S].
@@ -116,7 +120,8 @@ def mla_attention(
     c_q = h_q if w.get("W_DQ") is None else _rms(_lin(h_q, w, "W_DQ", "b_DQ"), w["g_Q"], norm_eps)
     q_C = np.einsum("btc,chd->bhtd", c_q, w["W_UQ"]) + (0 if w.get("b_UQ") is None else w["b_UQ"][:, None])
     q_R = np.einsum("btc,chd->bhtd", c_q, w["W_QR"]) + (0 if w.get("b_QR") is None else w["b_QR"][:, None])
-    c_kv = _rms(_lin(h_kv, w, "W_DKV", "b_DKV"), w["g_KV"], norm_eps)  # (B, S, L)
+    c_kv = _lin(h_kv, w, "W_DKV", "b_DKV")  # (B, S, L)
+    c_kv = _rms(c_kv, w["g_KV"], norm_eps) if kv_norm else c_kv
     k_R = _lin(h_kv, w, "W_KR", "b_KR")[:, None]  # (B, 1, S, R)
     k_C = np.einsum("bsl,lhd->bhsd", c_kv, w["W_UK"])  # (B, H, S, Dn)
     v_C = np.einsum("bsl,lhd->bhsd", c_kv, w["W_UV"])  # (B, H, S, Dv)

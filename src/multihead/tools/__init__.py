@@ -4,7 +4,7 @@ draw the views (files, or inline in a notebook for any model's
 attentions; rollout and flow), mask heads, measure each head's causal
 effect on a metric (zero, mean, patch, restore) and score their importance (gradient,
 ablation, learned gates) on the objectives of a GPT or a sentence
-encoder, prune heads, convert MHA to GQA, distil a converted or pruned
+encoder, prune heads, convert MHA to GQA or MLA, distil a converted or pruned
 model back towards the original, count a model's KV cache and time a
 speed-up with its spread."""
 
@@ -18,6 +18,7 @@ from .causal_roles import (
     special_token_ids,
 )
 from .convert_heads import to_gqa
+from .convert_mla import to_mla
 from .distill import distillation, divergence
 from .effects_view import write_effects_html, write_effects_png
 from .flops import KVCacheSize, kv_cache_size
@@ -117,6 +118,7 @@ __all__ = [
     "measure_speedup",
     "Speedup",
     "to_gqa",
+    "to_mla",
     "prune_heads",
     "prune_closed_heads",
     "recover",

@@ -142,7 +142,9 @@ def write_html(
         FileNotFoundError: the folder of ``path`` does not exist.
     """
     _folder_of(path)
-    page = page_html(record, roles=roles, title=title, batch=batch, legend=legend, notices=notices, slots=slots)
+    page = page_html(
+        record, roles=roles, title=title, batch=batch, legend=legend, notices=notices, slots=slots, causal=causal
+    )
     return write_bytes_atomic(path, page.encode("utf-8"))
 
 
@@ -155,6 +157,7 @@ def page_html(
     legend: Mapping | None = None,
     notices: list[str] | None = None,
     slots: HeadSlots | None = None,
+    causal: Mapping | None = None,
     options: Mapping | None = None,
 ) -> str:
     """The page ``write_html`` writes, as a str (checks as ``write_html``, without the path).

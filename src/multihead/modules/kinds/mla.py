@@ -10,6 +10,11 @@ the position, with ONE rope key shared by all heads::
     score_h = scale · (q_N,h · k_N,h + rope(q_R,h) · rope(k_R))
     out = out_proj(concat_h softmax(score_h) v_h)
 
+``kv_norm=False`` leaves the latent as projected (c = c_raw, no gain), and
+R = 0 gives no rope part (keys are the per-head k_N,h alone): together they
+express an MHA layer whose key and value projections were factored through
+a latent (``tools.convert_mla.to_mla``).
+
 scale = 1/sqrt(Dn + R), times m² with YaRN (``mla_latent``). Rope is
 interleaved (adjacent pairs, as DeepSeek) unless ``rope`` says otherwise and
 acts on the R rope channels only; ``qk_norm`` RMS-normalises those R channels
@@ -39,7 +44,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..._checks import positive_int
+from ..._checks import non_negative_int, positive_int
 from ..base import AttentionLayer
 from ..cost import AttentionCost, visible_pairs
 from ..head_selection import head_rows, load_selected
@@ -72,7 +77,10 @@ class MultiHeadLatentAttention(AttentionLayer):
             (RMSNorm) -> ``q_b_proj`` [H·(Dn+R), q_lora_rank].
         kv_lora_rank: L, the latent width (default 4·head_dim).
         qk_nope_head_dim: Dn (default head_dim); qk_rope_head_dim: R
-            (default 2·max(1, head_dim // 4)); v_head_dim: Dv (default head_dim).
+            (default 2·max(1, head_dim // 4); 0: no rope part, then rope and
+            qk_norm are refused); v_head_dim: Dv (default head_dim).
+        kv_norm: True (default): ``kv_a_norm`` RMS-normalises the latent;
+            False: no norm, the latent is kv_a_proj's output (no ``kv_a_norm``).
         yarn: None, or a dict ``factor``, ``original_seq_len`` and optionally
             ``beta_fast`` (32), ``beta_slow`` (1), ``mscale`` (1): YaRN rope
             frequencies and the softmax scale times m² (needs ``rope``).
@@ -114,6 +122,7 @@ class MultiHeadLatentAttention(AttentionLayer):
         yarn: dict | None = None,
         decode: str = "absorbed",
         norm_eps: float = 1e-6,
+        kv_norm: bool = True,
         **options,
     ) -> None:
         super().__init__(embed_dim, num_heads, **options)
@@ -125,7 +134,9 @@ class MultiHeadLatentAttention(AttentionLayer):
         self.kv_lora_rank = positive_int("kv_lora_rank", 4 * D if kv_lora_rank is None else kv_lora_rank)
         self.qk_nope_head_dim = positive_int("qk_nope_head_dim", D if qk_nope_head_dim is None else qk_nope_head_dim)
         R = 2 * max(1, D // 4) if qk_rope_head_dim is None else qk_rope_head_dim
-        self.qk_rope_head_dim = positive_int("qk_rope_head_dim", R)
+        self.qk_rope_head_dim = non_negative_int("qk_rope_head_dim", R)
+        if not isinstance(kv_norm, bool):
+            raise TypeError(f"kv_norm must be a bool, got kv_norm={kv_norm!r}")
         self.v_head_dim = positive_int("v_head_dim", D if v_head_dim is None else v_head_dim)
         self.decode = decode
         self.yarn = yarn_options(yarn)
@@ -138,10 +149,13 @@ class MultiHeadLatentAttention(AttentionLayer):
         else:
             self.q_proj = nn.Linear(embed_dim, H * (Dn + R), bias=bias, **f)
         self.kv_a_proj = nn.Linear(self.kdim, L + R, bias=bias, **f)
-        self.kv_a_norm = HeadRMSNorm(L, norm_eps, **f)
+        self.kv_a_norm = HeadRMSNorm(L, norm_eps, **f) if kv_norm else None
         self.kv_b_proj = nn.Linear(L, H * (Dn + Dv), bias=False, **f)
         self.init_output(H * Dv, embed_dim)
         rope, qk_norm = self._positions
+        if R == 0 and (rope or qk_norm):
+            raise ValueError(f"rope={rope!r} and qk_norm={qk_norm!r} act on the rope channels; qk_rope_head_dim=0 "
+                             "has none: give qk_rope_head_dim > 0 or leave rope and qk_norm off")  # fmt: skip
         self._positions = (_interleaved_by_default(rope), qk_norm)
         try:
             self.init_positions(R)
@@ -151,7 +165,7 @@ class MultiHeadLatentAttention(AttentionLayer):
             raise ValueError(f"yarn={yarn!r} scales rope frequencies; it needs rope=True or a rope dict")
         self.scale = (Dn + R) ** -0.5 * (1.0 if self.yarn is None else yarn_mscale(self.yarn) ** 2)
         self.init_options.update(q_lora_rank=q_lora_rank, kv_lora_rank=L, qk_nope_head_dim=Dn, qk_rope_head_dim=R,
-                                 v_head_dim=Dv, yarn=yarn, decode=decode, norm_eps=norm_eps)  # fmt: skip
+                                 v_head_dim=Dv, yarn=yarn, decode=decode, norm_eps=norm_eps, kv_norm=kv_norm)  # fmt: skip
 
     @property
     def decode(self) -> str:
@@ -185,7 +199,8 @@ class MultiHeadLatentAttention(AttentionLayer):
         q = self.q_b_proj(self.q_a_norm(self.q_a_proj(query))) if self.q_lora_rank else self.q_proj(query)
         q = q.view(B, T, H, Dn + R).transpose(1, 2)  # (B, T, H*(Dn+R)) -> (B, H, T, Dn+R)
         kv = self.kv_a_proj(key)  # (B, S, L + R)
-        c, k_r = self.kv_a_norm(kv[..., :L]), kv[..., L:].unsqueeze(1)  # (B, S, L), (B, 1, S, R)
+        c, k_r = kv[..., :L], kv[..., L:].unsqueeze(1)  # (B, S, L), (B, 1, S, R)
+        c = c if self.kv_a_norm is None else self.kv_a_norm(c)
         if self.decode == "naive":
             up = self.kv_b_proj(c).view(B, S, H, Dn + self.v_head_dim).transpose(1, 2)  # (B, S, H*(Dn+Dv)) -> (B, H, S, Dn+Dv)
             k = torch.cat([up[..., :Dn], k_r.expand(B, H, S, R)], dim=-1)  # (B, H, S, Dn + R)
@@ -275,7 +290,7 @@ class MultiHeadLatentAttention(AttentionLayer):
     def subset_heads(self, heads: list[int], kv_heads: list[int]) -> MultiHeadLatentAttention:
         """The kept heads' rows of the query projection (q_proj or q_b_proj) and
         of kv_b_proj, their columns of out_proj and their sink logits; the latent
-        and rope-key projections and both norms stay whole."""
+        and rope-key projections and the norms stay whole."""
         dev = self.out_proj.weight.device
         Dq, Dkv = self.qk_nope_head_dim + self.qk_rope_head_dim, self.qk_nope_head_dim + self.v_head_dim
         q_name = "q_b_proj" if self.q_lora_rank else "q_proj"
@@ -294,4 +309,5 @@ class MultiHeadLatentAttention(AttentionLayer):
         return (f"{super().extra_repr()}, q_lora_rank={self.q_lora_rank}, kv_lora_rank={self.kv_lora_rank}, "
                 f"qk_nope_head_dim={self.qk_nope_head_dim}, qk_rope_head_dim={self.qk_rope_head_dim}, "
                 f"v_head_dim={self.v_head_dim}, decode={self.decode!r}"
+                + ("" if self.kv_a_norm is not None else ", kv_norm=False")
                 + ("" if self.yarn is None else f", yarn={self.yarn}"))  # fmt: skip

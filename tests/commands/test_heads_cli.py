@@ -23,8 +23,10 @@ def tracked_line(step: int, k: int) -> dict:
     scores["induction"][1][0] = INDUCTION_10[k]
     scores["previous_token"][0][1] = 0.9  # a head that has its role from the first scored step
     scores["previous_token"][1][1] = None  # a pruned layer's missing head
-    return {"step": step, "train_loss": 3.0 - k / 10, "val_loss": 3.1 - k / 10,
-            "heads": {"length": 32, "batch": 8, "seed": 0, "layers": ["blocks.0.attn", "blocks.1.attn"], "scores": scores}}  # fmt: skip
+    heads = {"length": 32, "batch": 8, "seed": 0, "layers": ["blocks.0.attn", "blocks.1.attn"], "scores": scores,
+             "chance": {"previous_token": 0.059, "duplicate_token": 0.021, "induction": 0.021},
+             "thresholds": {"previous_token": 0.4, "duplicate_token": 0.4, "induction": 0.5}}  # fmt: skip
+    return {"step": step, "train_loss": 3.0 - k / 10, "val_loss": 3.1 - k / 10, "heads": heads}
 
 
 @pytest.fixture
@@ -44,11 +46,12 @@ def test_writes_the_png_and_prints_the_heads_that_reached_the_threshold(run):
     png = run / "heads.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     lines = out.splitlines()
-    assert lines[0].startswith(f"{run}: heads scored at 4 evaluation(s), steps 10..40, on 8 x 2·32 repeated random tokens")
+    assert lines[0] == (f"{run}: heads scored at 4 evaluation(s), steps 10..40, on 8 x 2·32 repeated random tokens "
+                        "(chance: previous_token 0.059, duplicate_token 0.021, induction 0.021)")  # fmt: skip
     rows = [line.split() for line in lines if line.split()[0] in ROLES and "no" not in line.split()]
-    assert rows == [["previous_token", "0", "1", "10", "-", "->", "0.900", "0.900"],
-                    ["induction", "1", "0", "30", "0.080", "->", "0.550", "0.710"]]  # fmt: skip
-    assert "duplicate_token: no head reached 0.3 (best at step 40: 0.070)" in lines
+    assert rows == [["previous_token", "0", "1", "0.4", "10", "-", "->", "0.900", "0.900"],
+                    ["induction", "1", "0", "0.5", "30", "0.080", "->", "0.550", "0.710"]]  # fmt: skip
+    assert "duplicate_token: no head reached 0.4 (best at step 40: 0.070)" in lines
     assert lines[-1] == f"wrote {png}" and not [p for p in run.iterdir() if p.name.startswith(".")]
 
 
@@ -58,6 +61,20 @@ def test_threshold_and_out(run, tmp_path):
     assert (tmp_path / "figs" / "h.png").is_file() and not (run / "heads.png").exists()
     assert [r.step for r in rises(read_head_series(run), 0.6) if r.role == "induction"] == [40]
     assert "induction" in out and " 40 " in out and "0.550 -> 0.710" in out
+    rc, out, err = quietly("heads", str(run), "--threshold", "0.075")  # one for all: step 20's 0.08 reaches it
+    assert [line.split()[:5] for line in out.splitlines() if line.startswith("induction ")] == [["induction", "1", "0", "0.075", "20"]]
+
+
+def test_a_run_that_recorded_no_thresholds_uses_0_4(run):
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()[:-1]]
+    for line in lines:
+        if "heads" in line:
+            del line["heads"]["thresholds"], line["heads"]["chance"]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rc, out, err = quietly("heads", str(run))
+    assert rc == 0, err
+    assert out.splitlines()[0].endswith("repeated random tokens")
+    assert [line.split()[:5] for line in out.splitlines() if line.startswith("induction ")] == [["induction", "1", "0", "0.4", "30"]]
 
 
 def test_a_trained_run(tmp_path):

@@ -13,6 +13,7 @@ from support.cli import quietly
 from support.training import latest, tiny_config
 
 from multihead.tools.capture import capture
+from multihead.tools.causal_roles import CAUSAL_ROLES
 from multihead.train import TrainConfig, train
 from multihead.train.batches import read_tokens
 
@@ -55,9 +56,11 @@ def test_every_evaluation_line_holds_the_scores_of_that_steps_model(tracked):
             continue
         heads = row["heads"]
         assert heads["length"] == 8 and heads["batch"] == 8 and heads["layers"] == ["blocks.0.attn", "blocks.1.attn"]
-        assert set(heads["scores"]) >= {"previous_token", "duplicate_token", "induction"}
-        for table in heads["scores"].values():
-            assert len(table) == 2 and all(len(r) == 4 and all(0 <= v <= 1 for v in r) for r in table)
+        assert set(heads["scores"]) >= set(CAUSAL_ROLES) and set(heads["thresholds"]) == set(heads["scores"])
+        for role, table in heads["scores"].items():
+            low = -1 if role == "copying" else 0  # the OV circuit's score is in [-1, 1]
+            assert len(table) == 2 and all(len(r) == 4 and all(low <= v <= 1 for v in r) for r in table)
+            assert heads["chance"][role] < heads["thresholds"][role]
     # the last line against the saved model of step 6, scored here from its captured weights
     model = latest(tracked)
     ids = sorted(set(read_tokens(tracked / "data" / "train.bin").tolist()))

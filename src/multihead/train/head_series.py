@@ -9,10 +9,12 @@ role, with the run's loss curves::
     series.loss_steps, train_loss [M]        every metrics line
     series.val_steps, val_loss    [K]        the evaluation lines
 
-``rises(series, threshold)`` names each head whose score reached
-``threshold`` and the first scored step at which it did (the "induction
-bump" of Olsson et al. 2022 is the step where induction heads form);
-``plot_heads`` draws the loss beside every role's curves as a PNG.
+``rises(series)`` names each head whose score of a role reached the role's
+threshold (``tools.causal_roles.ROLE_THRESHOLDS``, as the run recorded
+them, or one given for all roles) and the first scored step at which it
+did (the "induction bump" of Olsson et al. 2022 is the step where induction
+heads form); ``plot_heads`` draws the loss beside every role's curves as a
+PNG.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["HeadSeries", "Rise", "read_head_series", "rises", "plot_heads"]
+__all__ = ["HeadSeries", "Rise", "read_head_series", "rises", "plot_heads", "FALLBACK_THRESHOLD"]
+
+FALLBACK_THRESHOLD = 0.4  # a role the run recorded no threshold for
 
 
 @dataclass
@@ -38,15 +42,16 @@ class HeadSeries:
     layers: list[str]
     length: int
     batch: int
+    chance: dict[str, float] = field(default_factory=dict)
+    thresholds: dict[str, float] = field(default_factory=dict)
     loss_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     train_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
     val_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     val_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
-    @property
-    def uniform(self) -> float:
-        """About what a head spreading its weight evenly scores: ln(2n) / (2n)."""
-        return math.log(2 * self.length) / (2 * self.length)
+    def threshold(self, role: str, given: float | None = None) -> float:
+        """``given``, else the role's threshold as the run recorded it (else FALLBACK_THRESHOLD)."""
+        return given if given is not None else float(self.thresholds.get(role, FALLBACK_THRESHOLD))
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class Rise:
     ``before``: its score at the previous scored step (None: ``step`` is the first)."""
 
     role: str
+    threshold: float
     layer: int
     head: int
     step: int
@@ -73,6 +79,13 @@ def _lines(path: Path) -> list[dict]:
         if isinstance(row, dict) and isinstance(row.get("step"), int):
             rows.append(row)
     return rows
+
+
+def _numbers(values) -> dict[str, float]:
+    """role -> float of a recorded dict (anything else: empty)."""
+    if not isinstance(values, dict):
+        return {}
+    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def read_head_series(run_dir: str | Path) -> HeadSeries:
@@ -111,16 +124,19 @@ def read_head_series(run_dir: str | Path) -> HeadSeries:
     vals = [r for r in rows if isinstance(r.get("val_loss"), (int, float))]
     return HeadSeries(
         run_dir, np.array([r["step"] for r in tracked]), scores, list(first.get("layers", [])),
-        int(first.get("length", 32)), int(first.get("batch", 0)),
+        int(first.get("length", 32)), int(first.get("batch", 0)), _numbers(first.get("chance")),
+        _numbers(first.get("thresholds")),
         np.array([r["step"] for r in losses]), np.array([r["train_loss"] for r in losses], dtype=np.float64),
         np.array([r["step"] for r in vals]), np.array([r["val_loss"] for r in vals], dtype=np.float64),
     )  # fmt: skip
 
 
-def rises(series: HeadSeries, threshold: float) -> list[Rise]:
-    """Every head whose score of a role reached ``threshold``, by role (in the series' order) then step."""
+def rises(series: HeadSeries, given: float | None = None) -> list[Rise]:
+    """Every head whose score of a role reached its threshold (``given`` for every role,
+    None: each role's own), by role (in the series' order) then step."""
     found = []
     for role, s in series.scores.items():
+        threshold = series.threshold(role, given)
         for layer in range(s.shape[1]):
             for head in range(s.shape[2]):
                 curve = s[:, layer, head]
@@ -128,15 +144,17 @@ def rises(series: HeadSeries, threshold: float) -> list[Rise]:
                 if above.size:
                     i = int(above[0])
                     before = float(curve[i - 1]) if i > 0 else None
-                    found.append(Rise(role, layer, head, int(series.steps[i]), before, float(curve[i]), float(curve[-1])))
+                    found.append(Rise(role, threshold, layer, head, int(series.steps[i]), before, float(curve[i]),
+                                      float(curve[-1])))  # fmt: skip
     order = {role: k for k, role in enumerate(series.scores)}
     return sorted(found, key=lambda r: (order[r.role], r.step, -r.final))
 
 
-def plot_heads(series: HeadSeries, threshold: float, found: list[Rise]) -> bytes:
+def plot_heads(series: HeadSeries, found: list[Rise], given: float | None = None) -> bytes:
     """The PNG: the loss curves on top, then one panel per role with every head's
-    score over steps (the heads that reached ``threshold`` in colour and named,
-    the others grey), the threshold dashed and the even-spread level dotted."""
+    score over steps (the heads of ``found`` in colour and named, the others
+    grey), the role's threshold (``given`` or its own) dashed and its chance
+    level dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,15 +182,20 @@ def plot_heads(series: HeadSeries, threshold: float, found: list[Rise]) -> bytes
                 ax.plot(series.steps, s[:, layer, head], color=f"C{colour % 10}", lw=1.6,
                         label=f"L{layer} H{head} (step {rise.step})")  # fmt: skip
                 colour += 1
+        threshold = series.threshold(role, given)
         ax.axhline(threshold, color="k", ls="--", lw=0.8)
-        ax.axhline(series.uniform, color="k", ls=":", lw=0.8)
-        ax.set(ylabel=f"{role.replace('_', ' ')}\nscore", ylim=(0, 1))
+        if role in series.chance:
+            ax.axhline(series.chance[role], color="k", ls=":", lw=0.8)
+        low = -1.0 if role == "copying" else 0.0  # copying is in [-1, 1]; signed weights may leave [0, 1] too
+        finite = s[np.isfinite(s)]
+        ax.set(ylabel=f"{role.replace('_', ' ')}\nscore",
+               ylim=(min(low, float(finite.min(initial=low))) - 0.02, max(1.0, float(finite.max(initial=1.0))) + 0.02))  # fmt: skip
         if colour:
             ax.legend(fontsize=7, loc="upper left", ncol=min(4, colour))
         else:
             ax.text(0.01, 0.9, f"no head reached {threshold:g}", transform=ax.transAxes, fontsize=8, va="top")
     axes[-1].set_xlabel(f"step  (scores on {series.batch} x 2·{series.length} repeated random tokens; "
-                        f"dashed: threshold {threshold:g}, dotted: even spread)")  # fmt: skip
+                        "dashed: threshold, dotted: chance)")  # fmt: skip
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)

@@ -125,3 +125,18 @@ def test_ctrl_c_while_drawing_leaves_no_png(run, monkeypatch):
     assert rc == 130 and out == ""
     assert err == f"multihead heads: interrupted by SIGINT; {run / 'heads.png'} was not written (nothing was left behind)\n"
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_role_missing_from_some_lines_is_blank_there_and_bad_tables_are_one_line(run):
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()[:-1]]
+    for line in lines[:4]:  # the first two scored steps lack induction (tracked before it existed)
+        line.get("heads", {}).get("scores", {}).pop("induction", None)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    series = read_head_series(run)
+    assert list(series.scores) == list(ROLES) and series.scores["induction"].shape == (4, 2, 2)
+    assert [(r.step, r.before) for r in rises(series) if r.role == "induction"] == [(30, None)]  # nothing scored before
+    lines[-1]["heads"]["scores"]["induction"] = [[0.1, 0.2, 0.3]]  # another shape
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rc, out, err = quietly("heads", str(run))
+    assert rc == 2 and err.count("\n") == 1
+    assert "the tracked 'induction' scores are not [layers][heads] tables of one shape" in err

@@ -88,6 +88,22 @@ def _numbers(values) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _role_series(metrics: Path, role: str, tables: list) -> np.ndarray:
+    """[N, L, H] of one role's tables (None where a line lacks the role: a run tracked
+    by a version without it, then resumed with one; NaN there)."""
+    try:
+        known = [np.asarray([[math.nan if v is None else float(v) for v in row] for row in t], dtype=np.float64)
+                 for t in tables if t is not None]  # fmt: skip
+        shapes = {a.shape for a in known}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"{metrics}: the tracked {role!r} scores are not [layers][heads] tables of one shape") from None
+    shape = next(iter(shapes))
+    it = iter(known)
+    return np.stack([next(it) if t is not None else np.full(shape, math.nan) for t in tables])
+
+
 def read_head_series(run_dir: str | Path) -> HeadSeries:
     """The tracked heads and loss curves of a ``multihead train`` run directory.
 
@@ -109,17 +125,8 @@ def read_head_series(run_dir: str | Path) -> HeadSeries:
             f"--track-heads, or resume it with: multihead train --out {run_dir} --resume --track-heads --max-steps N"
         )
     first = tracked[0]["heads"]
-    roles = list(first["scores"])
-    scores = {}
-    for role in roles:
-        try:
-            table = [[[math.nan if v is None else float(v) for v in row] for row in r["heads"]["scores"][role]]
-                     for r in tracked]  # fmt: skip
-            scores[role] = np.asarray(table, dtype=np.float64)
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{metrics}: the tracked {role!r} scores change shape or are missing between lines") from None
-        if scores[role].ndim != 3:
-            raise ValueError(f"{metrics}: the tracked {role!r} scores are not [layers][heads] tables")
+    roles = list(dict.fromkeys(role for r in tracked for role in r["heads"]["scores"]))  # in order of appearance
+    scores = {role: _role_series(metrics, role, [r["heads"]["scores"].get(role) for r in tracked]) for role in roles}
     losses = [r for r in rows if isinstance(r.get("train_loss"), (int, float))]
     vals = [r for r in rows if isinstance(r.get("val_loss"), (int, float))]
     return HeadSeries(
@@ -143,7 +150,7 @@ def rises(series: HeadSeries, given: float | None = None) -> list[Rise]:
                 above = np.flatnonzero(curve >= threshold)  # NaN (no such head) is never above
                 if above.size:
                     i = int(above[0])
-                    before = float(curve[i - 1]) if i > 0 else None
+                    before = float(curve[i - 1]) if i > 0 and np.isfinite(curve[i - 1]) else None
                     found.append(Rise(role, threshold, layer, head, int(series.steps[i]), before, float(curve[i]),
                                       float(curve[-1])))  # fmt: skip
     order = {role: k for k, role in enumerate(series.scores)}

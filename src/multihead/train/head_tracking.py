@@ -52,9 +52,11 @@ def track_length(context_length: int) -> int:
 
 
 def seen_ids(train_tokens: np.ndarray, vocab_size: int) -> torch.Tensor:
-    """[V'] int64: the ids that occur in the training tokens, ascending (the ones the model learnt)."""
+    """[V'] int64: the ids that occur in the training tokens, ascending (the ones the model learnt;
+    every id when fewer than 2 occur)."""
     counts = np.bincount(np.asarray(train_tokens, dtype=np.int64), minlength=vocab_size)
-    return torch.from_numpy(np.flatnonzero(counts)).long()
+    seen = np.flatnonzero(counts)
+    return torch.from_numpy(seen if len(seen) >= 2 else np.arange(vocab_size)).long()
 
 
 def tracked_heads(model: GPT, vocabulary: torch.Tensor | None, context_length: int) -> dict[str, Any]:

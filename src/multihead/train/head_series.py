@@ -198,7 +198,7 @@ def plot_heads(series: HeadSeries, found: list[Rise], given: float | None = None
         ax.set(ylabel=f"{role.replace('_', ' ')}\nscore",
                ylim=(min(low, float(finite.min(initial=low))) - 0.02, max(1.0, float(finite.max(initial=1.0))) + 0.02))  # fmt: skip
         if colour:
-            ax.legend(fontsize=7, loc="upper left", ncol=min(4, colour))
+            ax.legend(fontsize=7, loc="best", ncol=min(4, colour), framealpha=0.6)
         else:
             ax.text(0.01, 0.9, f"no head reached {threshold:g}", transform=ax.transAxes, fontsize=8, va="top")
     axes[-1].set_xlabel(f"step  (scores on {series.batch} x 2·{series.length} repeated random tokens; "

@@ -241,9 +241,9 @@ PRUNE_EARLY = {
     "hf without config": (["prune", "--hf", "{tmp}/a-folder", "--method", "gradient", "--keep", "0.5", "--out", "out"],
                           "--hf {tmp}/a-folder: no config.json in it"),
     "heldout-lines 0": (["prune", "--model", "minilm-l6", "--heldout-lines", "0", "--method", "gradient", "--keep", "0.5", "--out", "out"],
-                        "--heldout-lines 0: give a number >= 2"),
-    "heldout-lines with a GPT": (["prune", "--checkpoint", "{ckpt}", "--heldout-lines", "9", "--method", "gradient", "--keep", "0.5", "--out", "out"],
-                                 "--heldout-lines 9 is for encoders"),
+                        "--heldout-lines 0: give a number >= 11"),
+    "heldout-lines with a GPT": (["prune", "--checkpoint", "{ckpt}", "--heldout-lines", "20", "--method", "gradient", "--keep", "0.5", "--out", "out"],
+                                 "--heldout-lines 20 is for encoders"),
 }  # fmt: skip
 
 

@@ -58,6 +58,7 @@ COMMANDS = (
         'multihead train', 'multihead generate --checkpoint runs/tiny "To be"',
         "multihead train --out runs/tiny --max-steps 400 --resume", "multihead train --preset tiny --track-heads --out runs/tiny",
         "multihead train --attention gqa --attention-option num_kv_heads=2 --out runs/gqa",
+        """multihead train --preset tiny --positions rope --layer-attention-options '[{"window": 32}, {}]' --out runs/rope""",
         "multihead train --import mykinds --attention my_kind --out runs/mine",
         "torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --out runs/ddp",
         "torchrun --nproc-per-node 2 -m multihead train --tensor-parallel 2 --out runs/tp")),

@@ -193,6 +193,8 @@ def test_mistakes_are_one_line_and_write_nothing(plain, tmp_path):
     assert "needs calibration text" in refused(*base, "--num-kv-heads", "2", "--method", "aligned")
     assert "--calibration-batches 0" in refused(*base, "--num-kv-heads", "2", "--method", "aligned",
                                                "--calibration-data", "x.txt", "--calibration-batches", "0")  # fmt: skip
+    assert "--heldout-lines 10: give a number >= 11" in refused("--to", "mqa", "--model", "minilm-l6", "--heldout-lines", "10",
+                                                                "--out", str(out))  # fmt: skip
     file = tmp_path / "file"
     file.write_text("")
     line = refused("--to", "gqa", "--num-kv-heads", "2", "--checkpoint", str(plain), "--out", str(file / "x"))

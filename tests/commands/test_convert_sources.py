@@ -139,3 +139,14 @@ def test_a_pruned_gpt_is_refused_with_the_real_reason(tmp_path):
     rc, _, err = quietly("convert", "--to", "gqa", "--num-kv-heads", "2", "--checkpoint", str(source), "--out", str(out))
     assert rc == 2 and "--num-kv-heads 2 does not divide layer 0's 3 key/value heads (3 query heads after pruning)" in err
     assert "same head counts" not in err and not out.exists()
+
+
+def test_a_folder_convert_does_not_take_is_refused_by_convert(tmp_path):
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    for name, text in (("config.json", '{"model_type": "llama"}'), ("tokenizer.json", "{}"), ("model.safetensors", "")):
+        (llama / name).write_text(text)
+    rc, out, err = quietly("convert", "--hf", str(llama), "--to", "mqa", "--out", str(tmp_path / "out"))
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert f"--hf {llama}: model_type 'llama': multihead convert takes only the models multihead loads" in err
+    assert "prune" not in err and "'bert', 'gpt2'" in err and not (tmp_path / "out").exists()

@@ -103,8 +103,7 @@ def test_mistakes_are_refused_before_anything_is_written(checkpoint, tmp_path):
     llama.mkdir()
     for name, text in (("config.json", '{"model_type": "llama"}'), ("tokenizer.json", "{}"), ("model.safetensors", "")):
         (llama / name).write_text(text)
-    assert f"--hf {llama}: model_type 'llama'; effects loads GPT-2 folders" in refused(
-        "--hf", str(llama), "--out", str(out), *ARGS)
+    assert f"--hf {llama}: not a transformers model folder" in refused("--hf", str(llama), "--out", str(out), *ARGS)
     from support.encoders import save_tiny_encoder
 
     encoder = save_tiny_encoder(tmp_path / "encoder")

@@ -170,13 +170,13 @@ def test_unsupported_or_broken_hf_folders_are_one_line(hf_gpt2, tmp_path):
     out = tmp_path / "out"
     base = ["--method", "gradient", "--keep", "0.5", "--out", str(out)]
     line = refused("--hf", str(llama), *base)
-    assert "model_type 'llama' cannot be pruned" in line and "'bert', 'gpt2'" in line
+    assert "model_type 'llama': multihead prune takes only" in line and "'bert', 'gpt2'" in line
     assert "multihead.hf.head_mask" in line
     assert f"--hf {tmp_path / 'none'}: no such folder" in refused("--hf", str(tmp_path / "none"), *base)
     (llama / "tokenizer.json").unlink()
     assert "no tokenizer.json in it" in refused("--hf", str(llama), *base)
     assert "--heldout-lines 100 is for encoders" in refused("--hf", str(hf_gpt2), "--heldout-lines", "100", *base)
-    assert "--heldout-lines 1: give a number >= 2" in refused("--model", "minilm-l6", "--heldout-lines", "1", *base)
+    assert "--heldout-lines 10: give a number >= 11" in refused("--model", "minilm-l6", "--heldout-lines", "10", *base)
     assert "exactly one of --model, --checkpoint and --hf" in refused("--hf", str(hf_gpt2), "--model", "minilm-l6", *base)
     assert not out.exists()
 

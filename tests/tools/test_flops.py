@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from multihead import MultiHeadAttention
-from multihead.functional import causal_mask
+from multihead.functional import causal_mask, sliding_window_mask
 from multihead.modules.cost import visible_pairs
 from multihead.tools.flops import attention_cost
 
@@ -15,6 +15,13 @@ from multihead.tools.flops import attention_cost
 def test_visible_pairs_counts_the_causal_mask(T, S, alignment):
     assert visible_pairs(T, S, causal=True, alignment=alignment) == int(causal_mask(T, S, alignment=alignment).sum())
     assert visible_pairs(T, S, causal=False) == T * S
+
+
+@pytest.mark.parametrize("T,S,window", [(1, 9, 4), (3, 7, 2), (5, 5, 3), (1, 2, 5)])
+def test_a_window_counts_its_pairs_where_a_cached_call_puts_the_queries(T, S, window):
+    """A windowed call with T < S runs over a cache: its queries are the last T positions (bottom-right)."""
+    want = int(sliding_window_mask(T, S, window=window, alignment="bottom_right").sum())
+    assert visible_pairs(T, S, causal=False, window=window) == visible_pairs(T, S, causal=True, window=window) == want
 
 
 def _matmul_flops(module, x, **kwargs):

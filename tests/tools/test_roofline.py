@@ -69,7 +69,8 @@ def test_bytes_intensity_and_bound():
     costs = phase_costs(config, batch=1, context=1024, bytes_per_element=4)
     prefill, decode = costs["prefill"], costs["decode"]
     params = GPT(config, device="meta").num_parameters()
-    assert prefill.bytes["weights"] == decode.bytes["weights"] == params * 4  # tied: the LM head reads the table
+    assert prefill.bytes["weights"] == params * 4  # tied: the LM head reads the table; all 1024 position rows
+    assert decode.bytes["weights"] == (params - 1023 * 768) * 4  # one new token: one row of the position table
     kv = 12 * 2 * 768 * 4  # layers x (k, v) x C x 4 bytes
     assert prefill.kv_cache_bytes_per_token == kv
     assert decode.bytes["kv cache read"] == 1024 * kv and decode.bytes["kv cache written"] == kv

@@ -71,7 +71,7 @@ from ..paths import output_folder
 from ..tools.convert_heads import METHODS
 from ..tools.convert_mla import MLA_METHODS
 from .checking import checking
-from .encoder_inputs import HELDOUT_LINES, shakespeare_lines
+from .encoder_inputs import HELDOUT_LINES, check_heldout_lines, shakespeare_lines
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
@@ -196,8 +196,7 @@ def _check_options(to: str, num_kv_heads: int | None, method: str, calibration_d
                              f'("{method}" uses no calibration)')
     if calibration_batches is not None and calibration_batches < 1:
         raise ValueError(f"--calibration-batches {calibration_batches}: give a number >= 1")
-    if heldout is not None and heldout < 2:
-        raise ValueError(f"--heldout-lines {heldout}: give a number >= 2 (neighbours are ranked among them)")
+    check_heldout_lines(heldout)
     return 1 if to == "mqa" else num_kv_heads if to == "gqa" else None
 
 
@@ -323,7 +322,7 @@ def prepare(
     G = _check_options(to, num_kv_heads, method, calibration_data, calibration_batches, heldout_lines, recover_steps,
                        kv_rank)  # fmt: skip
     folder = output_folder("--out", out, OUTPUT_FILES)
-    kind, _ = family(model, checkpoint, hf)
+    kind, _ = family(model, checkpoint, hf, command="convert")
     if calibration_data is not None and (kind == "encoder" or hf is not None):
         raise ValueError(f"--calibration-data {calibration_data} is for a GPT --checkpoint; "
                          f"{'an encoder' if kind == 'encoder' else 'a GPT-2 --hf folder'} calibrates on "
@@ -331,7 +330,7 @@ def prepare(
     if kind == "gpt" and heldout_lines is not None:
         raise ValueError(f"--heldout-lines {heldout_lines} is for encoders (--model, a BERT --hf, a sentence-encoder "
                          "--checkpoint); a GPT is measured on validation text")  # fmt: skip
-    loaded = load_source(model, checkpoint, hf)
+    loaded = load_source(model, checkpoint, hf, command="convert")
     net = loaded.net
     if to == "mla":
         _check_mla_model(net, kv_rank)

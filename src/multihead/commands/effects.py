@@ -1,11 +1,18 @@
-"""``multihead effects``: which heads carry a GPT's answer, by replacing one head at a time.
+"""``multihead effects``: which heads carry a causal model's answer, by replacing one head at a time.
 
     multihead effects --checkpoint runs/tiny --clean "When Mary and John went to the store, John gave a drink to" \\
         --corrupted "When Mary and John went to the store, Mary gave a drink to" --answer " Mary" --wrong " John"
 
-Encodes both prompts and the two answers (each must be one token) with the
-model's tokenizer (a run's, the tokenizer.json beside a checkpoint or in a
-GPT-2 ``--hf`` folder, else UTF-8 bytes for a 256-token vocabulary), takes
+``--hf`` takes a local Hugging Face folder (config.json, weights,
+tokenizer.json): GPT-2 is loaded into multihead's own GPT, any other causal
+model (Llama, Qwen, Mistral, ...) runs on multihead attention through
+``multihead.hf`` (``AutoModelForCausalLM``), its heads replaced through
+``multihead.hf.head_hook``.
+
+Encodes both prompts and the two answers (each must be one token; answers
+without the special tokens a tokenizer.json adds, such as a BOS) with the
+model's tokenizer (a run's, the tokenizer.json beside a checkpoint or in
+the ``--hf`` folder, else UTF-8 bytes for a 256-token vocabulary), takes
 the metric as the logit difference answer - wrong at ``--position``
 (default the last prompt token), runs ``tools.head_effects`` with
 ``--method`` (zero, mean, patch or restore: docs/effects.md), prints the
@@ -18,7 +25,8 @@ and writes into ``--out``:
 
 Everything is checked before the model runs and before anything is
 written: the method, exactly one of ``--checkpoint`` and ``--hf``, a GPT
-(not a sentence encoder), the output folder (and matplotlib for the PNG),
+or a causal transformers model (not a sentence encoder, nor a model whose
+heads see later tokens), the output folder (and matplotlib for the PNG),
 prompts that encode and fit the context, answers of one token, prompts of
 the same length for patch and restore, and a kind whose heads are coupled
 (refused with its reason unless ``--coupled-heads``). The folder is
@@ -46,20 +54,21 @@ METHODS = ("zero", "mean", "patch", "restore")  # tools.head_effects.METHODS, wi
 OUTPUT_FILES = ("effects.html", "effects.png", "effects.json")
 DEFAULT_TOP = 10
 DESCRIPTION = (
-    "Measure every attention head's causal effect on a GPT's answer: the logit difference between --answer "
+    "Measure every attention head's causal effect on a causal model's answer: the logit difference between --answer "
     "and --wrong (one token each) at the last prompt token, when that head's output alone is replaced before "
     "the output projection: by zeros (zero), by its mean over the clean prompt's positions (mean), by its "
     "output on --corrupted (patch, the clean run; activation patching), or, in the corrupted run, by its "
     "output on --clean (restore). Prints the top heads and writes effects.html (heatmap, values on hover), "
-    "effects.png and effects.json into --out. --hf takes a GPT-2 folder. See docs/effects.md."
+    "effects.png and effects.json into --out. --hf takes a GPT-2 folder or any causal transformers folder "
+    "(Llama, Qwen, ...; run on multihead attention). See docs/effects.md."
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The description and flags of ``multihead effects``."""
     parser.description = DESCRIPTION
-    add_source_arguments(parser, hf_help="a local Hugging Face GPT-2 folder (config.json, model.safetensors, "
-                                         "tokenizer.json)")  # fmt: skip
+    add_source_arguments(parser, hf_help="a local Hugging Face folder of a causal model: GPT-2, Llama, Qwen, ... "
+                                         "(config.json, safetensors weights, tokenizer.json)")  # fmt: skip
     parser.add_argument("--clean", required=True, metavar="TEXT", help="the prompt the model answers correctly")
     parser.add_argument("--corrupted", metavar="TEXT", help="the prompt that changes the answer (patch, restore)")
     parser.add_argument("--answer", required=True, metavar="TOKEN", help="the clean prompt's answer (one token)")
@@ -124,30 +133,62 @@ def _check_options(method: str, top: int, batch_size: int) -> None:
                           "pip install 'multihead[viz]'")  # fmt: skip
 
 
-def _encode(flag: str, text: str, model, tokenizer) -> list[int]:
+def _encode(flag: str, text: str, model, tokenizer, special: bool = True) -> list[int]:
+    """The ids of ``text``; ``special=False``: without the special tokens a tokenizers file adds (an answer's BOS)."""
     from .generate import encode_prompt
 
     if not text:
         raise ValueError(f"{flag} is empty: give some text")
+    if not special and hasattr(tokenizer, "no_padding"):  # a tokenizers.Tokenizer
+        tokenizer = _Plain(tokenizer)
     try:
         return encode_prompt(text, model.config.vocab_size, tokenizer)
     except ValueError as err:
         raise ValueError(f"{flag} {text!r}: {err}") from None
 
 
-def _check_gpt2_folder(hf: str) -> None:
-    """Refuse an --hf folder that is not a GPT-2 folder, from its config.json alone."""
-    from ..hf.folders import model_folder, read_config
+@dataclass
+class _Plain:
+    """A ``tokenizers.Tokenizer`` that encodes without special tokens (``encode_prompt`` calls ``encode(text)``)."""
+
+    tokenizer: object
+
+    def encode(self, text: str):
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _load_hf(hf: str):
+    """(model, tokenizer, source, context limit or None) of an --hf folder: a GPT-2 folder in multihead's
+    GPT, any other causal transformers folder on multihead attention through ``multihead.hf``."""
+    from ..hf.folders import model_folder, read_config, read_tokenizer
 
     label = f"--hf {hf}"
-    folder = model_folder(hf, ("config.json", "tokenizer.json", "model.safetensors"), label=label)
+    folder = model_folder(hf, ("config.json", "tokenizer.json"), label=label)
     model_type = read_config(folder, label=label).get("model_type")
-    if model_type != "gpt2":
-        raise ValueError(
-            f"{label}: model_type {model_type!r}; effects loads GPT-2 folders (model_type 'gpt2') into multihead's GPT, "
-            "whose head outputs it replaces; other transformers models can only have heads silenced "
-            "(multihead.hf.head_mask, the zero method)"
-        )
+    if model_type == "bert":
+        raise ValueError(f"{label}: model_type 'bert' is a sentence encoder; effects reads a causal model's "
+                         "next-token logits")  # fmt: skip
+    if model_type == "gpt2":
+        loaded = load_source(None, None, hf, command="effects")
+        return loaded.net, loaded.hf_tokenizer, loaded.source, loaded.net.config.context_length
+    if find_spec("transformers") is None:
+        raise ImportError(f"{label}: model_type {model_type!r} runs through transformers, which is not installed: "
+                          "pip install transformers")  # fmt: skip
+    from transformers import AutoModelForCausalLM
+
+    from ..hf.folders import load_transformers_folder
+    from .inspect_causal import is_causal
+
+    net = load_transformers_folder(folder, label=label, model_class=AutoModelForCausalLM)
+    config = net.config
+    if not is_causal(net, hf=True, vocab_size=config.vocab_size):
+        raise ValueError(f"{label}: the {model_type} model attends to later tokens; effects reads a causal "
+                         "model's next-token logits")  # fmt: skip
+    tokenizer = read_tokenizer(folder / "tokenizer.json")
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    sizes = [getattr(config, n, None) for n in ("max_position_embeddings", "n_positions")]
+    return net, tokenizer, f"{model_type} model {hf}", next((v for v in sizes if isinstance(v, int)), None)
 
 
 def prepare(
@@ -165,7 +206,7 @@ def prepare(
     coupled_heads: bool = False,
     out: str = "effects",
 ) -> Effects:
-    """Check the options and --out, load the GPT, encode the prompts and answers.
+    """Check the options and --out, load the model, encode the prompts and answers.
 
     Raises:
         ValueError / TypeError / ImportError: see the module docstring; nothing is written.
@@ -180,18 +221,19 @@ def prepare(
         raise ValueError(f"--method {method} needs --corrupted TEXT: the prompt whose head outputs are swapped in")
     folder = output_folder("--out", out, OUTPUT_FILES)
     if hf is not None:
-        _check_gpt2_folder(hf)
-    elif family(None, checkpoint, None)[0] != "gpt":
-        raise ValueError(f"--checkpoint {checkpoint} is a sentence encoder (BERT); effects reads a GPT's next-token logits")
-    loaded = load_source(None, checkpoint, hf)
-    net, tokenizer = loaded.net, loaded.hf_tokenizer if loaded.hf_tokenizer is not None else loaded.tokenizer
+        net, tokenizer, source, limit = _load_hf(hf)
+    else:
+        if family(None, checkpoint, None, command="effects")[0] != "gpt":
+            raise ValueError(f"--checkpoint {checkpoint} is a sentence encoder (BERT); effects reads a GPT's "
+                             "next-token logits")  # fmt: skip
+        loaded = load_source(None, checkpoint, None, command="effects")
+        net, tokenizer, source, limit = loaded.net, loaded.tokenizer, loaded.source, loaded.net.config.context_length
     check_measurable(net, coupled_heads=coupled_heads)
     ids = {"--clean": _encode("--clean", clean, net, tokenizer)}
     if corrupted is not None:
         ids["--corrupted"] = _encode("--corrupted", corrupted, net, tokenizer)
-    limit = net.config.context_length
     for flag, listed in ids.items():
-        if len(listed) > limit:
+        if limit is not None and len(listed) > limit:
             raise ValueError(f"{flag} encodes to {len(listed)} tokens, more than the model's context_length={limit}")
     if corrupted is not None and method in ("patch", "restore") and len(ids["--clean"]) != len(ids["--corrupted"]):
         raise ValueError(f"--clean encodes to {len(ids['--clean'])} tokens and --corrupted to {len(ids['--corrupted'])}; "
@@ -201,7 +243,7 @@ def prepare(
         raise ValueError(f"--position {position}: out of range for the clean prompt's {T} tokens")
     answers = []
     for flag, text in (("--answer", answer), ("--wrong", wrong)):
-        listed = _encode(flag, text, net, tokenizer)
+        listed = _encode(flag, text, net, tokenizer, special=False)
         if len(listed) != 1:
             raise ValueError(f"{flag} {text!r} encodes to {len(listed)} tokens {listed}; give text that is one token of "
                              "the model's tokenizer (one byte for a byte-level model)")  # fmt: skip
@@ -210,7 +252,7 @@ def prepare(
         raise ValueError(f"--answer {answer!r} and --wrong {wrong!r} are the same token {answers[0]}")
     device = next(net.parameters()).device
     tensors = {flag: torch.tensor([listed], device=device) for flag, listed in ids.items()}
-    return Effects(net, loaded.source, tokenizer, tensors["--clean"], tensors.get("--corrupted"),
+    return Effects(net, source, tokenizer, tensors["--clean"], tensors.get("--corrupted"),
                    {"clean": clean, "corrupted": corrupted, "answer": answer, "wrong": wrong}, answers[0], answers[1],
                    method, position, top, batch_size, coupled_heads, folder)  # fmt: skip
 

@@ -13,10 +13,18 @@ from __future__ import annotations
 import json
 import random
 
-__all__ = ["SEED", "MIN_WORDS", "MAX_TOKENS", "HELDOUT_LINES", "shakespeare_lines"]
+__all__ = ["SEED", "MIN_WORDS", "MAX_TOKENS", "HELDOUT_LINES", "check_heldout_lines", "shakespeare_lines"]
 
 SEED = 0
 HELDOUT_LINES = 500  # held-out lines of the fidelity, by default
+NEIGHBOURS = 10  # the fidelity's neighbour agreement ranks each line's 10 nearest others
+
+
+def check_heldout_lines(heldout: int | None) -> None:
+    """Refuse a held-out count too small to rank each line's ``NEIGHBOURS`` nearest others."""
+    if heldout is not None and heldout <= NEIGHBOURS:
+        raise ValueError(f"--heldout-lines {heldout}: give a number >= {NEIGHBOURS + 1} "
+                         f"(each line's {NEIGHBOURS} nearest neighbours are ranked among the others)")
 MIN_WORDS = 5
 MAX_TOKENS = 64
 

@@ -15,6 +15,12 @@ layers (``multihead.models.quantize_weights``) and prints, once, the logit
 error against the float32 model over the prompt and its greedy continuation
 (``multihead.tools.logit_error``).
 
+``--streaming K,W`` decodes with a streaming cache per block (StreamingLLM):
+the first K tokens and the last W stay, at their slots in the cache, so a
+model without a learned position table (``GPTConfig.positions`` "rope",
+"alibi" or "none") generates past its context length in bounded memory;
+a model with one is refused in one line.
+
 Byte-level models (vocab_size 256) read the prompt as UTF-8 bytes; other
 vocabularies need ``--tokenizer tokenizer.json`` (Hugging Face ``tokenizers``)
 unless a run directory brings its own tokenizer.
@@ -102,6 +108,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weights of the linear layers while generating: fp32 (default: the model as loaded), bf16, or int8 "
         "with per-channel scales; bf16/int8 print the logit error against fp32 once",
     )  # fmt: skip
+    parser.add_argument(
+        "--streaming", metavar="K,W",
+        help="keep the first K tokens (attention sinks) and the last W, placed at their slots in the cache, and "
+        "generate past the context length in bounded memory (K + W <= context length; models without a learned "
+        "position table only)",
+    )  # fmt: skip
     parser.add_argument("--save-init", metavar="PATH", help="save the freshly initialised preset model to PATH and exit")
     add_import_argument(parser)
 
@@ -118,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             preset=args.preset, checkpoint=args.checkpoint, hf=args.hf, prompt=args.prompt if args.text is None else args.text,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=args.seed, tokenizer=args.tokenizer, save_init=args.save_init, weights=args.weights,
+            streaming=args.streaming,
         )  # fmt: skip
     return generate(job)
 
@@ -202,6 +215,7 @@ class Generation:
     save_init: str | None
     weights: str = "fp32"
     reference: nn.Module | None = None  # the float32 model of a bf16/int8 one
+    streaming: tuple[int, int] | None = None  # (sink tokens, window) of --streaming
 
 
 def prepare(
@@ -218,6 +232,7 @@ def prepare(
     save_init: str | None = None,
     hf: str | None = None,
     weights: str = "fp32",
+    streaming: str | None = None,
 ) -> Generation:
     """Check the options, build or load the model and encode the prompt.
 
@@ -226,6 +241,7 @@ def prepare(
     built preset model is to be saved there and nothing is encoded. With
     ``weights`` "bf16" or "int8" the model is quantized
     (``models.quantize_weights``) and the float32 one kept as the reference.
+    ``streaming`` is the text of ``--streaming K,W``.
 
     Raises:
         ValueError: conflicting or invalid options: --preset with
@@ -235,9 +251,10 @@ def prepare(
             --temperature 0 (greedy ignores them); sampling values out of
             range; a missing --tokenizer file; a run directory with no
             checkpoint yet, or with --tokenizer (it has its own); an --hf
-            folder that is not a GPT-2 folder multihead can load. All are
-            checked before a model is built; a prompt too long for the
-            model after.
+            folder that is not a GPT-2 folder multihead can load; a malformed
+            --streaming K,W. All are checked before a model is built; a
+            prompt too long for the model, and --streaming for a model with
+            a learned position table or K + W beyond its context, after.
     """
     from ..models.checkpoint import load_checkpoint
     from ..models.gpt import GPT, GPTConfig
@@ -257,8 +274,9 @@ def prepare(
             "--prompt": None if prompt is None else repr(prompt), "--max-new-tokens": max_new_tokens,
             "--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--tokenizer": tokenizer,
         }  # fmt: skip
-        _check_save_init(save_init, checkpoint, sampling)
+        _check_save_init(save_init, checkpoint, {**sampling, "--streaming": streaming})
     _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    stream = None if streaming is None else _streaming_pair(streaming)
     tok = None if tokenizer is None else load_tokenizer(tokenizer)  # before the model: a missing file is refused at once
     if checkpoint is not None and save_init is None and is_sentence_encoder(checkpoint):
         raise ValueError(
@@ -291,6 +309,13 @@ def prepare(
         model = GPT(config)
         source = f"preset {name!r}, fresh weights (seed {seed})"
     model.eval()
+    if stream is not None:
+        from ..models.gpt_positions import check_streaming
+
+        try:
+            check_streaming(model.config, *stream)
+        except ValueError as e:
+            raise ValueError(f"--streaming {streaming}: {e}") from None
     reference = None
     if weights != "fp32":
         from ..models.quantize import quantize_weights
@@ -307,7 +332,24 @@ def prepare(
     return Generation(
         model, source, tok, ids, DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
         DEFAULT_TEMPERATURE if temperature is None else temperature, top_k, top_p, seed, save_init, weights, reference,
+        stream,
     )  # fmt: skip
+
+
+def _streaming_pair(text: str) -> tuple[int, int]:
+    """(K, W) of ``--streaming K,W``: K >= 0 sink tokens, W >= 1 recent ones.
+
+    Raises:
+        ValueError: another form, naming the text.
+    """
+    parts = text.split(",")
+    try:
+        sinks, window = (int(p) for p in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        sinks = window = None
+    if sinks is None or sinks < 0 or window < 1:
+        raise ValueError(f"--streaming {text}: expected K,W with K >= 0 sink tokens and W >= 1 recent ones (e.g. 4,60)")
+    return sinks, window
 
 
 def _hf_gpt2(hf: str, tokenizer) -> tuple[nn.Module, object | None]:
@@ -349,7 +391,8 @@ def generate(
         info(f"saved {job.source}: {config_path} + {weights_path}")
         echo(str(job.save_init))
         return 0
-    info(f"model: {job.source}, {model.num_parameters():,} parameters; prompt {len(job.ids)} tokens")
+    stream = "" if job.streaming is None else f"; streaming: {job.streaming[0]} sink tokens + the last {job.streaming[1]}"
+    info(f"model: {job.source}, {model.num_parameters():,} parameters; prompt {len(job.ids)} tokens{stream}")
     if job.reference is not None:
         from ..tools.logit_error import logit_error
 
@@ -363,6 +406,7 @@ def generate(
         top_k=job.top_k,
         top_p=job.top_p,
         generator=generator,
+        streaming=job.streaming,
     )
     echo(decode_tokens(out[0].tolist(), job.tokenizer))
     return 0

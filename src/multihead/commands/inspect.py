@@ -24,6 +24,12 @@ duplicate-token, and the copying score of each head's OV circuit, the
 tokenizer's special ids never drawn); the printout, heads.html and
 heads.json lead with them. An encoder has none, and no such section.
 
+With ``corpus`` (``--corpus FILE``, one text per line) the roles come from
+every line instead (``inspect_corpus``: each score's mean, spread and
+evidence over the lines, ``tools.corpus_roles``); the views still show the
+text, or the file's first line. ``Captured`` keeps the loaded model and its
+encoder of further texts for that.
+
 With ``importance`` every head also gets an ablation score
 (``head_scores``: the loss increase when the head alone is masked), a
 column of the printed table and ``"importance"`` among its scores in
@@ -66,6 +72,14 @@ from ..tools.roles import classify_heads
 from .checking import checking
 from .imports import add_import_argument, import_modules
 from .inspect_causal import is_causal, score_causal
+from .inspect_corpus import (
+    add_corpus_arguments,
+    check_corpus,
+    corpus_notices,
+    encode_corpus,
+    report_corpus,
+    run_corpus,
+)
 from .inspect_report import Inspection, report
 from .model_sources import add_source_arguments
 from .run_dir import is_sentence_encoder, run_checkpoint
@@ -94,14 +108,17 @@ DESCRIPTION = (
     "loss on the text; for an encoder 1 - cosine between the masked and the whole text's mean-pooled "
     "embedding). A text longer than the model's maximum (256 tokens for MiniLM) is "
     "refused unless --truncate is given. A checkpoint of an attention kind from your own package "
-    "needs --import."
+    "needs --import. --corpus FILE scores the roles over every line of FILE (mean ± sd over the lines, with the "
+    "evidence each role needs); the views then show TEXT, or the file's first line."
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The description and flags of ``multihead inspect``."""
     parser.description = DESCRIPTION
-    parser.add_argument("text", nargs="?", default=DEFAULT_TEXT, help=f"the input text (default {DEFAULT_TEXT!r})")
+    parser.add_argument(
+        "text", nargs="?", help=f"the input text (default: the first line of --corpus, else {DEFAULT_TEXT!r})"
+    )
     parser.add_argument("--model", choices=MODELS, help=f"packaged model (default {MODELS[0]} unless --checkpoint)")
     add_source_arguments(
         parser, hf_help="a local Hugging Face model folder (config.json, weights, tokenizer.json) instead of --model"
@@ -119,6 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="analyse the first tokens of a text longer than the model's maximum (with a notice) instead of refusing it",
     )
+    add_corpus_arguments(parser)
     parser.add_argument("--out", default="out", metavar="DIR", help="folder for heads.html/png/json (default out)")
     parser.add_argument(
         "--verbose", action="store_true",
@@ -132,10 +150,18 @@ def run(args: argparse.Namespace) -> int:
     with checking():
         import_modules(args.imports)
         folder = _check_out(args.out)
+        lines = check_corpus(args)
+        text = args.text if args.text is not None else lines[0][1] if lines else DEFAULT_TEXT
         captured = capture_text(
-            args.text, model=args.model, checkpoint=args.checkpoint, tokenizer=args.tokenizer, layer=args.layer,
+            text, model=args.model, checkpoint=args.checkpoint, tokenizer=args.tokenizer, layer=args.layer,
             truncate=args.truncate, hf=args.hf, importance=args.importance,
         )  # fmt: skip
+        encoded = encode_corpus(args.corpus, lines, captured.encode) if lines else None
+    if encoded is not None:
+        found = run_corpus(captured, encoded, batch_size=args.batch_size, layer=args.layer)
+        notes = corpus_notices(args.corpus, lines, encoded)
+        report_corpus(analyse(captured), found, args.corpus, folder, verbose=args.verbose, notices=notes)
+        return 0
     report(analyse(captured, importance=args.importance), folder, importance=args.importance, verbose=args.verbose)
     return 0
 
@@ -170,14 +196,17 @@ def _run_minilm(text: str, truncate: bool, folder: str | None = None, tokenizer:
                              f"--tokenizer {tokenizer} cannot replace it")  # fmt: skip
         model, name = load_sentence_encoder(folder), f"sentence encoder {Path(folder).name}"
         slots, extra = _pruned_slots(model.encoder.config, Path(folder) / "report.json")
-    enc = encode_text(model.tokenizer, text, model.max_seq_length, model=name, truncate=truncate)
+    def encode(line: str) -> Encoded:
+        return encode_text(model.tokenizer, line, model.max_seq_length, model=name, truncate=truncate)
+
+    enc = encode(text)
     ids = torch.tensor([enc.ids])  # (1, T)
     with torch.no_grad(), _captured(model.encoder, layer) as record:
         model.encoder(ids, attention_mask=torch.ones_like(ids))
     record.source = name
     note = f"; {_MINILM} is an English, uncased model" if folder is None else ""
     found = [*notices(enc, model=name, language_note=note), *extra]
-    return record, enc, found, lambda: encoder_importance(model, ids), slots, None
+    return record, enc, found, lambda: encoder_importance(model, ids), slots, None, (model, encode)
 
 
 def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, layer: int | None = None):
@@ -200,23 +229,27 @@ def _run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, 
         model, folder = load_checkpoint(checkpoint).eval(), checkpoint_paths(checkpoint)[0].parent
         source = f"GPT checkpoint {Path(checkpoint).name}"
     vocab, limit, name = model.config.vocab_size, model.config.context_length, f"the checkpoint {checkpoint}"
-    if tok is not None:
-        enc = encode_text(tok, text, limit, model=name, truncate=truncate)
-        if max(enc.ids) >= vocab:
-            raise ValueError(f"--tokenizer {tokenizer} produced id {max(enc.ids)}, but the checkpoint's vocab_size is {vocab}")
-    elif vocab == 256:
-        enc = encode_bytes(text, limit, model=name, truncate=truncate)
-    else:
+    if tok is None and vocab != 256:
         raise ValueError(
             f"the checkpoint's vocabulary has {vocab} tokens, not 256 bytes: pass --tokenizer tokenizer.json"
         )
+
+    def encode(line: str) -> Encoded:
+        if tok is None:
+            return encode_bytes(line, limit, model=name, truncate=truncate)
+        found = encode_text(tok, line, limit, model=name, truncate=truncate)
+        if max(found.ids) >= vocab:
+            raise ValueError(f"--tokenizer {tokenizer} produced id {max(found.ids)}, but the checkpoint's vocab_size is {vocab}")
+        return found
+
+    enc = encode(text)
     ids = torch.tensor([enc.ids])  # (1, T)
     with torch.no_grad(), _captured(model, layer) as record:
         model(ids)
     record.source = source
     slots, notes = _pruned_slots(model.config, folder / "report.json")
     causal, more = score_causal(model, vocab_size=vocab, context=limit, tokenizer=tok)
-    return record, enc, [*notices(enc, model=name), *notes, *more], lambda: gpt_importance(model, ids), slots, causal
+    return record, enc, [*notices(enc, model=name), *notes, *more], lambda: gpt_importance(model, ids), slots, causal, (model, encode)
 
 
 def _pruned_slots(config, report_path: Path) -> tuple[HeadSlots | None, list[str]]:
@@ -260,10 +293,15 @@ def _run_hf(text: str, hf: str, truncate: bool):
     sizes = [getattr(config, n, None) for n in ("max_position_embeddings", "n_positions")]
     limit = next((v for v in sizes if isinstance(v, int)), None)  # None: no positional limit
     name = f"{config.model_type} model {hf}"
-    enc = encode_text(tok, text, limit or 1 << 30, model=name, truncate=truncate)
+
+    def encode(line: str) -> Encoded:
+        found = encode_text(tok, line, limit or 1 << 30, model=name, truncate=truncate)
+        if max(found.ids) >= config.vocab_size:
+            raise ValueError(f"--hf {hf}: tokenizer.json produced id {max(found.ids)}, but vocab_size is {config.vocab_size}")
+        return found
+
+    enc = encode(text)
     ids = torch.tensor([enc.ids])  # (1, T)
-    if max(enc.ids) >= config.vocab_size:
-        raise ValueError(f"--hf {hf}: tokenizer.json produced id {max(enc.ids)}, but vocab_size is {config.vocab_size}")
     with torch.no_grad(), hf_capture(model) as record:
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
     record.source = name
@@ -271,7 +309,7 @@ def _run_hf(text: str, hf: str, truncate: bool):
     causal, more = None, []
     if is_causal(model, hf=True, vocab_size=config.vocab_size):
         causal, more = score_causal(model, vocab_size=config.vocab_size, context=limit, tokenizer=tok)
-    return record, enc, [*notices(enc, model=name), *more], lambda: hf_importance(model, ids, L, H), None, causal
+    return record, enc, [*notices(enc, model=name), *more], lambda: hf_importance(model, ids, L, H), None, causal, (model, encode)
 
 
 def _visible(record: AttentionRecord, T: int) -> torch.Tensor:
@@ -297,6 +335,9 @@ class Captured:
         slots: a pruned model's heads before pruning (None: nothing pruned).
         causal: a causal model's head scores on repeated random tokens
             (``inspect_causal``; None for an encoder).
+        model: the loaded model (what ``tools.corpus_roles`` runs for ``--corpus``).
+        encode: another text -> its ``Encoded`` tokens, with the same tokenizer,
+            maximum and ``truncate`` as the text.
     """
 
     record: AttentionRecord
@@ -306,6 +347,8 @@ class Captured:
     scorer: Callable[[], torch.Tensor]
     slots: HeadSlots | None = None
     causal: CausalScores | None = None
+    model: torch.nn.Module | None = None
+    encode: Callable[[str], Encoded] | None = None
 
 
 def capture_text(
@@ -362,10 +405,10 @@ def capture_text(
     if tokenizer is not None:
         input_file("--tokenizer", tokenizer, "a Hugging Face tokenizer.json")
     if hf is not None:
-        record, enc, notes, scorer, slots, causal = _run_hf(text, hf, truncate)
+        record, enc, notes, scorer, slots, causal, source = _run_hf(text, hf, truncate)
         visible = _visible(record, len(enc.ids))
     elif checkpoint is not None and not is_sentence_encoder(checkpoint):
-        record, enc, notes, scorer, slots, causal = _run_gpt(text, checkpoint, tokenizer, truncate, layer)
+        record, enc, notes, scorer, slots, causal, source = _run_gpt(text, checkpoint, tokenizer, truncate, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool).tril()  # causal
         if importance and len(enc.ids) < 2:
             raise ValueError(
@@ -373,14 +416,14 @@ def capture_text(
                 f"the text has {len(enc.ids)} token, give at least 2"
             )
     else:  # the packaged MiniLM, or a sentence encoder that prune or convert wrote
-        record, enc, notes, scorer, slots, causal = _run_minilm(text, truncate, checkpoint, tokenizer, layer)
+        record, enc, notes, scorer, slots, causal, source = _run_minilm(text, truncate, checkpoint, tokenizer, layer)
         visible = torch.ones(len(enc.ids), len(enc.ids), dtype=torch.bool)  # one sentence, no padding
     record.query_tokens = list(enc.tokens)
     if layer is not None and hf is not None:  # multihead.hf.capture records every layer
         if layer >= record.num_layers:
             raise ValueError(f"--layer {layer} out of range: the model has layers 0..{record.num_layers - 1}")
         record.layers = [record.layers[layer]]
-    return Captured(record, enc, notes, visible, scorer, slots, causal)
+    return Captured(record, enc, notes, visible, scorer, slots, causal, *source)
 
 
 def analyse(captured: Captured, *, importance: bool = False) -> Inspection:

@@ -50,18 +50,18 @@ def check_sources(model: str | None, checkpoint: str | None, hf: str | None) -> 
         raise ValueError(f"--model {model}: unknown model; valid: {', '.join(MODELS)}")
 
 
-def family(model: str | None, checkpoint: str | None, hf: str | None) -> tuple[str, Path | None]:
+def family(model: str | None, checkpoint: str | None, hf: str | None, *, command: str) -> tuple[str, Path | None]:
     """("encoder" or "gpt", the checked --hf folder or None), from small files only.
 
     Raises:
-        ValueError: an --hf folder prune and convert do not take (``prune_hf.check_folder``).
+        ValueError: an --hf folder ``multihead {command}`` does not take (``prune_hf.check_folder``).
     """
     if model is not None:
         return "encoder", None
     if hf is not None:
         from .prune_hf import check_folder
 
-        folder, model_type = check_folder(hf)
+        folder, model_type = check_folder(hf, command)
         return ("encoder" if model_type == "bert" else "gpt"), folder
     return ("encoder" if is_sentence_encoder(checkpoint) else "gpt"), None
 
@@ -96,8 +96,8 @@ def _pooling(net) -> str:
     return f"{net.pooling} pooling{', L2-normalised' if net.normalize else ''}"
 
 
-def load_source(model: str | None, checkpoint: str | None, hf: str | None) -> Source:
-    """Load the one model given.
+def load_source(model: str | None, checkpoint: str | None, hf: str | None, *, command: str) -> Source:
+    """Load the one model given to ``multihead {command}``.
 
     Raises:
         ValueError, OSError: a model that cannot be read (the loaders' messages).
@@ -108,7 +108,7 @@ def load_source(model: str | None, checkpoint: str | None, hf: str | None) -> So
         net = load_minilm()
         return Source(net, True, f"model {model}", _pooling(net))
     if hf is not None:
-        kind, folder = family(None, None, hf)
+        kind, folder = family(None, None, hf, command=command)
         if kind == "encoder":
             from ..hf.folders import load_sentence_encoder_folder
 

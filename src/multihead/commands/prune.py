@@ -88,7 +88,7 @@ from ..tools.objectives import (
     gpt_scores,
 )
 from .checking import checking
-from .encoder_inputs import HELDOUT_LINES, SEED, shakespeare_lines
+from .encoder_inputs import HELDOUT_LINES, SEED, check_heldout_lines, shakespeare_lines
 from .gpt_inputs import (
     CALIBRATION_BATCH_SIZE,
     CALIBRATION_SEED,
@@ -182,8 +182,7 @@ def _check_options(method: str, keep: float, lines: int, heldout: int | None) ->
         raise ValueError(f"--keep {keep}: give the fraction of heads to keep, in (0, 1]")
     if lines < 2:
         raise ValueError(f"--calibration-lines {lines}: give a number >= 2")
-    if heldout is not None and heldout < 2:
-        raise ValueError(f"--heldout-lines {heldout}: give a number >= 2 (neighbours are ranked among them)")
+    check_heldout_lines(heldout)
 
 
 def _check_gates(method: str, penalties: tuple[float, ...] | None, steps: int | None) -> None:
@@ -284,14 +283,14 @@ def prepare(
     _check_gates(method, gate_penalties, gate_steps)
     check_recover_steps(recover_steps)
     folder = output_folder("--out", out, OUTPUT_FILES)
-    if family(model, checkpoint, hf)[0] == "gpt" and heldout_lines is not None:
+    if family(model, checkpoint, hf, command="prune")[0] == "gpt" and heldout_lines is not None:
         from .prune_hf import VAL_WINDOWS
 
         measured = (f"the GPT-2 --hf {hf} is measured on {VAL_WINDOWS} windows of the Shakespeare validation text"
                     if hf is not None else "a GPT checkpoint is measured on its run's validation batches")  # fmt: skip
         raise ValueError(f"--heldout-lines {heldout_lines} is for encoders (--model, a BERT --hf, a sentence-encoder "
                          f"--checkpoint); {measured}")  # fmt: skip
-    loaded = load_source(model, checkpoint, hf)
+    loaded = load_source(model, checkpoint, hf, command="prune")
     net = loaded.net
     _target(net)
     if loaded.encoder:

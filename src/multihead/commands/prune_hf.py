@@ -33,13 +33,14 @@ VAL_WINDOWS = 64  # held-out windows of the context length for the GPT-2 fidelit
 VAL_SEED = 1234
 
 
-def check_folder(hf: str) -> tuple[Path, str]:
-    """(folder, model_type) of ``--hf``, refused before any weights are read.
+def check_folder(hf: str, command: str) -> tuple[Path, str]:
+    """(folder, model_type) of ``--hf`` for ``multihead {command}``, refused before any weights are read.
 
     Raises:
         ValueError: no such folder; no config.json, tokenizer.json or
             model.safetensors in it; an unreadable config.json; a model_type
-            prune does not take (the message names the supported ones and
+            the commands loading into multihead's own modules do not take (the
+            message names ``command``, the supported types and
             ``multihead.hf.head_mask``).
     """
     from ..hf.folders import model_folder, read_config  # imports transformers when installed: only for --hf
@@ -49,9 +50,9 @@ def check_folder(hf: str) -> tuple[Path, str]:
     model_type = read_config(folder, label=label).get("model_type")
     if model_type not in SUPPORTED:
         raise ValueError(
-            f"--hf {hf}: model_type {model_type!r} cannot be pruned: prune removes heads from the models multihead "
-            f"loads itself (model_type {', '.join(map(repr, SUPPORTED))}); to mask heads of any transformers model "
-            "without removing them use multihead.hf.head_mask"
+            f"--hf {hf}: model_type {model_type!r}: multihead {command} takes only the models multihead loads into "
+            f"its own modules (model_type {', '.join(map(repr, SUPPORTED))}); to mask heads of any transformers "
+            "model use multihead.hf.head_mask"
         )
     return folder, model_type
 

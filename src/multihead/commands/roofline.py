@@ -2,6 +2,14 @@
 
     multihead roofline --preset gpt2-small --context 1024
     multihead roofline --attention gqa --attention-option num_kv_heads=4 --batch 8 --measure --out roof
+    multihead roofline --positions rope --layer-attention-options '[{"window": 128}, {}]'
+    multihead roofline --checkpoint runs/tiny --context 64
+
+The model is a preset with the flags ``multihead train`` takes for its
+attention (``--attention``, ``--attention-option``,
+``--layer-attention-options``, ``--positions``), or the config of a
+``--checkpoint`` (a GPT checkpoint or a training run: its latest one).
+Every block is counted with its own attention layer (``tools.roofline``).
 
 Prints, per phase, the FLOPs (projections / attention core / MLP / LM head),
 the bytes moved (weights / KV cache read / written / activations), the
@@ -23,26 +31,34 @@ from pathlib import Path
 from ..models.gpt import GPT_PRESETS
 from .checking import checking
 from .imports import add_import_argument, import_modules
-from .train import parse_attention_options
+from .train import FLAGS, parse_attention_options
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+MODEL_FIELDS = ("layer_attention_options", "positions")  # GPTConfig fields set by multihead train's flags
 
 
 DESCRIPTION = (
     "Where a GPT's prefill and one decoding step sit against this machine's measured limits: FLOPs by part, "
     "bytes moved, arithmetic intensity, the bound (compute or memory) and the time floor; --measure also times "
-    "the real model. The limits (GEMM peak per dtype, copy bandwidth) are measured once and cached. "
-    "See docs/roofline.md."
+    "the real model. The model is a preset with multihead train's attention flags (per-layer options, "
+    "positions) or a --checkpoint's config; every block is counted with its own attention layer, and blocks "
+    "that differ (local and global layers, pruned heads) get a line each. The limits (GEMM peak per dtype, copy "
+    "bandwidth) are measured once and cached. See docs/roofline.md."
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The description and flags of ``multihead roofline``."""
     parser.description = DESCRIPTION
-    parser.add_argument("--preset", default="gpt2-small", help=f"GPT preset: {', '.join(GPT_PRESETS)} (default gpt2-small)")
-    parser.add_argument("--attention", default="mha", metavar="KIND", help="attention kind (default mha)")
+    parser.add_argument("--preset", help=f"GPT preset: {', '.join(GPT_PRESETS)} (default gpt2-small)")
+    parser.add_argument("--attention", metavar="KIND", help="attention kind (default mha)")
     parser.add_argument("--attention-option", dest="attention_option", action="append", metavar="K=V",
                         help="option of the attention kind (V read as JSON when it parses); repeat for more")  # fmt: skip
+    for field in MODEL_FIELDS:  # as multihead train reads them
+        flag = next(f for f in FLAGS if f.field == field)
+        parser.add_argument(flag.name, dest=flag.field, type=flag.type, metavar=flag.metavar, help=flag.help)
+    parser.add_argument("--checkpoint", metavar="PATH",
+                        help="the config of a GPT checkpoint or of a training run's latest one, instead of a preset")  # fmt: skip
     parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences (default 1)")
     parser.add_argument("--context", type=int, default=1024, metavar="T",
                         help="prompt tokens of the prefill, cached tokens of the decode step (default 1024)")  # fmt: skip
@@ -78,20 +94,17 @@ def prepare(args: argparse.Namespace) -> Job:
     """
     import torch
 
-    from ..models.gpt import GPT, GPTConfig
+    from ..models.gpt import GPT
 
     import_modules(args.imports)
-    if args.preset not in GPT_PRESETS:
-        raise ValueError(f"--preset {args.preset!r}: unknown; valid: {', '.join(GPT_PRESETS)}")
-    options = parse_attention_options(args.attention_option)
-    config = GPTConfig.from_preset(args.preset, attention=args.attention, attention_options=options)
+    config, label = _model(args)
     GPT(config, device="meta")  # the kind and its options, checked
     for flag, value in (("--batch", args.batch), ("--context", args.context)):
         if value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
     if args.context + 1 > config.context_length:
         raise ValueError(f"--context {args.context}: the decode step needs {args.context + 1} positions, "
-                         f"more than the preset's context_length {config.context_length}")  # fmt: skip
+                         f"more than the model's context_length {config.context_length}")  # fmt: skip
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,7 +113,6 @@ def prepare(args: argparse.Namespace) -> Job:
     out = None if args.out is None else Path(args.out)
     if out is not None and out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
-    label = f"{args.preset}, {args.attention}{' ' + str(options) if options else ''}"
     if args.tensor_parallel < 1:
         raise ValueError(f"--tensor-parallel must be at least 1, got {args.tensor_parallel}")
     if args.tensor_parallel > 1:
@@ -109,6 +121,42 @@ def prepare(args: argparse.Namespace) -> Job:
         rank_cost(config, args.tensor_parallel)  # the heads, G and the MLP must split that many ways
     return Job(config, label, args.batch, args.context, args.dtype, device, args.measure, args.remeasure_limits, out,
                args.tensor_parallel)  # fmt: skip
+
+
+def _model(args: argparse.Namespace):
+    """(GPTConfig, label) of ``--checkpoint``, or of the preset and the attention flags.
+
+    Raises:
+        ValueError: a model flag with --checkpoint, an unknown preset, bad options.
+        FileNotFoundError: a checkpoint with no config.
+    """
+    from ..models.gpt import GPTConfig
+
+    fields = {f: getattr(args, f) for f in MODEL_FIELDS if getattr(args, f) is not None}
+    if args.checkpoint is not None:
+        from ..models.checkpoint import read_config
+
+        given = [n for n, v in (("--preset", args.preset), ("--attention", args.attention),
+                                ("--attention-option", args.attention_option)) if v is not None]  # fmt: skip
+        given += ["--" + f.replace("_", "-") for f in fields]
+        if given:
+            raise ValueError(f"--checkpoint {args.checkpoint} brings its own model; {', '.join(given)} cannot be "
+                             "given with it")  # fmt: skip
+        config, label = read_config(args.checkpoint), f"checkpoint {args.checkpoint}"
+    else:
+        label = args.preset or "gpt2-small"
+        if label not in GPT_PRESETS:
+            raise ValueError(f"--preset {label!r}: unknown; valid: {', '.join(GPT_PRESETS)}")
+        options = parse_attention_options(args.attention_option)
+        config = GPTConfig.from_preset(label, attention=args.attention or "mha", attention_options=options, **fields)
+    label += f", {config.attention}{' ' + str(config.attention_options) if config.attention_options else ''}"
+    if config.layer_attention_options:
+        label += f", per layer {config.layer_attention_options}"
+    if config.layer_heads:
+        label += f", heads per layer {config.layer_heads}"
+    if config.positions != "learned":
+        label += f", positions {config.positions}"
+    return config, label
 
 
 def measure(job: Job, repeats: int = 3) -> dict[str, float]:
@@ -184,6 +232,37 @@ def _table(job: Job, costs, limits, measured) -> list[str]:
             f"{share.kv_cache_bytes_per_token:,} KV-cache bytes per token; each block all-reduces "
             f"{share.all_reduce_bytes_per_token:,} bytes per token in a forward (multihead.parallel.costs)"
         )
+    return lines + _block_table(costs)
+
+
+def _spans(layers: list[int]) -> str:
+    """[0, 1, 2, 4] -> "0-2, 4"."""
+    spans: list[list[int]] = []
+    for i in layers:
+        if spans and spans[-1][1] == i - 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _block_table(costs) -> list[str]:
+    """Blocks of each kind (heads, key/value heads, window) with their attention's share; none
+    when every block is alike."""
+    prefill, decode = costs["prefill"].blocks, costs["decode"].blocks
+    groups: dict[tuple, list[int]] = {}
+    for b in prefill:
+        groups.setdefault((b.heads, b.kv_heads, b.window), []).append(b.layer)
+    if len(groups) < 2:
+        return []
+    lines = ["", "| blocks | heads / kv heads | window | GFLOP prefill: proj / core | GFLOP decode: proj / core "
+             "| MB kv read (decode) | KV bytes/token |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (heads, kv_heads, window), layers in groups.items():
+        p, d = [prefill[i] for i in layers], [decode[i] for i in layers]
+        flops = [f"{sum(b.projection_flops for b in x) / 1e9:.3g} / {sum(b.core_flops for b in x) / 1e9:.3g}" for x in (p, d)]
+        lines.append(f"| {len(layers)}: {_spans(layers)} | {heads} / {kv_heads} | {window or 'global'} | {flops[0]} "
+                     f"| {flops[1]} | {sum(b.kv_cache_read for b in d) / 1e6:.3g} "
+                     f"| {sum(b.kv_cache_bytes_per_token for b in d):,} |")  # fmt: skip
     return lines
 
 

@@ -11,6 +11,9 @@ dataclass's own default, so the numbers live in one place
 ``--attention-option K=V`` reads V as JSON when it parses as JSON (``16``,
 ``0.5``, ``true``, ``null``, ``"16"``, ``[1, 2]``) and as a plain string
 otherwise (``mode=fast``); the flag repeats, one option each time.
+``--layer-attention-options JSON`` gives blocks options of their own over
+those: a JSON list of dicts, one per block or a shorter list that repeats
+(``'[{"window": 64}, {}]'``: local and global layers alternating).
 
 With ``--resume`` the fields not given on the command line come from the
 run's latest checkpoint instead (the config it was trained with, which
@@ -52,7 +55,8 @@ from .checking import checking
 from .imports import add_import_argument, import_modules
 
 __all__ = [
-    "FLAGS", "OTHER_FIELDS", "add_arguments", "parse_attention_options", "config_values", "resume_values",
+    "FLAGS", "OTHER_FIELDS", "add_arguments", "parse_attention_options", "parse_layer_options", "config_values",
+    "resume_values",
     "check_config", "run", "summary", "is_rank_zero", "resume_command",
 ]  # fmt: skip
 
@@ -71,6 +75,25 @@ DESCRIPTION = (
     "of your own package. Under torchrun every process runs this "
     "command (data parallel, the same global --batch-size; --shard: FSDP2). See docs/training.md."
 )
+
+
+def parse_layer_options(text: str) -> list[dict[str, Any]]:
+    """``'[{"window": 64}, {}]'`` -> ``[{"window": 64}, {}]`` (``--layer-attention-options``).
+
+    Raises:
+        argparse.ArgumentTypeError: not JSON, or not a non-empty list of dicts
+            (the message names the text; the parser prints it as one line).
+    """
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(value, list) or not value or not all(isinstance(d, dict) for d in value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a JSON list of dicts of option name -> value, one per block or a pattern that "
+            """repeats, e.g. '[{"window": 64}, {}]'"""
+        )
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +124,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("init_from", str, "DIR", "fine-tune a Hugging Face GPT-2 folder (config.json, model.safetensors, "
          "tokenizer.json): its model, weights, tokenizer and context length", "a fresh model"),
     Flag("attention", str, "KIND", "attention kind of every block"),
+    Flag("layer_attention_options", parse_layer_options, "JSON",
+         """options per block over --attention-option, a JSON list of dicts; a shorter list repeats """
+         """('[{"window": 64}, {}]': local and global layers)""", "every block alike"),
+    Flag("positions", str, "learned|rope|alibi|none",
+         "token positions: GPT-2's learned table, or no table with rope or ALiBi in every block, or nothing "
+         "(without a table, 'multihead generate --streaming' runs past the context)"),
     Flag("context_length", int, "T", "tokens per sequence (at most the model's)",
          f"{DEFAULT_CONTEXT}, at most the preset's; with --init-from the folder's"),
     Flag("batch_size", int, "B", "sequences per optimizer step, over all processes and micro-batches"),

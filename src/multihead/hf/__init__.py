@@ -7,14 +7,16 @@
     record.layers[0].weights                 # [B, H, T, S]
     with multihead.hf.head_mask(model, {2: [0, 5]}):
         model(**batch)                       # heads 0 and 5 of layer 2 silenced
+    with multihead.hf.head_hook(model, fn):  # fn(module, layer, out [B, H, T, Dv]) -> None or a replacement
+        model(**batch)
 
 Every attention layer of a model loaded with ``attn_implementation="multihead"``
 calls ``attention_forward``, which hands the layer's projected queries, keys
 and values to ``multihead.functional.attention``. Masks are built by
 transformers' SDPA mask function (bool, True = may attend, or None with
 ``is_causal``), so they reach multihead unchanged and exactly; key/value heads
-stay at G < H (no ``repeat_kv``). ``capture`` and ``head_gates`` act only on
-the model they were given, and only while their ``with`` block runs.
+stay at G < H (no ``repeat_kv``). ``capture``, ``head_gates`` and ``head_hook`` act
+only on the model they were given, and only while their ``with`` block runs.
 
 Folders (``folders.py``): ``model_folder`` checks one, and
 ``load_sentence_encoder_folder`` / ``load_gpt2_folder`` read a BERT or GPT-2
@@ -44,10 +46,10 @@ from .folders import (
     read_tokenizer,
 )
 from .importance import encoder_importance
-from .scopes import capture, head_gates, head_mask
+from .scopes import capture, head_gates, head_hook, head_mask
 
 __all__ = [
-    "NAME", "register", "attention_forward", "capture", "head_gates", "head_mask", "load_hf", "model_folder",
+    "NAME", "register", "attention_forward", "capture", "head_gates", "head_mask", "head_hook", "load_hf", "model_folder",
     "read_config", "read_tokenizer", "load_sentence_encoder_folder", "load_gpt2_folder", "load_transformers_folder",
     "encoder_importance", "export_hf", "check_hf_export",
 ]  # fmt: skip

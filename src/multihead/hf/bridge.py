@@ -2,7 +2,7 @@
 
 ``attention_forward`` has the signature of transformers' attention interface;
 ``register`` installs it (and SDPA's mask builder) under the name
-``"multihead"``. ``capture`` / ``head_gates`` blocks (``scopes.py``) and
+``"multihead"``. ``capture`` / ``head_gates`` / ``head_hook`` blocks (``scopes.py``) and
 ``run_with_cache`` (``activations.py``) reach it through ``_SCOPES``.
 """
 
@@ -34,13 +34,15 @@ _REFUSED = {
 
 @dataclass
 class _Scope:
-    """One active ``capture``, ``head_gates`` or ``run_with_cache`` on one model.
+    """One active ``capture``, ``head_gates``, ``head_hook`` or ``run_with_cache`` on one model.
 
     ``on_call(module, position, query, key, value, weights, out)`` sees each call's
     q [B, H, T, D], k [B, G, S, D], v [B, G, S, Dv], the weights of ``selection``
     (None unless the module's position, its order of first call, is in
-    ``on_call_weights``) and out [B, H, T, Dv] after the gates of the scopes
-    entered before it.
+    ``on_call_weights``) and out [B, H, T, Dv] after the gates and replacements
+    of the scopes entered before it (and this scope's own). ``replace(module,
+    position, out)`` returns None (keep out [B, H, T, Dv]) or a tensor of out's
+    shape that the output projection reads instead.
     """
 
     module_names: dict[int, str]
@@ -50,6 +52,7 @@ class _Scope:
     selection: WeightSelection = field(default_factory=WeightSelection)  # the heads and rows a capture records
     on_call: Callable | None = None
     on_call_weights: frozenset[int] = frozenset()
+    replace: Callable | None = None
 
 
 _SCOPES: contextvars.ContextVar[tuple[_Scope, ...]] = contextvars.ContextVar("multihead_hf_scopes", default=())
@@ -204,6 +207,8 @@ def attention_forward(
                 )
             gate = scope.gates[layer].to(out.dtype)
             out = out * gate[None, :, None, None]  # (H,) -> (1, H, 1, 1)
+        if scope.replace is not None:
+            out = _replaced(scope, module, out)
         if scope.record is not None:
             if not scope.record.layers and scope.record.attention_mask is None:
                 scope.record.attention_mask = padding_of(attention_mask, query.shape[0])
@@ -222,6 +227,24 @@ def attention_forward(
             scope.on_call(module, _position(scope, module), query, key, value, part, out)
     out = out.transpose(1, 2).contiguous()  # (B, H, T, Dv) -> (B, T, H, Dv)
     return out, weights if asked else None
+
+
+def _replaced(scope: _Scope, module: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """What ``scope.replace`` makes of out [B, H, T, Dv]: out itself for None, else its tensor.
+
+    Raises:
+        TypeError / ValueError: anything else than None or a tensor of out's shape (naming the module).
+    """
+    new = scope.replace(module, _position(scope, module), out)
+    if new is None:
+        return out
+    where = scope.module_names[id(module)]
+    if not isinstance(new, torch.Tensor):
+        raise TypeError(f"a head hook returned a {type(new).__name__} for {where}; return None or a tensor [B, H, T, Dv]")
+    if new.shape != out.shape:
+        raise ValueError(f"a head hook returned shape {tuple(new.shape)} for {where}, whose head outputs are "
+                         f"{tuple(out.shape)}")  # fmt: skip
+    return new
 
 
 def load_hf(path: str | Path, model_class: type | None = None, **kwargs) -> nn.Module:

@@ -22,7 +22,8 @@ merges). Otherwise no tokenizer files are written (``hf.export_files``).
 What transformers cannot represent is refused with the reason, before
 anything is written (``check_hf_export``): an attention kind other than
 plain multi-head attention with one key/value head per query head (GQA,
-MQA, MoH, ...), attention options GPT-2 lacks (rope, qk_norm, ...), and a
+MQA, MoH, ...), attention options GPT-2 lacks (rope, qk_norm, ...), a GPT without
+GPT-2's learned position table (``positions`` other than "learned"), and a
 pruned model (per-layer head counts): transformers' GPT-2 and BERT configs
 hold one head count for every layer and derive the head size from it
 (width / heads). ``zero_heads=True`` writes a pruned model anyway, at its
@@ -94,6 +95,11 @@ def check_hf_export(model: nn.Module, *, zero_heads: bool = False) -> str:
         raise ValueError(
             f"transformers' {target} has plain multi-head attention (one key/value head per query head); "
             f"this model's attention is {config.attention!r}{kv}, which it cannot hold"
+        )
+    if getattr(config, "positions", "learned") != "learned":
+        raise ValueError(
+            f"transformers' {target} has a learned absolute position table (wpe); this model's "
+            f"positions={config.positions!r} has none, which it cannot hold"
         )
     options = dict(getattr(config, "attention_options", {}) or {})
     for per_layer in getattr(config, "layer_attention_options", None) or []:  # local / global layers

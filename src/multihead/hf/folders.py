@@ -127,9 +127,9 @@ def load_gpt2_folder(folder: str | Path):
     return model, tokenizer
 
 
-def load_transformers_folder(folder: str | Path, *, label: str | None = None) -> nn.Module:
-    """``load_hf(folder)`` (transformers' ``AutoModel`` on multihead attention, eval mode)
-    without transformers' loading bar.
+def load_transformers_folder(folder: str | Path, *, label: str | None = None, model_class: type | None = None) -> nn.Module:
+    """``load_hf(folder, model_class)`` (default transformers' ``AutoModel``; on multihead attention,
+    eval mode) without transformers' loading bar.
 
     Raises:
         ValueError: whatever transformers raised for a folder it cannot load
@@ -144,7 +144,7 @@ def load_transformers_folder(folder: str | Path, *, label: str | None = None) ->
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the terminal shows the command's output, not a loading bar
     try:
-        return load_hf(folder)
+        return load_hf(folder, model_class)
     except Exception as e:  # transformers raises many types for a foreign folder
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{label}: not a transformers model folder ({reason})") from None

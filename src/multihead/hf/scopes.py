@@ -1,8 +1,8 @@
-"""Context managers on one model: ``capture`` its weights, gate its heads."""
+"""Context managers on one model: ``capture`` its weights, gate its heads, replace their outputs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -12,7 +12,7 @@ from ..functional import WeightSelection
 from ..tools.capture import AttentionRecord
 from .bridge import _SCOPES, NAME, _Scope
 
-__all__ = ["capture", "head_gates", "head_mask"]
+__all__ = ["capture", "head_gates", "head_mask", "head_hook"]
 
 
 def _check_model(model: nn.Module) -> dict[int, str]:
@@ -103,6 +103,37 @@ def head_gates(model: nn.Module, gates: torch.Tensor) -> Iterator[torch.Tensor]:
         raise ValueError(f"gates must be [L, H], got shape {tuple(gates.shape)}")
     with _scoped(_Scope(module_names=names, gates=gates)):
         yield gates
+
+
+@contextmanager
+def head_hook(model: nn.Module, fn: Callable) -> Iterator[None]:
+    """Let ``fn`` see, and replace, every attention call's head outputs while the block runs.
+
+    ``fn(module, layer, out)`` is called with the attention module, its
+    ``layer`` (the attention modules numbered in the order they are first
+    called inside the block, as ``capture`` and ``run_with_cache`` number
+    them) and out [B, H, T, Dv]: each query head's context (its weights
+    times its values), before the output projection (``o_proj``, GPT-2's
+    ``c_proj``) merges the heads, after the gates of a ``head_gates`` block
+    entered before. It returns None (keep ``out``) or a tensor of out's
+    shape that the output projection reads instead: the transformers
+    counterpart of ``AttentionLayer.register_head_hook``.
+
+    Args:
+        model: a transformers model running ``attn_implementation="multihead"``.
+        fn: ``fn(module, layer, out) -> None or tensor [B, H, T, Dv]``.
+
+    Raises:
+        ValueError: the model does not run the ``multihead`` implementation;
+            at call time, a returned tensor of another shape.
+        TypeError: ``model`` is not a module, ``fn`` is not callable; at call
+            time, ``fn`` returned something other than None or a tensor.
+    """
+    names = _check_model(model)
+    if not callable(fn):
+        raise TypeError(f"head hook must be callable, got {type(fn).__name__}")
+    with _scoped(_Scope(module_names=names, replace=fn)):
+        yield
 
 
 def _count(config: object, *names: str) -> int:

@@ -17,6 +17,16 @@ embedding makes a cached window unusable once it moves, so from then on every
 step recomputes its window (with the cache: reset and prefilled again), and
 the cached and uncached paths stay the same computation.
 
+``streaming=(k, w)`` instead keeps one ``StreamingKVCache`` per block (a
+model without a learned position table: ``GPT.make_streaming_caches``): the
+first k tokens and the last w stay, placed at their cache slots (StreamingLLM,
+``models.gpt_positions``), so generation runs past ``context_length`` in
+memory of k + w positions (plus the prompt's prefill, once). The prompt's
+first min(T0, k + w) tokens are one forward, the rest of it one token at a
+time, so every step sees what token-by-token decoding would::
+
+    step  t  sees  tokens 0 .. k-1 (sinks) + t-w+1 .. t   at positions 0 .. k+w-1
+
 Left-padded prompts (``attention_mask`` [B, T0], 1 = real token, pads on the
 left) keep their pads in the cache; the mask over the cached length is passed
 on every step so pads are never attended::
@@ -131,6 +141,7 @@ def generate(
     use_cache: bool = True,
     return_logits: bool = False,
     compile_steps: bool = False,
+    streaming: tuple[int, int] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Extend ``idx`` by up to ``max_new_tokens`` tokens.
 
@@ -157,6 +168,10 @@ def generate(
             steps stay eager). The first call compiles (seconds); the cache
             length is a Python int that becomes symbolic, so the steps of a
             call compile twice in all (``modules.kv_cache``).
+        streaming: None, or (sink_tokens, window): decode with streaming
+            caches (module docstring) for any number of tokens; sink_tokens +
+            window <= context_length. Not with padding, ``use_cache=False``
+            or ``compile_steps``.
 
     Returns:
         tokens [B, T0 + n] with n <= max_new_tokens (n < max_new_tokens only
@@ -165,8 +180,9 @@ def generate(
     Raises:
         TypeError / ValueError: bad arguments, including a prompt longer
             than the context length, a mask that is not
-            left padding, or a row with no real token (all checked before
-            any forward pass).
+            left padding, or a row with no real token, streaming for a
+            model with a learned position table (all checked before any
+            forward pass).
     """
     cfg = model.config
     if not isinstance(idx, torch.Tensor):
@@ -203,29 +219,29 @@ def generate(
             )
         if bool(mask.all()):
             mask = None  # no padding: take the mask-free path
+    if streaming is not None:  # the caches are built here: the model refuses a learned table before any forward
+        sink_tokens, stream_window = _streaming(streaming, mask is not None, use_cache, compile_steps)
+        first = min(T0, sink_tokens + stream_window)  # the prompt's first forward; the rest one token at a time
+        stream_caches = model.make_streaming_caches(B, sink_tokens=sink_tokens, window=stream_window, max_step=first)
     idx = idx.long()
     if max_new_tokens == 0:
         empty = torch.zeros(B, 0, cfg.vocab_size, device=idx.device)
         return (idx, empty) if return_logits else idx
 
-    caches = model.make_kv_caches(B, min(window, T0 + max_new_tokens)) if use_cache else None
+    if streaming is not None:
+        caches = stream_caches
+    else:
+        caches = model.make_kv_caches(B, min(window, T0 + max_new_tokens)) if use_cache else None
     compiled = None
     if compile_steps and use_cache and mask is None:
         compiled = torch.compile(lambda feed, kv: model(feed, kv_caches=kv, logits_to_keep=1), fullgraph=True)
     tokens, done, steps = idx, torch.zeros(B, dtype=torch.bool, device=idx.device), []
     with torch.no_grad():
         for step in range(max_new_tokens):
-            seen = mask
-            if tokens.shape[1] > window:  # the window slides: recompute the last `window` tokens
-                feed, seen = tokens[:, -window:], None if mask is None else mask[:, -window:]
-                for cache in caches or ():
-                    cache.reset()
+            if streaming is not None:
+                logits = _stream_step(model, tokens, caches, first if step == 0 else None, T0)
             else:
-                feed = tokens if (caches is None or step == 0) else tokens[:, -1:]
-            if compiled is not None and feed.shape[1] == 1:  # a one-token step over the cache
-                logits = compiled(feed, caches)[:, -1]  # (B, 1, V) -> (B, V)
-            else:
-                logits = model(feed, attention_mask=seen, kv_caches=caches, logits_to_keep=1)[:, -1]
+                logits = _step(model, tokens, mask, caches, compiled, step, window)
             steps.append(logits)
             nxt = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
             if eos is not None:
@@ -241,7 +257,46 @@ def generate(
     return tokens
 
 
+def _step(model, tokens, mask, caches, compiled, step: int, window: int) -> torch.Tensor:
+    """Next-token logits [B, V] of one step over the static caches (or none)."""
+    seen = mask
+    if tokens.shape[1] > window:  # the window slides: recompute the last `window` tokens
+        feed, seen = tokens[:, -window:], None if mask is None else mask[:, -window:]
+        for cache in caches or ():
+            cache.reset()
+    else:
+        feed = tokens if (caches is None or step == 0) else tokens[:, -1:]
+    if compiled is not None and feed.shape[1] == 1:  # a one-token step over the cache
+        return compiled(feed, caches)[:, -1]  # (B, 1, V) -> (B, V)
+    return model(feed, attention_mask=seen, kv_caches=caches, logits_to_keep=1)[:, -1]
+
+
+def _stream_step(model, tokens, caches, first: int | None, T0: int) -> torch.Tensor:
+    """Next-token logits [B, V] over streaming caches: the prompt (``first``
+    tokens in one forward, the rest one at a time) or the last token."""
+    if first is None:
+        return model(tokens[:, -1:], kv_caches=caches, logits_to_keep=1)[:, -1]
+    logits = model(tokens[:, :first], kv_caches=caches, logits_to_keep=1)[:, -1]
+    for t in range(first, T0):
+        logits = model(tokens[:, t : t + 1], kv_caches=caches, logits_to_keep=1)[:, -1]
+    return logits
+
+
 # ---------------------------------------------------------------------- checks
+def _streaming(value: object, padded: bool, use_cache: object, compile_steps: bool) -> tuple[int, int]:
+    """(sink_tokens, window) of ``streaming``; the model checks their range."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"streaming must be None or a pair (sink_tokens, window), got streaming={value!r}")
+    sink_tokens = non_negative_int("sink_tokens", value[0])
+    window = positive_int("window", value[1])
+    refused = [name for name, on in (("a padded attention_mask", padded), ("use_cache=False", use_cache is False),
+                                     ("compile_steps=True", compile_steps)) if on]  # fmt: skip
+    if refused:
+        raise ValueError(f"streaming={tuple(value)} cannot go with {', '.join(refused)}: it decodes token by token "
+                         "over streaming caches, one row position per token")  # fmt: skip
+    return sink_tokens, window
+
+
 def _temperature(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 <= float(value) < math.inf):
         raise ValueError(f"temperature must be a finite float >= 0 (0 = greedy), got temperature={value!r}")

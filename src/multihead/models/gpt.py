@@ -1,6 +1,6 @@
 """GPT-2 on multihead's attention: ``GPTConfig``, presets and ``GPT``.
 
-    idx [B, T] --token_embedding + position_embedding--> x [B, T, C] --dropout-->
+    idx [B, T] --token_embedding (+ position_embedding)--> x [B, T, C] --dropout-->
       num_layers x Block:  x = x + attn(ln_1(x))   (causal, pre-LayerNorm)
                            x = x + mlp(ln_2(x))    (C -> 4C -> C, GELU tanh)
       --ln_f--> --lm_head (tied to token_embedding)--> logits [B, T, vocab]
@@ -9,6 +9,9 @@ The attention of every block is built by name with ``build_attention`` so the
 same model compares attention kinds (``GPTConfig(attention="gqa",
 num_kv_heads=2)``). With ``attention="mha"`` the weights map one to one onto
 Hugging Face's ``GPT2LMHeadModel`` (``multihead.convert.hf_gpt2``).
+``GPTConfig(positions="rope" | "alibi" | "none")`` drops GPT-2's learned
+position table for positions the attention computes (``gpt_positions``),
+which lets ``generate(..., streaming=(sinks, window))`` run past the context.
 
 Left-padded batches (``attention_mask`` [B, S], 1 = real token, Hugging
 Face's polarity) count positions over real tokens only, as Hugging Face does
@@ -45,6 +48,7 @@ from .gpt_inputs import (
     scored_tokens,
     token_positions,
 )
+from .gpt_positions import check_positions, check_streaming_call, position_options, streaming_caches
 from .gpt_presets import GPT_PRESETS
 from .head_layout import check_layer_heads, layer_head_options
 from .layer_options import check_layer_options, layer_options
@@ -92,9 +96,13 @@ class GPTConfig:
         layer_attention_options: None, or dicts of options over
             ``attention_options`` per block (a shorter list repeats: local and
             global layers, ``models.layer_options``).
+        positions: "learned" (GPT-2's position table), "rope", "alibi" or
+            "none" (no table; rope or ALiBi in every block, or nothing:
+            ``models.gpt_positions``).
 
     ``to_dict`` leaves out ``layer_heads`` / ``layer_kv_heads`` /
-    ``layer_attention_options`` while they are None, so configs of uniform models read and write as before.
+    ``layer_attention_options`` while they are None, and ``positions`` while it is
+    "learned", so configs of uniform GPT-2 models read and write as before.
 
     Raises:
         TypeError / ValueError: a field of the wrong type or value (the
@@ -117,6 +125,7 @@ class GPTConfig:
     layer_heads: list[int] | None = None
     layer_kv_heads: list[int] | None = None
     layer_attention_options: list[dict[str, Any]] | None = None
+    positions: str = "learned"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "num_layers"):
@@ -138,6 +147,7 @@ class GPTConfig:
         if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
             raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
         self.layer_attention_options = check_layer_options(self.layer_attention_options, self.num_layers)
+        self.positions = check_positions(self.positions)
         self.layer_heads, self.layer_kv_heads = check_layer_heads(
             attention=self.attention, num_layers=self.num_layers, num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads, layer_heads=self.layer_heads, layer_kv_heads=self.layer_kv_heads,
@@ -187,6 +197,8 @@ class GPTConfig:
         for name in ("layer_heads", "layer_kv_heads", "layer_attention_options"):
             if values[name] is None:
                 del values[name]
+        if values["positions"] == "learned":
+            del values["positions"]
         return values
 
     @classmethod
@@ -255,7 +267,7 @@ def require_gpt2_layout(config: GPTConfig) -> None:
 
     Raises:
         ValueError: attention other than "mha" with all heads, qkv_bias=False,
-            or per-layer head counts.
+            per-layer head counts, or positions other than a learned table.
     """
     if config.attention != "mha" or config.num_kv_heads not in (None, config.num_heads):
         raise ValueError(
@@ -266,6 +278,8 @@ def require_gpt2_layout(config: GPTConfig) -> None:
         raise ValueError("Hugging Face GPT-2 always has a c_attn bias; got qkv_bias=False")
     if config.layer_heads is not None:
         raise ValueError(f"Hugging Face GPT-2 has num_heads in every block; got layer_heads={config.layer_heads}")
+    if config.positions != "learned":
+        raise ValueError(f"Hugging Face GPT-2 has a learned position table (wpe); got positions={config.positions!r}")
 
 
 # ---------------------------------------------------------------------- model
@@ -290,6 +304,7 @@ def block_attention(config: GPTConfig, layer: int = 0, **factory: Any) -> nn.Mod
     ``layer_index_option``, unless the options set it), freshly initialised."""
     heads = layer_head_options(config, layer)
     given = layer_options(config.attention_options, config.layer_attention_options, layer)
+    given = {**position_options(config.positions, given), **given}  # rope=True / alibi=True unless set
     index = attention_class(config.attention).layer_index_option
     if index is not None and index not in given:
         heads[index] = layer
@@ -302,7 +317,14 @@ def block_attention(config: GPTConfig, layer: int = 0, **factory: Any) -> nn.Mod
         **heads,
         **factory,
     }
-    return build_attention(config.attention, embed_dim=config.embed_dim, **options)
+    try:
+        return build_attention(config.attention, embed_dim=config.embed_dim, **options)
+    except (TypeError, ValueError) as e:  # name the per-layer entry the block was built with
+        if not config.layer_attention_options:
+            raise
+        n = len(config.layer_attention_options)
+        entry = config.layer_attention_options[layer % n]
+        raise type(e)(f"block {layer} (layer_attention_options[{layer % n}] = {entry}): {e}") from None
 
 
 class Block(nn.Module):
@@ -362,7 +384,8 @@ class GPT(nn.Module):
         factory = {"device": device, "dtype": dtype}
         C = config.embed_dim
         self.token_embedding = nn.Embedding(config.vocab_size, C, **factory)
-        self.position_embedding = nn.Embedding(config.context_length, C, **factory)
+        learned = config.positions == "learned"
+        self.position_embedding = nn.Embedding(config.context_length, C, **factory) if learned else None
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i, **factory) for i in range(config.num_layers))
         self.ln_f = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
@@ -406,6 +429,18 @@ class GPT(nn.Module):
             raise ValueError(f"max_len={max_len} exceeds context_length={self.config.context_length}")
         return [block.attn.make_kv_cache(batch_size, max_len) for block in self.blocks]
 
+    def make_streaming_caches(self, batch_size: int, *, sink_tokens: int, window: int, max_step: int) -> list[Any]:
+        """One ``StreamingKVCache`` per block: the first ``sink_tokens`` positions and
+        the last ``window``, placed at their cache slots, for decoding past
+        ``context_length`` (``models.gpt_positions``); up to ``max_step`` new
+        positions per forward.
+
+        Raises:
+            ValueError: a model with a learned position table, sink_tokens +
+                window > context_length, or a kind with a cache of its own.
+        """
+        return streaming_caches(self, batch_size, sink_tokens=sink_tokens, window=window, max_step=max_step)
+
     # ------------------------------------------------------------------ forward
     def forward(
         self,
@@ -443,7 +478,10 @@ class GPT(nn.Module):
                 cached (caches expose the cached length as ``.length``, a
                 Python int, equal in every block). Every cache is checked
                 before any is written, and a call that fails anyway leaves
-                every cache's length as it was.
+                every cache's length as it was. Streaming caches from
+                :meth:`make_streaming_caches` hold any number of positions
+                (no ``context_length`` limit; no ``attention_mask`` or
+                ``position_ids``).
             logits_to_keep: 0 (default) for logits at every position, N for
                 the last N only, as Hugging Face's argument: decoding needs
                 the last position's, and the LM head is the largest product
@@ -480,11 +518,17 @@ class GPT(nn.Module):
         check_logits_to_keep(logits_to_keep, want is not None)
         check_parameter_dtypes(self)
         past = 0 if kv_caches is None else check_caches(kv_caches, len(self.blocks), B, T)
-        key_padding, position_ids = token_positions(
-            attention_mask, position_ids, B=B, T=T, past=past, context_length=self.config.context_length,
-            device=idx.device,
-        )  # fmt: skip
-        x = self.dropout(self.token_embedding(idx) + self.position_embedding(position_ids))  # (B, T, C)
+        if kv_caches is not None and hasattr(kv_caches[0], "sink_tokens"):  # streaming: any length, no table
+            key_padding = check_streaming_call(self.config, attention_mask, position_ids)
+        else:
+            key_padding, position_ids = token_positions(
+                attention_mask, position_ids, B=B, T=T, past=past, context_length=self.config.context_length,
+                device=idx.device,
+            )  # fmt: skip
+        x = self.token_embedding(idx)  # (B, T, C)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(position_ids)
+        x = self.dropout(x)
         with rollback_all_on_error(kv_caches):
             for i, block in enumerate(self.blocks):
                 x = block(x, key_mask=key_padding, kv_cache=None if kv_caches is None else kv_caches[i])
@@ -494,7 +538,7 @@ class GPT(nn.Module):
         return logits if want is None else LMOutput(logits, loss_of(logits, want))
 
     # GPT.generate(idx [B, T0], max_new_tokens, *, temperature, top_k, top_p, eos, pad,
-    # attention_mask, generator, use_cache, return_logits): ``models.generation.generate``
+    # attention_mask, generator, use_cache, return_logits, compile_steps, streaming): ``models.generation.generate``
     # with this model, temperature 0 greedy.
     generate = generate_tokens
 

@@ -3,7 +3,8 @@
     forward(query [B, T, C], key [B, S, kdim] | None, value | None)
       check_call                          shapes, widths, dtypes, cache use
       q, k, v, extra = to_heads(...)      [kind] project, plus per-call extras
-      q, k = position_qk(q, k, ...)       qk_norm -> rope (self.qk_norm, self.rope)
+      q, k = position_qk(q, k, ...)       qk_norm -> rope (self.qk_norm, self.rope); after the
+                                          write for a streaming cache of positions="cache"
       with rollback_on_error(kv_cache):   a failing call leaves the cache as it was
           k, v, extra = write_cache(...)  [kind layout] append, read everything cached
           mask = attn_mask AND key_mask
@@ -447,7 +448,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             positions: rope positions of the T queries, [T] or [B, T]; in
                 self-attention also of the new keys. Default 0 .. T-1,
                 offset by the cache length before this call's write;
-                cross-attention keys are at 0 .. S-1. Only valid with rope.
+                cross-attention keys are at 0 .. S-1. Only valid with rope,
+                and not with a streaming cache of ``positions="cache"``,
+                which places the queries and keys at their cache slots.
             options: the kind's ``forward_options`` (passed to its core).
 
         Returns:
@@ -472,14 +475,19 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         if kv_cache is not None and check_cache_use(kv_cache, key):
             key, value = key[:, :0], None if value is None else value[:, :0]  # cached: project no keys
         q, k, v, extra = self.to_heads(query, key, value)
-        q_pos = k_pos = None
-        if self.rope is not None or positions is not None:
-            offset = 0 if kv_cache is None or cross else kv_cache.length
-            q_pos = query_positions(
-                positions, rope=self.rope, B=query.shape[0], T=query.shape[1], offset=offset, device=query.device
-            )
-            k_pos = None if cross else q_pos  # cross-attention keys at 0 .. S-1
-        q, k = self.position_qk(q, k, q_pos, k_pos)
+        slots = not cross and getattr(kv_cache, "positions", None) == "cache"  # streaming_cache: rope by cache slot
+        if slots and positions is not None:
+            raise ValueError("positions cannot be given with a streaming cache of positions='cache': "
+                             "the cache places the queries and keys at their slots")  # fmt: skip
+        if not slots:
+            q_pos = k_pos = None
+            if self.rope is not None or positions is not None:
+                offset = 0 if kv_cache is None or cross else kv_cache.length
+                q_pos = query_positions(
+                    positions, rope=self.rope, B=query.shape[0], T=query.shape[1], offset=offset, device=query.device
+                )
+                k_pos = None if cross else q_pos  # cross-attention keys at 0 .. S-1
+            q, k = self.position_qk(q, k, q_pos, k_pos)
         observed, ask, got = self.observed, return_weights, (None, None)
         if observed and not return_weights:  # observers only: the union of their heads and rows
             ask = observed_selection(self._attention_observers.values(), self.num_heads, q.shape[2])[0]
@@ -487,6 +495,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         with rollback_on_error(kv_cache):
             if kv_cache is not None:
                 k, v, extra = self.write_cache(kv_cache, k, v, extra)
+            if slots:  # the kept keys at 0 .. m - 1, the queries at the slots of their own keys
+                k_pos = torch.arange(k.shape[2], device=q.device)
+                q, k = self.position_qk(q, k, k_pos[k.shape[2] - q.shape[2] :], k_pos)
             mask = merge_masks(attn_mask, key_padding(key_mask, query.shape[0], k.shape[2]))
             mask = merge_masks(mask, local_mask(self.sliding_window, kv_cache, q.shape[2], k.shape[2], causal_alignment,
                                                 cross, q.device))  # fmt: skip

@@ -47,7 +47,8 @@ def _slopes(alibi: object, H: int) -> tuple[float, ...] | None:
     if alibi is False or alibi is None:
         return None
     if alibi is True:
-        return tuple(alibi_slopes(H, dtype=torch.float64).tolist())
+        with torch.device("cpu"):  # numbers, also while a model is built under torch.device("meta")
+            return tuple(alibi_slopes(H, dtype=torch.float64).tolist())
     if isinstance(alibi, (str, bytes)) or not hasattr(alibi, "__len__"):
         raise TypeError(f"alibi must be a bool or a list of {H} slopes, got alibi={alibi!r}")
     values = list(alibi.tolist() if isinstance(alibi, torch.Tensor) else alibi)
@@ -101,7 +102,10 @@ def rebuilt_without_slopes(layer):
 def keep_head_slopes(new, old, heads: list[int]):
     """``new`` (``old`` reduced to ``heads``) with the kept heads' slopes."""
     if old.alibi_slopes is not None:
-        slopes = old.alibi_slopes.detach().cpu().tolist()
+        if old.alibi_slopes.is_meta:  # a layer built on the meta device: its numbers are in its options
+            slopes = list(_slopes(old.init_options["alibi"], old.num_heads))
+        else:
+            slopes = old.alibi_slopes.detach().cpu().tolist()
         kept = [slopes[h] for h in heads]
         new.register_buffer("alibi_slopes", torch.tensor(kept, dtype=torch.float32,
                             device=old.alibi_slopes.device), persistent=False)  # fmt: skip

@@ -12,14 +12,26 @@ Query at position p sees key j when j <= p and (j < sink_tokens or
 j > p - window): the same keys as full attention with that mask, which is
 what the outputs equal (tests/modules/test_streaming_cache.py).
 
-Positions: cached keys keep their original positions. Rope is applied
-before the write (``AttentionLayer.position_qk``), so a cached key stays
-rotated at the position it was written at and a query at its own position
-(``length``, the number of tokens seen, offsets the queries). The paper
-instead re-positions keys by their slot in the cache (positions 0 .. k + w - 1),
-which needs keys stored before rope; this cache does not do that, so a model
-whose rope was trained on short contexts sees relative distances up to the
-stream's length between a query and the sink tokens.
+Positions (``positions=``):
+
+* "original" (the default): cached keys keep their original positions. Rope
+  is applied before the write (``AttentionLayer.position_qk``), so a cached
+  key stays rotated at the position it was written at and a query at its own
+  position (``length``, the number of tokens seen, offsets the queries); a
+  model whose rope was trained on short contexts then sees relative distances
+  up to the stream's length between a query and the sink tokens.
+* "cache": the paper's rule, positions are slots in the cache. The layer
+  stores its keys before qk_norm and rope, and after each write places the m
+  kept keys at positions 0 .. m - 1 and its T queries at m - T .. m - 1
+  (the slots of their own keys), so no distance exceeds the cache's size
+  however long the stream runs::
+
+      kept   0 1 2 3 | 96 97 ... 127 128      (4 sinks, window 33, token 128 the query)
+      slot   0 1 2 3 |  4  5 ...  35  36      rope positions; the query at 36
+
+ALiBi's distances are always those of the slots (its bias counts key
+indices, ``functional.alibi``), in both modes. The visible-keys mask below
+reads original positions in both.
 
 Buffers: (B, G, sink_tokens + window - 1 + max_step, D); a call of T <= max_step
 new positions first drops the positions no later query may see, then appends.
@@ -33,7 +45,9 @@ import torch
 from .._checks import non_negative_int, positive_int
 from .kv_cache import KVCache
 
-__all__ = ["StreamingKVCache", "streaming_cache"]
+__all__ = ["StreamingKVCache", "streaming_cache", "POSITIONS"]
+
+POSITIONS = ("original", "cache")  # where rope places the kept keys (module docstring)
 
 
 class StreamingKVCache(KVCache):
@@ -46,13 +60,18 @@ class StreamingKVCache(KVCache):
         window: w, each query sees the w - 1 positions before it and itself (>= 1).
         max_step: the most positions one call appends (a prompt longer than
             that is fed in pieces).
+        positions: "original" or "cache": where the layer places the kept
+            keys and the queries for rope (module docstring).
 
     Raises:
         TypeError / ValueError: sizes that are not ints of the right range.
     """
 
     def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, sink_tokens: int, window: int,
-                 max_step: int, **options) -> None:  # fmt: skip
+                 max_step: int, positions: str = "original", **options) -> None:  # fmt: skip
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {list(POSITIONS)}, got positions={positions!r}")
+        self.positions = positions
         self.sink_tokens = non_negative_int("sink_tokens", sink_tokens)
         self.window = positive_int("window", window)
         self.max_step = positive_int("max_step", max_step)
@@ -125,10 +144,11 @@ class StreamingKVCache(KVCache):
 
     def extra_repr(self) -> str:
         return (f"batch_size={self.batch_size}, sink_tokens={self.sink_tokens}, window={self.window}, "
-                f"max_step={self.max_step}, length={self.length}")  # fmt: skip
+                f"max_step={self.max_step}, positions={self.positions!r}, length={self.length}")  # fmt: skip
 
 
-def streaming_cache(layer, batch_size: int, *, sink_tokens: int, window: int, max_step: int) -> StreamingKVCache:
+def streaming_cache(layer, batch_size: int, *, sink_tokens: int, window: int, max_step: int,
+                    positions: str = "original") -> StreamingKVCache:  # fmt: skip
     """A ``StreamingKVCache`` shaped like ``layer.make_kv_cache``'s, on its device and dtype.
 
     Raises:
@@ -141,5 +161,5 @@ def streaming_cache(layer, batch_size: int, *, sink_tokens: int, window: int, ma
                          f"({type(plain).__name__}); a streaming cache holds keys and values only")  # fmt: skip
     return StreamingKVCache(
         batch_size, plain.k.shape[1], plain.k.shape[3], sink_tokens=sink_tokens, window=window, max_step=max_step,
-        value_dim=plain.v.shape[3], value_heads=plain.v.shape[1], dtype=plain.k.dtype, device=plain.k.device,
+        positions=positions, value_dim=plain.v.shape[3], value_heads=plain.v.shape[1], dtype=plain.k.dtype, device=plain.k.device,
     )  # fmt: skip

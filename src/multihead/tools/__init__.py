@@ -1,5 +1,6 @@
 """Tools that take models or tensors: capture attention, keep a forward's
-named activations (``run_with_cache``), score head roles,
+named activations (``run_with_cache``), score head roles (on one text,
+or over a corpus with their spread),
 draw the views (files, or inline in a notebook for any model's
 attentions; rollout and flow), mask heads, measure each head's causal
 effect on a metric (zero, mean, patch, restore) and score their importance (gradient,
@@ -19,6 +20,9 @@ from .causal_roles import (
 )
 from .convert_heads import to_gqa
 from .convert_mla import to_mla
+from .corpus_roles import CorpusRoles, corpus_roles, score_records
+from .corpus_stats import CorpusHeadRoles, EvidenceRule, ScoreSpread
+from .corpus_table import corpus_table, format_corpus_roles
 from .distill import distillation, divergence
 from .effects_view import write_effects_html, write_effects_png
 from .flops import KVCacheSize, kv_cache_size
@@ -73,6 +77,14 @@ __all__ = [
     "attention_modules",
     "classify_heads",
     "HeadRoles",
+    "corpus_roles",
+    "score_records",
+    "CorpusRoles",
+    "CorpusHeadRoles",
+    "ScoreSpread",
+    "EvidenceRule",
+    "corpus_table",
+    "format_corpus_roles",
     "ROLE_THRESHOLDS",
     "ROLE_MARGIN",
     "SCORE_MEANINGS",

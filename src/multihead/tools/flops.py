@@ -9,8 +9,10 @@ builds the kind on the meta device and asks its ``cost`` method
 
 is the one number every command prints for a whole model's KV cache: the
 bytes one token of one sequence takes in every attention layer's cache
-(``cost().kv_cache_bytes_per_token`` summed over the layers), at the
-model's own dtype (its parameters'), with that element type named.
+(``cost().kv_cache_bytes_per_token`` of each layer, with its own heads,
+summed over the layers; a windowed layer's cache holds every position as a
+global one's does), at the model's own dtype (its parameters'), with that
+element type named.
 """
 
 from __future__ import annotations

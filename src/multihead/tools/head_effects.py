@@ -7,7 +7,9 @@
 For each (layer, head) the model runs once with that head's context (its
 attention weights times its values, out [B, H, T, Dv], the input of
 ``out_proj``) replaced, through the layers' head hooks
-(``AttentionLayer.register_head_hook``)::
+(``AttentionLayer.register_head_hook``), or, for a transformers model
+running ``attn_implementation="multihead"`` (Llama, Qwen, GPT-2, ...),
+through the bridge's ``multihead.hf.head_hook`` (``effect_runs.py``)::
 
     method    the run          head h's context [B, T, Dv] becomes            effect
     zero      clean            0                                              m(run) - m(clean)
@@ -35,9 +37,12 @@ the other channels. Replacing ctx_h before ``out_proj`` changes exactly
 head h's term ``W[:, cols_h] ctx_h`` and keeps the bias: zeroing it equals
 removing the head (``tools.prune.prune_heads``), which is tested.
 
-Cost: one clean run (and one corrupted run when given), caching only what
-the method needs (the mean: [H, Dv] per layer; patch/restore: the other
-run's contexts [B, H, T, Dv] per layer), then one intervention per head.
+Cost: one clean run (and one corrupted run when given), keeping only what
+the method needs of the measured layers: for patch/restore the other run's
+contexts [B, H, T, Dv], recorded through ``run_with_cache`` (name "z"); for
+mean each context's mean [H, Dv], taken as the layer runs (recording every
+layer's contexts first would hold L x [B, H, T, Dv] at once); then one
+intervention per head.
 ``batch_size`` interventions share a forward: the input is repeated that
 many times along the batch and copy i gets intervention i, so the model's
 output is split back into chunks of B for ``metric``. A batched forward
@@ -57,8 +62,9 @@ mixes every head's scores, so its effect is that slot's, not head h's own
 computation (which also feeds the other slots); for overlapping heads, head
 h's own output (its shared projection channels are not touched).
 
-Layers are numbered as ``tools.heads.attention_layers`` numbers them; each
-must run exactly once per forward.
+Layers are numbered as ``tools.heads.attention_layers`` numbers them (a
+transformers model's: in the order they are first called, its config's L
+layers of H heads, all independent); each must run exactly once per forward.
 """
 
 from __future__ import annotations
@@ -72,8 +78,8 @@ from torch import nn
 
 from .._checks import positive_int
 from ..progress import progress_bar
-from .capture import attention_modules
-from .heads import attention_layers, check_head_table, eval_mode
+from .effect_runs import effect_runs
+from .heads import eval_mode
 
 __all__ = ["METHODS", "HeadEffects", "head_effects", "logit_difference", "check_measurable"]
 
@@ -196,9 +202,9 @@ def _inputs(name: str, value) -> tuple[torch.Tensor, ...]:
 def check_measurable(model: nn.Module, heads: Mapping | None = None, coupled_heads: bool = False) -> None:
     """Refuse, as ``head_effects`` does, a layer of ``heads`` (None: every layer) whose
     kind's heads are coupled, unless ``coupled_heads`` (ValueError with the kind's reason)."""
-    layers = attention_layers(model)
-    names = [name for name, _ in attention_modules(model)]
-    _check_coupled(layers, names, range(len(layers)) if heads is None else check_head_table(heads, layers), coupled_heads)
+    runs = effect_runs(model)
+    if runs.layers is not None:  # a transformers model's heads are independent
+        _check_coupled(runs.layers, runs.names, runs.head_table(heads), coupled_heads)
 
 
 def _check_coupled(layers, names, table, coupled_heads: bool) -> None:
@@ -224,30 +230,6 @@ def _value(metric: Callable, output) -> float:
 
 
 # ------------------------------------------------------------------ runs
-def _recorded_run(model, inputs, layers, keep: Callable[[torch.Tensor], torch.Tensor] | None, wanted):
-    """(output, [what ``keep`` kept of each layer in ``wanted``, else None]): one forward; each layer must run once."""
-    seen: list[list[torch.Tensor]] = [[] for _ in layers]
-
-    def recorder(i):
-        def hook(layer, out):
-            seen[i].append(keep(out) if keep is not None and i in wanted else None)
-            return None
-
-        return hook
-
-    handles = [layer.register_head_hook(recorder(i)) for i, layer in enumerate(layers)]
-    try:
-        output = model(*inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    for i, calls in enumerate(seen):
-        if len(calls) != 1:
-            raise ValueError(f"attention layer {i} ran {len(calls)} times in one forward; head_effects needs each "
-                             "layer to run exactly once")  # fmt: skip
-    return output, [calls[0] for calls in seen]
-
-
 def _split(output, k: int, B: int, inside: bool = False) -> list:
     """The output of k copies of a batch of B, as k outputs of B: tensors split along dim 0, inside
     tuples, lists and dicts too; plain values in them (str, numbers, None) are repeated."""
@@ -271,10 +253,20 @@ def _split(output, k: int, B: int, inside: bool = False) -> list:
                     "pass batch_size=1")  # fmt: skip
 
 
+def _averaging(means: dict, i: int) -> Callable:
+    """A hook that keeps layer i's head outputs' mean over the batch and the positions, (B, H, T, Dv) -> (H, Dv),
+    as it passes (returning None: nothing replaced), so no layer's [B, H, T, Dv] outlives its own call."""
+
+    def hook(out: torch.Tensor) -> None:
+        means[i] = out.double().mean(dim=(0, 2))
+
+    return hook
+
+
 def _replacing(jobs: list[tuple[int, int]], k: int, B: int, source, method: str):
     """A head hook for one layer: of k copies of a batch of B, copy c gets head h replaced, for each (c, h) in ``jobs``."""
 
-    def hook(layer, out):
+    def hook(out):
         if out.shape[0] != k * B:
             raise ValueError(f"a head context of batch {out.shape[0]} in a forward of {k} x {B} inputs")
         out = out.clone()
@@ -310,10 +302,15 @@ def head_effects(
     """The metric's change when each head's context alone is replaced (the module docstring).
 
     Args:
-        model: a module containing multihead attention layers, run as
-            ``model(*inputs)`` in eval mode (restored afterwards).
+        model: a module containing multihead attention layers, or a
+            transformers model running ``attn_implementation="multihead"``,
+            run as ``model(*inputs)`` (a transformers model's with
+            ``use_cache=False`` when it takes it) in eval mode (restored
+            afterwards).
         clean: the input, a tensor (token ids [B, T] for a GPT) or a tuple
-            of positional tensors, all with batch size B along dim 0.
+            of positional tensors, all with batch size B along dim 0 (a
+            transformers model takes them in its forward's order: GPT-2's
+            second is ``past_key_values``, Llama's ``attention_mask``).
         corrupted: the same for the corrupted prompt: required by "patch"
             and "restore" (then the same shapes as ``clean``); with "zero" and
             "mean" only its metric is reported.
@@ -335,7 +332,8 @@ def head_effects(
             tensors or differ in shape, "patch"/"restore" without
             ``corrupted``, heads out of range, batch_size < 1, a metric that
             is not callable or returns no scalar, a coupled kind without
-            ``coupled_heads``, a layer that does not run once per forward.
+            ``coupled_heads``, a layer that does not run once per forward, a
+            model with neither multihead layers nor the bridge's attention.
     """
     if method not in METHODS:
         raise ValueError(f"method={method!r}: unknown; valid: {', '.join(METHODS)}")
@@ -351,47 +349,39 @@ def head_effects(
         if [t.shape for t in corrupted] != [t.shape for t in clean]:
             raise ValueError(f"method={method!r} needs clean and corrupted inputs of the same shapes, got "
                              f"{[tuple(t.shape) for t in clean]} and {[tuple(t.shape) for t in corrupted]}")  # fmt: skip
-    layers = attention_layers(model)
-    names = [name for name, _ in attention_modules(model)]
-    table = check_head_table({i: range(layer.num_heads) for i, layer in enumerate(layers)} if heads is None else heads, layers)
-    _check_coupled(layers, names, table, coupled_heads)
-
-    def contexts(out):  # (B, H, T, Dv)
-        return out.clone()
-
-    def means(out):  # (B, H, T, Dv) -> (H, Dv): over the batch and the positions
-        return out.double().mean(dim=(0, 2))
+    runs = effect_runs(model)
+    table = runs.head_table(heads)
+    if runs.layers is not None:  # a transformers model's heads are independent
+        _check_coupled(runs.layers, runs.names, table, coupled_heads)
+    wanted = sorted(table)
 
     with eval_mode(model):
-        output, kept = _recorded_run(model, clean, layers, {"mean": means, "restore": contexts}.get(method), table)
-        clean_value, corrupted_value = _value(metric, output), None
+        means: dict[int, torch.Tensor] = {}
+        averaging = {i: _averaging(means, i) for i in wanted} if method == "mean" else None
+        output, kept = runs.forward(clean, averaging, record=wanted if method == "restore" else ())
+        clean_value, corrupted_value, kept = _value(metric, output), None, means if method == "mean" else kept
         if corrupted is not None:
-            output, other = _recorded_run(model, corrupted, layers, contexts if method == "patch" else None, table)
+            output, other = runs.forward(corrupted, record=wanted if method == "patch" else ())
             corrupted_value = _value(metric, output)
             kept = other if method == "patch" else kept
         base, baseline = (corrupted, corrupted_value) if method == "restore" else (clean, clean_value)
         jobs = [(i, h) for i, chosen in table.items() for h in chosen]
-        effects = torch.full((len(layers), max(layer.num_heads for layer in layers)), math.nan, dtype=torch.float64)
+        effects = torch.full((len(runs.num_heads), max(runs.num_heads)), math.nan, dtype=torch.float64)
         groups = [jobs[s : s + batch_size] for s in range(0, len(jobs), batch_size)]
         with progress_bar(len(groups), progress and bool(groups), f"head effects ({method})", "forward") as step:
             for group in groups:
-                for (i, h), value in zip(group, _intervened(model, base, layers, kept, group, method, metric)):
+                for (i, h), value in zip(group, _intervened(runs, base, kept, group, method, metric)):
                     effects[i, h] = value - baseline
                 step()
-    return HeadEffects(effects, method, clean_value, corrupted_value, names, [layer.num_heads for layer in layers])
+    return HeadEffects(effects, method, clean_value, corrupted_value, list(runs.names), list(runs.num_heads))
 
 
-def _intervened(model, base, layers, kept, group, method, metric) -> list[float]:
+def _intervened(runs, base, kept, group, method, metric) -> list[float]:
     """The metric of each intervention of ``group`` [(layer, head)], in one forward of len(group) copies."""
     k, B = len(group), base[0].shape[0]
     per_layer: dict[int, list[tuple[int, int]]] = {}
     for c, (i, h) in enumerate(group):
         per_layer.setdefault(i, []).append((c, h))
     inputs = base if k == 1 else tuple(t.repeat(k, *[1] * (t.dim() - 1)) for t in base)
-    handles = [layers[i].register_head_hook(_replacing(jobs, k, B, kept[i], method)) for i, jobs in per_layer.items()]
-    try:
-        output = model(*inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    output, _ = runs.forward(inputs, {i: _replacing(jobs, k, B, kept.get(i), method) for i, jobs in per_layer.items()})
     return [_value(metric, part) for part in _split(output, k, B)]

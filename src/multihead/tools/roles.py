@@ -125,6 +125,10 @@ class HeadRoles:
         name: the attention module's path inside the model.
         chance: role -> the score an even head would get on this input
             (previous/next/self 0; cls/sep/punct/rare the share of such keys).
+        rows: score name -> the query rows it averaged (its evidence; the
+            ``*_mass`` scores share their role's rows, entropy and distance
+            are broad's).
+        keys: cls/sep/punct/rare -> the key positions of that kind in the text.
     """
 
     layer: int
@@ -136,6 +140,8 @@ class HeadRoles:
     links: list[Link] = field(default_factory=list)
     name: str = ""
     chance: dict[str, float] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+    keys: dict[str, int] = field(default_factory=dict)
 
 
 def is_special(token: str) -> bool:
@@ -263,7 +269,7 @@ def strongest_links(
 
 def _score_positional(
     P: torch.Tensor, vis: torch.Tensor, rows: torch.Tensor, offset: int
-) -> tuple[float, float] | None:
+) -> tuple[float, float, int] | None:
     """Previous-token (offset -1), self (0) and next-token (+1) heads.
 
     Voita et al. 2019, "Analyzing Multi-Head Self-Attention: Specialized Heads
@@ -271,8 +277,9 @@ def _score_positional(
     positional when for at least 90% of tokens its largest weight goes to the
     token at a fixed relative position. Returns (fraction of rows whose
     neighbour i + offset holds the row's strictly largest weight -- a tie is
-    not a win, so a uniform row scores 0 --, mean weight on the neighbour),
-    over the rows whose neighbour exists and is visible; None if there is none.
+    not a win, so a uniform row scores 0 --, mean weight on the neighbour,
+    rows used), over the rows whose neighbour exists and is visible; None if
+    there is none.
     """
     S = P.shape[1]
     j = rows + offset
@@ -286,24 +293,25 @@ def _score_positional(
     others = p.clone()
     others[torch.arange(len(r)), j[r]] = -1.0
     wins = w > others.max(dim=-1).values
-    return float(wins.double().mean()), float(w.mean())
+    return float(wins.double().mean()), float(w.mean()), len(r)
 
 
-def _score_mass(P: torch.Tensor, vis: torch.Tensor, keys: torch.Tensor) -> tuple[float, float] | None:
+def _score_mass(P: torch.Tensor, vis: torch.Tensor, keys: torch.Tensor) -> tuple[float, float, int] | None:
     """Attention mass on a kind of key ([CLS], [SEP], punctuation, rare).
 
     Clark et al. 2019, "What Does BERT Look At? An Analysis of BERT's
     Attention" (BlackboxNLP), "Attending to separator tokens": the weight each query puts on the keys
     of that kind, summed, averaged over the queries. We average over the rows
     that can see at least one such key, so causal rows before it do not
-    count. Returns (mass, chance), chance being the mass of an even row: the
-    share of its visible keys that are of the kind; None if no row can see one.
+    count. Returns (mass, chance, rows used), chance being the mass of an even
+    row: the share of its visible keys that are of the kind; None if no row can
+    see one.
     """
     ok = (vis & keys).any(dim=-1)
     if not bool(ok.any()):
         return None
     share = (vis[ok] & keys).sum(dim=-1).double() / vis[ok].sum(dim=-1).double()
-    return float(P[ok][:, keys].sum(dim=-1).mean()), float(share.mean())
+    return float(P[ok][:, keys].sum(dim=-1).mean()), float(share.mean()), int(ok.sum())
 
 
 def _score_entropy(P: torch.Tensor, vis: torch.Tensor) -> tuple[float, float]:
@@ -334,8 +342,8 @@ def _score_distance(P: torch.Tensor, rows: torch.Tensor) -> float:
 
 def _head_scores(
     A: torch.Tensor, visible: torch.Tensor, key_kinds: Mapping[str, torch.Tensor]
-) -> tuple[dict[str, float], dict[str, float], float | None, float | None]:
-    """Scores, chance levels, entropy and distance of one head ``A`` [T, S] (float64).
+) -> tuple[dict[str, float], dict[str, float], float | None, float | None, dict[str, int]]:
+    """Scores, chance levels, entropy, distance and rows used per score of one head ``A`` [T, S] (float64).
 
     Signed weights are scored by magnitude: every score sees the used rows of
     ``|A|`` divided by their sums, rows that are distributions over the keys
@@ -346,25 +354,28 @@ def _head_scores(
     total = A.sum(dim=-1)
     use = (total > 0) & (visible.sum(dim=-1) >= 2)
     if not bool(use.any()):
-        return {}, {}, None, None
+        return {}, {}, None, None, {}
     rows = use.nonzero().squeeze(1)
     P, vis = A[rows] / total[rows, None], visible[rows]
     scores: dict[str, float] = {}
     chance: dict[str, float] = {}
+    used: dict[str, int] = {}
     distance = None
     if T == S:
         for name, offset in (("previous", -1), ("self", 0), ("next", 1)):
             found = _score_positional(P, vis, rows, offset)
             if found is not None:
-                scores[name], scores[f"{name}_mass"] = found
+                scores[name], scores[f"{name}_mass"], used[name] = found
+                used[f"{name}_mass"] = used[name]
                 chance[name] = 0.0  # an even row has no strict largest weight
         distance = _score_distance(P, rows)
     for name, keys in key_kinds.items():
         found = _score_mass(P, vis, keys)
         if found is not None:
-            scores[name], chance[name] = found
+            scores[name], chance[name], used[name] = found
     entropy, scores["broad"] = _score_entropy(P, vis)
-    return scores, chance, entropy, distance
+    used["broad"] = len(rows)
+    return scores, chance, entropy, distance, used
 
 
 def _thresholds(overrides: Mapping[str, float] | None) -> dict[str, float]:
@@ -471,13 +482,14 @@ def classify_heads(
                 tests["rare"] = rare.__contains__
             kinds = {name: torch.tensor([test(t) for t in kt], dtype=torch.bool) for name, test in tests.items()}
         for h in range(H):
-            scores, chance, entropy, distance = _head_scores(W[h], visible, kinds)
+            scores, chance, entropy, distance, used = _head_scores(W[h], visible, kinds)
             labels = [
                 role for role, limit in limits.items()
                 if role in scores and scores[role] >= limit and (role not in chance or scores[role] - chance[role] >= margin)
             ]  # fmt: skip
             top = strongest_links(W[h], qt, kt, links, skip_special=k_tokens is not None)
-            out.append(HeadRoles(entry.layer, h, scores, labels, distance, entropy, top, entry.name, chance))
+            counts = {name: int(keys.sum()) for name, keys in kinds.items()}
+            out.append(HeadRoles(entry.layer, h, scores, labels, distance, entropy, top, entry.name, chance, used, counts))
     return out
 
 

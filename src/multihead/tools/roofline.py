@@ -4,9 +4,10 @@
     costs["prefill"].intensity          # FLOPs per byte
     bound(costs["decode"], limits)      # "memory" or "compute" on this machine
 
-Two phases of a GPT (``models.gpt``), each counted from the model's own layers
-(the attention kind's ``cost()``; the MLP, embeddings and LM head from their
-shapes):
+Two phases of a GPT (``models.gpt``), each counted from the model's own layers,
+every block with its own attention layer (its kind's ``cost()`` with its
+heads, key/value heads and options: local and global layers, per-layer
+heads after pruning; the MLP, embeddings and LM head from their shapes):
 
     prefill   one forward over T = context tokens of each of B sequences
               (causal; logits at every position, as ``GPT.forward`` returns)
@@ -19,10 +20,13 @@ projections), attention core, MLP and LM head.
 
 Bytes moved are a lower bound at ``bytes_per_element``: every weight read
 once per phase (the token embedding only at the looked-up rows, unless the
-LM head reads it whole), the KV cache read (decode: S cached tokens) and
-written (T new tokens), and activations: each matrix product reads its
-input and writes its output once, as fused kernels do (attention's score
-matrix is never written).
+LM head reads it whole; a learned position table, ``positions="learned"``,
+at the new tokens' position rows), the KV cache read (decode: the S cached
+tokens, a windowed layer only its last window - 1) and written (T new
+tokens in every block: a layer's cache holds every position, window or
+not), and activations: each matrix product reads its input and writes its
+output once, as fused kernels do (attention's score matrix is never
+written).
 
 Arithmetic intensity = FLOPs / bytes. Against a machine's GEMM peak P
 (FLOP/s) and stream bandwidth W (byte/s) a phase is compute-bound when its
@@ -36,7 +40,31 @@ from dataclasses import dataclass
 
 from ..models.gpt import GPT, GPTConfig
 
-__all__ = ["PhaseCost", "phase_costs", "bound", "floor_seconds"]
+__all__ = ["BlockCost", "PhaseCost", "phase_costs", "bound", "floor_seconds"]
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One block's attention in one phase (its own layer's ``cost()``).
+
+    Attributes:
+        layer: the block's index.
+        heads, kv_heads: its query and key/value heads.
+        window: its ``window`` option (None: global).
+        projection_flops, core_flops: of its attention layer.
+        kv_cache_bytes_per_token: what its cache holds per token of one sequence.
+        kv_cache_read: bytes of cached keys/values the phase reads (a
+            window reads at most its last window - 1 positions).
+    """
+
+    layer: int
+    heads: int
+    kv_heads: int
+    window: int | None
+    projection_flops: int
+    core_flops: int
+    kv_cache_bytes_per_token: int
+    kv_cache_read: int
 
 
 @dataclass(frozen=True)
@@ -49,6 +77,7 @@ class PhaseCost:
         flops: {"projections", "attention core", "mlp", "lm head"} -> FLOPs.
         bytes: {"weights", "kv cache read", "kv cache written", "activations"} -> bytes.
         kv_cache_bytes_per_token: all layers, one sequence.
+        blocks: each block's attention (``BlockCost``), in order.
     """
 
     phase: str
@@ -56,6 +85,7 @@ class PhaseCost:
     flops: dict[str, int]
     bytes: dict[str, int]
     kv_cache_bytes_per_token: int
+    blocks: tuple[BlockCost, ...] = ()
 
     @property
     def total_flops(self) -> int:
@@ -71,45 +101,66 @@ class PhaseCost:
         return self.total_flops / self.total_bytes
 
 
-def _phase(model: GPT, phase: str, B: int, T: int, S: int, nbytes: int) -> PhaseCost:
-    """B sequences, T new tokens each, attending over S keys (S = T for prefill)."""
-    config = model.config
-    C, V, L = config.embed_dim, config.vocab_size, config.num_layers
-    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
-    M = mlp.fc.out_features
+def _block(block, layer: int, phase: str, B: int, T: int, S: int, nbytes: int) -> tuple[BlockCost, int]:
+    """(the block's attention cost, its activation elements) for T new tokens over S keys."""
+    attn = block.attn
     # the kind's own count: projections of the T new tokens only (cached keys are not projected
-    # again); the core over S keys, causal top-left in prefill, every key for a decode query
+    # again); the core over S keys, causal top-left in prefill, every key (or the window's) for a
+    # decode query
     cost = attn.cost(T, S, batch=B, causal=phase == "prefill", bytes_per_element=nbytes)
     projections = attn.cost(T, T, batch=B, bytes_per_element=nbytes).projection_flops
+    window = attn.sliding_window
+    cached = S - T if window is None else min(S - T, window - 1)  # cached positions the new queries see
+    per_token = cost.kv_cache_bytes_per_token
+    H, G, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    C, M, N = attn.embed_dim, block.mlp.fc.out_features, B * T
+    qkv = (H + 2 * G) * D
+    # qkv; the core reads q and the new keys/values (cached ones: "kv cache read") and writes
+    # its output; out_proj; fc, proj
+    elements = N * (C + qkv) + N * (H * D + 2 * G * D + H * D) + N * (H * D + C) + N * (C + M) + N * (M + C)
+    described = BlockCost(layer, H, G, window, projections, cost.core_flops, per_token, B * cached * per_token)
+    return described, elements
+
+
+def _phase(model: GPT, phase: str, B: int, T: int, S: int, nbytes: int) -> PhaseCost:
+    """B sequences, T new tokens each, attending over S keys (S = T for prefill); every block
+    counted with its own attention layer (per-layer heads, windows and options)."""
+    config = model.config
+    C, V = config.embed_dim, config.vocab_size
     N = B * T  # token rows
+    blocks, activations = [], 0
+    for layer, block in enumerate(model.blocks):
+        described, elements = _block(block, layer, phase, B, T, S, nbytes)
+        blocks.append(described)
+        activations += elements
+    mlp = sum(2 * N * (b.mlp.fc.in_features * b.mlp.fc.out_features * 2) for b in model.blocks)
     flops = {
-        "projections": L * projections,
-        "attention core": L * cost.core_flops,
-        "mlp": L * 2 * N * (C * M + M * C),
+        "projections": sum(b.projection_flops for b in blocks),
+        "attention core": sum(b.core_flops for b in blocks),
+        "mlp": mlp,
         "lm head": 2 * N * C * V,
     }
     tied = config.tie_embeddings
     block_params = sum(p.numel() for p in model.blocks.parameters())
-    other = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(("blocks.", "token_embedding.", "lm_head.")))
-    weights = block_params + other + V * C + (0 if tied else N * C)  # LM head whole; untied: looked-up rows too
-    H, G, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    qkv = (H + 2 * G) * D
-    # qkv; the core reads q and the new keys/values (cached ones: "kv cache read") and writes
-    # its output; out_proj
-    per_block = N * (C + qkv) + N * (H * D + 2 * G * D + H * D) + N * (H * D + C)
-    per_block += N * (C + M) + N * (M + C)  # fc, proj
-    kv_token = L * cost.kv_cache_bytes_per_token
+    tables = ("blocks.", "token_embedding.", "position_embedding.", "lm_head.")
+    other = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(tables))  # ln_f
+    # looked-up rows: the position table's T rows (learned positions only: no table otherwise), the
+    # token embedding's N rows when the LM head does not read it whole
+    table = 0 if model.position_embedding is None else T * C
+    weights = block_params + other + table + V * C + (0 if tied else N * C)
+    kv_token = sum(b.kv_cache_bytes_per_token for b in blocks)
     return PhaseCost(
         phase=phase,
         tokens=N,
         flops=flops,
         bytes={
             "weights": weights * nbytes,
-            "kv cache read": 0 if phase == "prefill" else B * (S - T) * kv_token,
+            "kv cache read": sum(b.kv_cache_read for b in blocks),
             "kv cache written": N * kv_token,
-            "activations": (L * per_block + N * (C + V)) * nbytes,  # + the LM head's input and logits
+            "activations": (activations + N * (C + V)) * nbytes,  # + the LM head's input and logits
         },
         kv_cache_bytes_per_token=kv_token,
+        blocks=tuple(blocks),
     )
 
 

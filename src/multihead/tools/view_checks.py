@@ -148,6 +148,42 @@ def role_dict(i: int, item) -> dict:
         raise TypeError(f"roles[{i}]['chance'] must be a dict of name -> number, got {type(chance).__name__}")
     if chance:
         out["chance"] = {str(k): number(f"roles[{i}]['chance'][{k!r}]", v) for k, v in chance.items()}
+    if get("evidence") is not None:  # roles over a corpus (corpus_roles.CorpusHeadRoles.to_dict)
+        out.update(_corpus_fields(i, get))
+    return out
+
+
+def _corpus_fields(i: int, get) -> dict:
+    """"spread" (name -> sd), "interval" (name -> [low, high]), "evidence" (name -> {"texts", "rows",
+    "keys", "enough"}), "texts" and "withheld" of a role over a corpus, checked."""
+    out: dict = {}
+    for key in ("spread", "interval", "evidence"):
+        value = get(key) or {}
+        if not isinstance(value, Mapping):
+            raise TypeError(f"roles[{i}][{key!r}] must be a dict keyed by score name, got {type(value).__name__}")
+        out[key] = {}
+        for name, v in value.items():
+            where = f"roles[{i}][{key!r}][{name!r}]"
+            if key == "spread":
+                out[key][str(name)] = number(where, v)
+            elif key == "interval":
+                if not isinstance(v, (list, tuple)) or len(v) != 2:
+                    raise TypeError(f"{where} must be [low, high], got {v!r:.60}")
+                out[key][str(name)] = [number(where, x) for x in v]
+            else:
+                if not isinstance(v, Mapping):
+                    raise TypeError(f"{where} must be a dict with texts, rows, keys, enough; got {v!r:.60}")
+                counts = {c: None if v.get(c) is None else non_negative_int(f"{where}[{c!r}]", v.get(c))
+                          for c in ("texts", "rows", "keys")}  # fmt: skip
+                enough = v.get("enough")
+                if enough is not None and not isinstance(enough, bool):
+                    raise TypeError(f"{where}['enough'] must be true, false or null, got {enough!r}")
+                out[key][str(name)] = {**counts, "enough": enough}
+    out["texts"] = non_negative_int(f"roles[{i}]['texts']", get("texts") or 0)
+    withheld = get("withheld") or []
+    if isinstance(withheld, str) or not all(isinstance(w, str) for w in withheld):
+        raise TypeError(f"roles[{i}]['withheld'] must be a list of str, got {withheld!r:.100}")
+    out["withheld"] = list(withheld)
     return out
 
 

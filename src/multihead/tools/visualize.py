@@ -32,6 +32,10 @@ top of the page (a text that was cut, words the tokenizer did not know).
 tool: a list of mappings (or objects with these attributes, such as
 ``roles.HeadRoles``) ``{"layer": 0, "head": 3, "labels": [...], "scores":
 {...}}`` (and ``"chance"``, a HeadRoles' baselines, kept in heads.json).
+Roles over a corpus (``corpus_roles.CorpusHeadRoles.to_dict``) add
+``"spread"``, ``"interval"``, ``"evidence"``, ``"texts"`` and
+``"withheld"``: the role table then shows each cell as mean ± sd with its
+evidence as the tooltip, a ``texts`` column, and the withheld roles.
 ``layer`` is ``LayerAttention.layer``; when a module was called
 more than once, the k-th role for (layer, head) belongs to its k-th call.
 

@@ -128,7 +128,8 @@ def _base_model_config(train: TrainConfig) -> GPTConfig:
     """The MHA model of the comparison. The vocabulary size only shifts every kind's
     count by the same embedding, so a BPE run without ``vocab_size`` plans with 256."""
     return GPTConfig.from_preset(
-        train.preset, vocab_size=train.vocab_size or 256, context_length=train.context_length, dropout=train.dropout
+        train.preset, vocab_size=train.vocab_size or 256, context_length=train.context_length, dropout=train.dropout,
+        layer_attention_options=train.layer_attention_options, positions=train.positions,
     )
 
 

@@ -21,12 +21,14 @@ whole hidden unit:
 
 A kind within ``MATCH_TOLERANCE`` (0.5 %) of the MHA count keeps 4C.
 Attention FLOPs and KV-cache bytes per token come from each layer's own
-``cost()`` (``modules.cost`` conventions), summed over the L layers:
+``cost()`` (``modules.cost`` conventions), summed over the L layers, each
+block's layer with its own heads and options (local and global layers):
 
     prefill FLOPs/token = cost(T=context, causal=True).total_flops / context
     decode FLOPs/token  = cost(T=1, S=context).core_flops       (the last position attends
-                          + cost(T=1, S=1).projection_flops      to the cache; only its own
-                                                                  token is projected)
+                          + cost(T=1, S=1).projection_flops      to the cache, a local layer
+                                                                  to its window; only its
+                                                                  own token is projected)
     KV bytes/token      = tools.flops.kv_cache_size(model): cost(...).kv_cache_bytes_per_token
                           at the model's dtype (float32: 4 bytes per element), as convert and
                           prune print it
@@ -120,17 +122,17 @@ def plan_kind(base: GPTConfig, kind: str, options: dict[str, Any] | None = None)
         config = GPTConfig.from_dict({**config.to_dict(), "mlp_dim": mlp_dim})
         model = _model(config)
         count = model.num_parameters()
-    attn, T, L = model.blocks[0].attn, config.context_length, config.num_layers
-    prefill = attn.cost(T, causal=True)
-    decode = attn.cost(1, T)
-    decode_flops = decode.core_flops + attn.cost(1, 1).projection_flops  # keys/values of the past are cached
+    T, layers = config.context_length, [block.attn for block in model.blocks]
+    prefill = sum(attn.cost(T, causal=True).total_flops for attn in layers)
+    # keys/values of the past are cached: only the new token is projected
+    decode = sum(attn.cost(1, T).core_flops + attn.cost(1, 1).projection_flops for attn in layers)
     return KindPlan(
         kind=kind,
         attention_options=options,
         mlp_dim=mlp_dim,
         parameters=count,
         mha_parameters=target,
-        prefill_flops_per_token=L * prefill.total_flops / T,
-        decode_flops_per_token=L * decode_flops,
+        prefill_flops_per_token=prefill / T,
+        decode_flops_per_token=decode,
         kv_cache_bytes_per_token=kv_cache_size(model).bytes_per_token,
     )

@@ -24,6 +24,8 @@ from typing import Any
 
 from .._checks import dropout_probability, non_negative_int, positive_int
 from ..models.gpt import GPT_PRESETS, GPTConfig
+from ..models.gpt_positions import check_positions
+from ..models.layer_options import check_layer_options
 from ..modules.registry import check_kind
 
 __all__ = [
@@ -77,11 +79,19 @@ class TrainConfig:
             tokenizer's. None: "mini", or no preset with ``init_from``.
         init_from: a Hugging Face GPT-2 folder to fine-tune
             (``multihead.train.pretrained``): the model, its weights and its
-            tokenizer come from it, so preset, vocab_size, mlp_dim and
-            attention options cannot be given and the attention is "mha";
+            tokenizer come from it, so preset, vocab_size, mlp_dim,
+            attention options (of every layer or per layer) and positions
+            cannot be given and the attention is "mha";
             context_length None takes the folder's n_positions.
         attention: attention kind ("mha", "gqa", "moh", "gated", ...).
         attention_options: further options of that kind (JSON values).
+        layer_attention_options: None, or a list of dicts of options per
+            block over ``attention_options`` (a shorter list repeats over the
+            layers: ``[{"window": 64}, {}]`` alternates local and global
+            layers; ``GPTConfig.layer_attention_options``).
+        positions: "learned" (GPT-2's position table), "rope", "alibi" or
+            "none" (``GPTConfig.positions``; without a table the trained
+            model can stream past its context).
         context_length: T of the training sequences; None: DEFAULT_CONTEXT
             = 128 (a short context trains faster per byte on a CPU), at most
             the preset's, and with ``init_from`` the folder's n_positions. A
@@ -159,6 +169,8 @@ class TrainConfig:
     init_from: str | None = None
     attention: str = "mha"
     attention_options: dict[str, Any] = field(default_factory=dict)
+    layer_attention_options: list[dict[str, Any]] | None = None
+    positions: str = "learned"
     context_length: int | None = None
     batch_size: int = 32
     grad_accum: int = 1
@@ -210,6 +222,10 @@ class TrainConfig:
         check_kind(self.attention)
         if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
             raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
+        self.positions = check_positions(self.positions)
+        if self.preset is not None:  # the folder's model of init_from refuses them in _check_init_from
+            layers = GPT_PRESETS[self.preset]["num_layers"]
+            self.layer_attention_options = check_layer_options(self.layer_attention_options, layers)
         if self.preset is None:  # init_from: the folder's n_positions, read only when needed
             if self.context_length is None:
                 from .pretrained import folder_model_config
@@ -286,8 +302,11 @@ class TrainConfig:
         if not isinstance(self.init_from, str) or not self.init_from:
             raise TypeError(f"init_from must be a non-empty str (a folder), got init_from={self.init_from!r}")
         given = {name: getattr(self, name) for name in ("preset", "vocab_size", "mlp_dim") if getattr(self, name)}
-        if self.attention_options:
-            given["attention_options"] = self.attention_options
+        for name in ("attention_options", "layer_attention_options"):
+            if getattr(self, name):
+                given[name] = getattr(self, name)
+        if self.positions != "learned":
+            given["positions"] = self.positions
         if given:
             raise ValueError(
                 f"init_from takes the model and its tokenizer from {self.init_from}; {given} cannot go with it"
@@ -337,6 +356,7 @@ class TrainConfig:
         return GPTConfig.from_preset(
             self.preset, vocab_size=vocab_size, context_length=self.context_length, attention=self.attention,
             attention_options=dict(self.attention_options), dropout=self.dropout, mlp_dim=self.mlp_dim,
+            layer_attention_options=self.layer_attention_options, positions=self.positions,
         )  # fmt: skip
 
 

@@ -190,7 +190,7 @@
     if (r) {
       rolesBox.appendChild(r.labels.length ? chips(r.labels) : el("span", "role-chips", "no role \u00b7"));
       const scores = Object.entries(r.scores).filter(([, v]) => v !== null);
-      rolesBox.appendChild(el("span", "", scores.map(([k, v]) => k + " " + fmt(v)).join(" \u00b7 ")));
+      rolesBox.appendChild(el("span", "", scores.map(([k, v]) => k + " " + meanText(r, k, v)).join(" \u00b7 ")));
     } else if (!single) {
       rolesBox.appendChild(el("span", "", "Each head in its colour; hover or click a token for the largest weight " +
         "any shown head gives, in that head's colour."));
@@ -408,6 +408,22 @@
   };
   const table = { rows: [], sort: null };
 
+  /* Roles over a corpus carry each score's spread and evidence: "0.62 \u00b1 0.08", a "*" where the
+     evidence is too thin for a role, and a tooltip with the counts and the 95% interval of the mean. */
+  function meanText(r, k, v) {
+    const sd = r.spread && r.spread[k], ev = r.evidence && r.evidence[k];
+    return fmt(v) + (sd === null || sd === undefined ? "" : " \u00b1 " + fmt(sd)) + (ev && ev.enough === false ? "*" : "");
+  }
+  function evidenceTitle(r, k) {
+    const ev = r.evidence && r.evidence[k];
+    if (!ev) return "";
+    const iv = r.interval && r.interval[k];
+    return "mean over " + plural(ev.texts, "text") + " (" + plural(ev.rows, "query row") +
+      (ev.keys === null || ev.keys === undefined ? "" : ", " + plural(ev.keys, "key token")) + ")" +
+      (iv ? "; 95% interval of the mean " + fmt(iv[0]) + " to " + fmt(iv[1]) : "") +
+      (ev.enough === false ? "; too little evidence for the role" : "");
+  }
+
   function columnTitle(name) {
     if (name === "roles" && DATA.legend && DATA.legend.roles) return DATA.legend.roles.meaning;
     if (FIXED_COLUMNS[name]) return FIXED_COLUMNS[name];
@@ -421,6 +437,7 @@
     if (name === "layer") return [r.row, r.head];
     if (name === "head") return [r.head, r.row];
     if (name === "roles") return r.labels.length ? [r.labels.join(",")] : [null];
+    if (name === "texts") return [r.texts === undefined ? null : r.texts];
     const v = r.scores[name];
     return [v === null || v === undefined ? null : v];
   }
@@ -481,6 +498,7 @@
         tr.appendChild(el("td", "", REPEATED ? li + " (" + L.layer + ")" : L.layer));
         tr.appendChild(el("td", "", slot.original === null ? "\u2013" : "was " + slot.original));
         tr.appendChild(el("td", "", "pruned"));
+        if (CORPUS) tr.appendChild(el("td", "num", "\u2013"));
         for (const k of cols) {
           const td = el("td", "num", k === "importance" ? "pruned" : "\u2013");
           td.dataset.column = k;
@@ -493,6 +511,8 @@
     });
   }
 
+  const CORPUS = (DATA.roles || []).some((r) => r.evidence);
+
   function buildRoles() {
     const list = DATA.roles;
     if (!list || !list.length) return;
@@ -502,7 +522,7 @@
     let cols = MAIN_SCORES.filter((k) => keys.includes(k));
     cols = cols.concat(keys.filter((k) => !cols.includes(k) && !k.endsWith("_mass")));
     const headRow = el("tr");
-    for (const name of ["layer", "head", "roles"].concat(cols)) {
+    for (const name of ["layer", "head", "roles"].concat(CORPUS ? ["texts"] : [], cols)) {
       const th = el("th");
       th.dataset.column = name;
       th.title = columnTitle(name);
@@ -525,10 +545,19 @@
       tr.appendChild(el("td", "", SLOTS && SLOTS.original && was !== r.head ? r.head + " (was " + was + ")" : r.head));
       const labels = el("td");
       labels.appendChild(r.labels.length ? chips(r.labels) : el("span", "muted", "none"));
+      if (r.withheld && r.withheld.length) {
+        const held = el("span", "muted withheld", " (" + r.withheld.join(", ") + ")");
+        held.title = "passed on the mean, withheld: too little evidence";
+        labels.appendChild(held);
+      }
       tr.appendChild(labels);
+      if (CORPUS) tr.appendChild(el("td", "num", r.texts));
       for (const k of cols) {
-        const td = el("td", "num" + (r.labels.includes(k) ? " hit" : ""), fmt(r.scores[k]));
+        const thin = r.evidence && r.evidence[k] && r.evidence[k].enough === false;
+        const td = el("td", "num" + (r.labels.includes(k) ? " hit" : "") + (thin ? " thin" : ""),
+          CORPUS ? meanText(r, k, r.scores[k]) : fmt(r.scores[k]));
         td.dataset.column = k;
+        if (CORPUS) td.title = evidenceTitle(r, k);
         tr.appendChild(td);
       }
       tr.addEventListener("click", () => select(r.row, r.head, true));
@@ -536,7 +565,7 @@
       table.rows.push({ r: r, tr: tr });
     }
     if (SLOTS) addPrunedRows(body, cols);
-    buildLegend(cols, keys.filter((k) => k.endsWith("_mass")));
+    buildLegend((CORPUS ? ["texts"] : []).concat(cols), keys.filter((k) => k.endsWith("_mass")));
   }
 
   /* ---- a causal model's roles: each role's heads at or above its threshold, strongest first, then

@@ -59,7 +59,8 @@ def seen_ids(train_tokens: np.ndarray, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(seen if len(seen) >= 2 else np.arange(vocab_size)).long()
 
 
-def tracked_heads(model: GPT, vocabulary: torch.Tensor | None, context_length: int) -> dict[str, Any]:
+def tracked_heads(model: GPT, vocabulary: torch.Tensor | None, context_length: int, *,
+                  sharded: bool = False) -> dict[str, Any]:  # fmt: skip
     """``{"heads": scores}`` of ``model`` (see the module docstring), or ``{}`` when ``vocabulary`` is None.
 
     Args:
@@ -67,11 +68,18 @@ def tracked_heads(model: GPT, vocabulary: torch.Tensor | None, context_length: i
             (``seen_ids``: the bytes a Shakespeare run never sees keep their
             untrained embeddings, which says nothing of its heads).
 
-    Collective under FSDP2 (every rank runs the forward); the model's
-    training flags are restored afterwards.
+        sharded: ``model`` is sharded with FSDP2: its full weights are
+            gathered into a plain copy first (collective, as for a
+            checkpoint; the copying score reads the weights themselves).
+
+    The model's training flags are restored afterwards.
     """
     if vocabulary is None:
         return {}
+    if sharded:
+        from .shard import unsharded_copy
+
+        model = unsharded_copy(model, next(model.parameters()).device)
     n = track_length(context_length)
     tokens = vocabulary[repeated_random_tokens(len(vocabulary), n, TRACK_BATCH, TRACK_SEED)]
     scores = causal_head_scores(model, vocab_size=model.config.vocab_size, tokens=tokens, seed=TRACK_SEED)

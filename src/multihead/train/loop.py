@@ -301,7 +301,7 @@ def _run(config, run_dir, state, world, device, progress, data_from=None) -> Tra
             evaluate = final or n % config.eval_every == 0
             if evaluate:
                 val_loss = validation_loss(run.model, val_sets, config, world, device, autocast, _data(run, world))
-                scored = {"val_loss": val_loss, **tracked_heads(run.model, track, config.context_length)}
+                scored = {"val_loss": val_loss, **tracked_heads(run.model, track, config.context_length, sharded=run.sharded)}
             logged = evaluate or n % config.log_every == 0
             tokens_per_s = log_tokens / log_time if log_time > 0 else 0.0
             if logged and metrics is not None:

@@ -7,7 +7,8 @@ The public API on one screen:
 * ``multihead.textbook``   the tutorial classes with their exact signatures
 * ``MultiHeadAttention``   the production module (MHA / GQA / MQA, cross, cache)
 * ``KVCache``              static cache sized by key/value heads;
-  ``StreamingKVCache`` / ``streaming_cache`` (sink tokens + the last positions)
+  ``StreamingKVCache`` / ``streaming_cache`` (sink tokens + the last positions);
+  ``WindowKVCache`` / ``window_cache`` (a local layer's last window positions)
 * ``TorchMultiheadAttention`` drop-in for ``torch.nn.MultiheadAttention``
 * ``build_attention(name, ...)`` attention kinds by name: mha, gqa, mqa, moh,
   dcmha, talking_heads, overlapping, collaborative, gated, mla (docs/variants.md),
@@ -55,6 +56,8 @@ _NAMES = {
     "KVCache": "modules",
     "StreamingKVCache": "modules",
     "streaming_cache": "modules",
+    "WindowKVCache": "modules",
+    "window_cache": "modules",
     "TorchMultiheadAttention": "modules",
     "build_attention": "modules.registry",
     "list_attention_kinds": "modules.registry",
@@ -101,6 +104,8 @@ __all__ = [
     "KVCache",
     "StreamingKVCache",
     "streaming_cache",
+    "WindowKVCache",
+    "window_cache",
     "TorchMultiheadAttention",
     "build_attention",
     "list_attention_kinds",

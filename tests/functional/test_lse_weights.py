@@ -327,3 +327,29 @@ def test_inputs_and_masks_whose_rows_are_not_contiguous(Dv, seed):
         want_out, want_w = run_reference(q0, k0, v0, kw.pop("attn_mask", None), **kw)
         assert_matches(out, want_out)
         assert_matches(w, want_w[:, [0, 5]])
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("selection", ["all", "one_head", "every_other_row"])
+def test_causal_keys_whose_scores_overflow_stay_hidden(alignment, selection, monkeypatch):
+    """Every later key scores 100 above the one before it (q·k · scale = 100 s), so
+    exp(score - lse) of a hidden key overflows float32; each row keeps its weight
+    on the keys it may see, in one block and in blocks of one to three rows.
+
+    catches: hidden keys of the causal band leaking inf or NaN into a row, or
+    zeroed before the exponential (exp(0) = 1) or after the row sum."""
+    import multihead.functional.weights as weights
+
+    B, H, G, T, S, D = 1, 4, 2, 6, (6 if alignment == "top_left" else 9), 4
+    k = (torch.arange(S, dtype=torch.float32) * 50.0)[None, None, :, None].expand(B, G, S, D)  # scale 1/2
+    q = torch.ones(B, H, T, D)
+    v = torch.randn(B, G, S, D, generator=torch.Generator().manual_seed(0))
+    call = {"is_causal": True, "causal_alignment": alignment, "return_weights": SELECTIONS[selection]}
+    want = attention(q, k, v, backend="math", **call)[1]
+    assert bool(torch.isfinite(want).all())
+    monkeypatch.setattr(weights, "MIN_BLOCK_ROWS", 1)
+    for block in (1 << 19, 1, 2 * H * S, 3 * H * S):
+        monkeypatch.setattr(weights, "BLOCK_SCORES", block)
+        w = attention(q, k, v, backend="sdpa", **call)[1]
+        assert bool(torch.isfinite(w).all())
+        assert_paths_agree(w, want)

@@ -6,7 +6,9 @@ every (query, key) pair, the masked ones too, while the roofline counts the visi
 a fused windowed kernel computes them); so the counter is compared with the roofline's count in
 which each block's core is replaced by the dense core of the same block without its window, and
 each block's counted core is checked to be that dense core less the work of the pairs its mask
-hides (counted from the mask builders)."""
+hides (counted from the mask builders). A decode step over the caches ``make_kv_caches`` builds
+multiplies only the keys a local block's window cache keeps, all visible: there the counter
+sees the roofline's count of that block (a kind with a cache of its own keeps every key)."""
 
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def _check_against_counter(config: GPTConfig, phase: str, counted_flops: int, B:
         hidden = T * S - _visible(T, S, block.window)
         assert (full - block.core_flops) * (T * S - top_left) == (full - fewer) * hidden, block
     uncounted = sum(uncounted_flops(b.attn, B, T) for b in twin.blocks)
+    if phase == "decode":  # a bounded (window) cache returns exactly the keys its query sees
+        dense = [b.core_flops if b.kv_cache_positions < S else d for b, d in zip(cost.blocks, dense)]
     assert counted_flops == cost.total_flops - sum(b.core_flops for b in cost.blocks) + sum(dense) - uncounted
 
 
@@ -109,22 +113,33 @@ def test_per_layer_heads_and_windows_equal_the_flop_counter(positions):
     assert [b.heads for b in phase_costs(config, context=T)["decode"].blocks] == [4, 2, 1]
 
 
-def test_kv_cache_bytes_are_what_each_blocks_cache_allocates():
-    """Per token: the sum over blocks of the bytes each block's cache allocates (every position,
-    window or not); a decode step reads a local block's last W - 1 positions and a global one's all."""
+def test_kv_cache_bytes_are_what_each_blocks_cache_holds():
+    """After a prefill of ``context`` tokens and one decode step, a global block's cache
+    allocates its context + 1 positions and a local block's holds its last W (window_cache):
+    the bytes of every cache tensor are the roofline's ``kv_cache_bytes`` and
+    ``kv_cache_size``'s at context + 1; a decode step reads a local block's last W - 1
+    positions and a global one's all. catches: a local block counted at every position."""
     config = _config("gqa", num_kv_heads=2, layer_heads=[4, 2, 4], layer_kv_heads=[2, 1, 1])
-    model = GPT(config)  # float32
-    n = 10
-    caches = model.make_kv_caches(1, n)
-    allocated = [sum(b.nbytes for b in cache.buffers()) // n for cache in caches]  # per token, per block
-    assert allocated == [2 * 2 * 16 * 4, 2 * 1 * 16 * 4, 2 * 1 * 16 * 4]  # (k, v) x G x D x 4 bytes
-    assert kv_cache_size(model).bytes_per_token == sum(allocated)
+    model = GPT(config).eval()  # float32
     B, context = 3, 8
+    caches = model.make_kv_caches(B, context + 1)
+    idx = torch.randint(0, 37, (B, context + 1), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        model(idx[:, :context], kv_caches=caches)
+        model(idx[:, context:], kv_caches=caches)
+    held = [sum(t.untyped_storage().nbytes() for t in (c.k, c.v)) for c in caches]  # every byte the caches keep
+    per_token = [2 * 2 * 16 * 4, 2 * 1 * 16 * 4, 2 * 1 * 16 * 4]  # (k, v) x G x D x 4 bytes
+    assert held == [B * W * per_token[0], B * (context + 1) * per_token[1], B * W * per_token[2]]
     decode = phase_costs(config, batch=B, context=context, bytes_per_element=4)["decode"]
-    assert decode.kv_cache_bytes_per_token == sum(allocated)
-    assert [b.kv_cache_bytes_per_token for b in decode.blocks] == allocated
-    read = B * ((W - 1) * allocated[0] + context * allocated[1] + (W - 1) * allocated[2])
-    assert decode.bytes["kv cache read"] == read and decode.bytes["kv cache written"] == B * sum(allocated)
+    assert decode.kv_cache_bytes == sum(held)
+    assert [b.kv_cache_positions for b in decode.blocks] == [W, context + 1, W]
+    assert [b.kv_cache_bytes_per_token for b in decode.blocks] == per_token
+    size = kv_cache_size(model, context=context + 1)
+    assert size.bytes_per_token == decode.kv_cache_bytes_per_token == sum(per_token) and B * size.bytes == sum(held)
+    assert str(size) == f"{sum(per_token)} bytes/token (float32); {size.bytes} bytes per sequence at 9 positions " \
+        "(local layers hold their window)"
+    read = B * ((W - 1) * per_token[0] + context * per_token[1] + (W - 1) * per_token[2])
+    assert decode.bytes["kv cache read"] == read and decode.bytes["kv cache written"] == B * sum(per_token)
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope", "alibi", "none"])

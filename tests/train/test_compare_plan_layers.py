@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from multihead.functional import causal_mask, sliding_window_mask
 from multihead.models.gpt import GPT, GPTConfig
+from multihead.tools.flops import kv_cache_size
 from multihead.train.compare_plan import plan_kind
 
 W = 16
@@ -21,8 +22,10 @@ def test_local_layers_cost_their_window_in_the_flops_columns_and_a_full_cache_in
     assert a.decode_flops_per_token - b.decode_flops_per_token == 2 * 4 * C * decode_pairs
     prefill_pairs = int(causal_mask(T, T).sum()) - int(sliding_window_mask(T, window=W).sum())
     assert (a.prefill_flops_per_token - b.prefill_flops_per_token) * T == 2 * 4 * C * prefill_pairs
-    # every block's cache holds every position, window or not: the allocation, summed over blocks
-    caches = GPT(local).make_kv_caches(1, 8)
+    # the KV column: the bytes of one cached position in every block, window or not (the
+    # global model's caches allocate exactly that per position); a local block's cache holds
+    # at most its last W positions of it (kv_cache_size's bytes at a context)
     assert b.kv_cache_bytes_per_token == a.kv_cache_bytes_per_token == sum(
-        sum(buf.nbytes for buf in cache.buffers()) for cache in caches
+        sum(buf.nbytes for buf in cache.buffers()) for cache in GPT(glob).make_kv_caches(1, 8)
     ) // 8
+    assert kv_cache_size(GPT(local), context=T).bytes == a.kv_cache_bytes_per_token * (2 * W + 2 * T) // 4  # 4 blocks

@@ -186,15 +186,14 @@ def measure(job: Job, repeats: int = 3) -> dict[str, float]:
         return min(times)
 
     def decode_step():
-        for cache in caches:
-            cache.length = job.context  # the same step each time
+        for cache, state in zip(caches, filled):
+            cache.restore_state(state)  # the same step each time
         model(idx[:, job.context :], kv_caches=caches)
 
     with torch.no_grad():
         prefill = best(lambda: model(idx[:, : job.context]))
-        for cache in caches:
-            cache.length = 0
         model(idx[:, : job.context], kv_caches=caches)  # fill the cache once
+        filled = [cache.save_state() for cache in caches]
         decode = best(decode_step)
     return {"prefill": prefill, "decode": decode}
 
@@ -221,8 +220,12 @@ def _table(job: Job, costs, limits, measured) -> list[str]:
         if measured:
             row += f" {measured[name] * 1e3:.3g} | {floor / measured[name]:.2f} |"
         lines.append(row)
-    kv = costs["decode"].kv_cache_bytes_per_token
-    lines += ["", f"KV cache: {kv:,} bytes per token of one sequence ({job.dtype}, all {job.config.num_layers} layers)"]
+    decode = costs["decode"]
+    kv, held = decode.kv_cache_bytes_per_token, decode.kv_cache_bytes
+    local = sorted({b.window for b in decode.blocks if b.kv_cache_positions < job.context + 1})
+    lines += ["", f"KV cache: {kv:,} bytes per token of one sequence ({job.dtype}, all {job.config.num_layers} layers); "
+              f"{held:,} bytes for {job.batch} sequence(s) at {job.context + 1} positions after the decode step"
+              + (f" (local blocks hold their last {', '.join(map(str, local))} positions)" if local else "")]
     if job.tensor_parallel > 1:
         from ..parallel.costs import rank_cost
 
@@ -232,7 +235,7 @@ def _table(job: Job, costs, limits, measured) -> list[str]:
             f"{share.kv_cache_bytes_per_token:,} KV-cache bytes per token; each block all-reduces "
             f"{share.all_reduce_bytes_per_token:,} bytes per token in a forward (multihead.parallel.costs)"
         )
-    return lines + _block_table(costs)
+    return lines + _block_table(costs, job.batch)
 
 
 def _spans(layers: list[int]) -> str:
@@ -246,9 +249,10 @@ def _spans(layers: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def _block_table(costs) -> list[str]:
-    """Blocks of each kind (heads, key/value heads, window) with their attention's share; none
-    when every block is alike."""
+def _block_table(costs, batch: int) -> list[str]:
+    """Blocks of each kind (heads, key/value heads, window) with their attention's share and
+    the size of their caches after the decode step (``batch`` sequences); none when every
+    block is alike."""
     prefill, decode = costs["prefill"].blocks, costs["decode"].blocks
     groups: dict[tuple, list[int]] = {}
     for b in prefill:
@@ -256,13 +260,15 @@ def _block_table(costs) -> list[str]:
     if len(groups) < 2:
         return []
     lines = ["", "| blocks | heads / kv heads | window | GFLOP prefill: proj / core | GFLOP decode: proj / core "
-             "| MB kv read (decode) | KV bytes/token |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| MB kv read (decode) | KV bytes/token | MB kv cache (decode) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for (heads, kv_heads, window), layers in groups.items():
         p, d = [prefill[i] for i in layers], [decode[i] for i in layers]
         flops = [f"{sum(b.projection_flops for b in x) / 1e9:.3g} / {sum(b.core_flops for b in x) / 1e9:.3g}" for x in (p, d)]
         lines.append(f"| {len(layers)}: {_spans(layers)} | {heads} / {kv_heads} | {window or 'global'} | {flops[0]} "
                      f"| {flops[1]} | {sum(b.kv_cache_read for b in d) / 1e6:.3g} "
-                     f"| {sum(b.kv_cache_bytes_per_token for b in d):,} |")  # fmt: skip
+                     f"| {sum(b.kv_cache_bytes_per_token for b in d):,} "
+                     f"| {sum(b.kv_cache_positions * b.kv_cache_bytes_per_token for b in d) * batch / 1e6:.3g} |")  # fmt: skip
     return lines
 
 

@@ -30,7 +30,7 @@ import torch
 __all__ = ["WeightSelection", "resolve_selection", "pick", "select_weights", "rebuild_weights"]
 
 _HALF = (torch.float16, torch.bfloat16)
-BLOCK_SCORES = 1 << 18  # scores formed at a time when rebuilding weights on a CPU (1 MiB of float32) ...
+BLOCK_SCORES = 1 << 19  # scores formed at a time when rebuilding weights on a CPU (2 MiB of float32) ...
 MIN_BLOCK_ROWS = 16  # ... but at least this many rows per block (fewer, larger calls for large batches)
 GPU_BLOCK_SCORES = 1 << 27  # on a GPU: few large blocks (each block costs kernel launches, not cache misses)
 
@@ -160,8 +160,16 @@ def rebuild_weights(
     """The weights of the selected heads and rows from the kernel's log-sum-exp.
 
     Rows are formed in blocks small enough to stay in the CPU's cache (about
-    a megabyte of scores each), and with causality a block reads only the
-    keys its last row may see (the rest is zero), as the kernel itself does.
+    two megabytes of scores each, all selected heads at once), and with
+    causality a block reads only the keys its last row may see (the rest is
+    zero), as the kernel itself does. On a CPU a block is formed in one
+    contiguous scratch [B·h, c, s1] (a single batched product; a strided
+    destination would split it per head) and the final division writes it
+    into place, so the weights' memory is written once; on a GPU in place.
+    Without soft-capping, -lse rides along as one more column of the product,
+    [q · scale, -lse] · [k, 1]ᵀ = q kᵀ · scale - lse, so each block's scores
+    come out of the product already shifted; the causal band is zeroed after
+    the exponential (``tril_`` on a block of consecutive rows).
 
     Args:
         q: [B, H, T, D] queries; k: [B, G, S, D] keys (head h reads h // (H // G)).
@@ -186,42 +194,67 @@ def rebuild_weights(
     R = H // G
     compute = torch.float32 if q.dtype in _HALF else q.dtype
     with torch.no_grad():
-        qs = pick(q, heads, rows).to(compute) * scale  # (B, h, r, D), scaled once
+        qs = pick(q, heads, rows)  # (B, h, r, D)
         h, r = qs.shape[1], qs.shape[2]
+        lse = pick(lse, heads, rows).to(compute)  # (B, h, r)
+        fold = softcap is None  # -lse as a column of the product (softcap must see the scores alone)
+        width = D + 1 if fold else D
+        q3 = torch.empty(B * h, r, width, dtype=compute, device=q.device)  # small: one row per query
+        q3.view(B, h, r, width)[..., :D].copy_(qs).mul_(scale)  # (B, h, r, D) -> (B*h, r, D [+1])
         kv = [x // R for x in (range(H) if heads is None else heads)]  # the key head each head reads
-        kt = k.to(compute) if kv == list(range(G)) else k.to(compute)[:, kv]  # (B, h, S, D): keys only, small
-        kt = kt.transpose(-1, -2).reshape(B * h, D, S)  # (B, h, S, D) -> (B*h, D, S), small: keys only
-        q3 = qs.reshape(B * h, r, D)  # (B, h, r, D) -> (B*h, r, D)
-        lse = pick(lse, heads, rows).to(compute).unsqueeze(-1)  # (B, h, r, 1)
+        keys = k if kv == list(range(G)) else k[:, kv]  # (B, h, S, D): keys only, small
+        ka = torch.empty(B * h, S, width, dtype=compute, device=q.device)  # (B*h, S, D [+1]), small
+        ka.view(B, h, S, width)[..., :D].copy_(keys)
+        if fold:
+            q3[..., D] = -lse.reshape(B * h, r)
+            ka[..., D] = 1.0
+        kt = ka.transpose(1, 2)  # (B*h, D [+1], S): a transposed operand, read as it is by the product
         bias = None if bias is None else pick(bias, heads, rows)
         visible = None if visible is None else pick(visible, heads, rows)
         index = range(T) if rows is None else rows
-        positions = torch.tensor(index, device=q.device)[:, None]  # (r, 1): each row's query index
         out = torch.empty(B, h, r, S, dtype=compute, device=q.device)
         out3 = out.view(B * h, r, S)
-        block = BLOCK_SCORES if q.device.type == "cpu" else GPU_BLOCK_SCORES
-        step = max(MIN_BLOCK_ROWS, block // max(1, B * h * S), 1)  # rows per block
+        cpu = q.device.type == "cpu"
+        step = max(MIN_BLOCK_ROWS, (BLOCK_SCORES if cpu else GPU_BLOCK_SCORES) // max(1, B * h * S), 1)  # rows per block
+        # On a CPU each block is formed in a contiguous scratch (one batched product, no per-head split)
+        # and the division writes it into place; on a GPU in place.
+        scratch = torch.empty(B * h * min(step, r) * S, dtype=compute, device=q.device) if cpu else None
         for a in range(0, r, step):
             b = min(r, a + step)
             s1 = S if causal_offset is None else min(S, max(0, index[b - 1] + causal_offset + 1))
-            torch.bmm(q3[:, a:b], kt[:, :, :s1], out=out3[:, a:b, :s1])  # scores written in place
-            x = out[:, :, a:b, :s1]  # (B, h, c, s1)
+            dest = out3[:, a:b, :s1]  # (B*h, c, s1)
+            x3 = dest if scratch is None else scratch[: dest.numel()].view(dest.shape)
+            torch.bmm(q3[:, a:b], kt[:, :, :s1], out=x3)  # scores (- lse)
+            x = x3.view(B, h, b - a, s1) if scratch is not None else out[:, :, a:b, :s1]  # (B, h, c, s1)
             if softcap is not None:
                 x.div_(softcap).tanh_().mul_(softcap)
             if bias is not None:
                 x += _block(bias, a, b, s1)
-            x -= lse[:, :, a:b]
+            if not fold:
+                x -= lse[:, :, a:b, None]
             if visible is not None:
                 x.masked_fill_(~_block(visible, a, b, s1), float("-inf"))
-            if causal_offset is not None:  # keys before lo are seen by every row of the block
-                lo = min(s1, max(0, index[a] + causal_offset + 1))
-                j = torch.arange(lo, s1, device=q.device)  # (s1 - lo,)
-                x[..., lo:].masked_fill_(j > positions[a:b] + causal_offset, float("-inf"))  # (c, s1 - lo): the band
-            x.exp_()
-            total = x.sum(dim=-1, keepdim=True)  # (B, h, c, 1): 1 up to lse's rounding, 0 for rows that see nothing
-            x /= torch.where(total > 0, total, torch.ones((), dtype=compute, device=total.device))
-            out[:, :, a:b, s1:] = 0.0
+            x3.exp_()  # hidden keys of the causal band may overflow here: zeroed next
+            if causal_offset is not None:
+                _zero_later_keys(x3, index, a, b, causal_offset)
+            total = x3.sum(dim=-1, keepdim=True)  # (B*h, c, 1): 1 up to lse's rounding, 0 for rows that see nothing
+            torch.div(x3, torch.where(total > 0, total, torch.ones((), dtype=compute, device=q.device)), out=dest)
+            out3[:, a:b, s1:].zero_()
     return out.to(q.dtype)
+
+
+def _zero_later_keys(x: torch.Tensor, index: Sequence[int], a: int, b: int, offset: int) -> None:
+    """Zero, in place, the keys after t + offset of each query row t of a block.
+
+    x: [N, c, s1], rows ``index[a:b]`` of the call's queries.
+    """
+    first = index[a]
+    if index[b - 1] - first == b - 1 - a:  # consecutive rows: the band is a triangle
+        x.tril_(first + offset)
+        return
+    positions = torch.tensor(index[a:b], device=x.device)[:, None]  # (c, 1)
+    j = torch.arange(x.shape[-1], device=x.device)  # (s1,)
+    x.masked_fill_(j > positions + offset, 0.0)  # (c, s1) broadcast over N
 
 
 def _block(t: torch.Tensor, a: int, b: int, s1: int) -> torch.Tensor:

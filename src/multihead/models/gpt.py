@@ -36,6 +36,7 @@ from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
 from ..modules.head_selection import check_heads
 from ..modules.registry import attention_class, build_attention, check_kind, total_aux_loss
+from ..modules.window_cache import window_cache
 from .generation import generate as generate_tokens
 from .gpt_inputs import (
     LMOutput,
@@ -419,7 +420,9 @@ class GPT(nn.Module):
         return total_aux_loss((block.attn for block in self.blocks), self.lm_head.weight)
 
     def make_kv_caches(self, batch_size: int, max_len: int) -> list[Any]:
-        """One cache per block, each holding up to ``max_len`` positions.
+        """One cache per block, each taking up to ``max_len`` positions: a block
+        whose layer has a window keeps only its last ``window`` of them
+        (``modules.window_cache``), the others allocate all ``max_len``.
 
         Raises:
             ValueError: ``max_len`` larger than ``config.context_length``.
@@ -427,7 +430,7 @@ class GPT(nn.Module):
         positive_int("max_len", max_len)
         if max_len > self.config.context_length:
             raise ValueError(f"max_len={max_len} exceeds context_length={self.config.context_length}")
-        return [block.attn.make_kv_cache(batch_size, max_len) for block in self.blocks]
+        return [window_cache(block.attn, batch_size, max_len) for block in self.blocks]
 
     def make_streaming_caches(self, batch_size: int, *, sink_tokens: int, window: int, max_step: int) -> list[Any]:
         """One ``StreamingKVCache`` per block: the first ``sink_tokens`` positions and
@@ -475,7 +478,7 @@ class GPT(nn.Module):
                 or cached length + arange(T).
             kv_caches: one cache per block from :meth:`make_kv_caches`; this
                 call appends its T positions and attends over everything
-                cached (caches expose the cached length as ``.length``, a
+                cached (a local block: the last ``window`` positions) (caches expose the cached length as ``.length``, a
                 Python int, equal in every block). Every cache is checked
                 before any is written, and a call that fails anyway leaves
                 every cache's length as it was. Streaming caches from

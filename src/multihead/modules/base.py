@@ -54,7 +54,7 @@ from ..functional.masks import check_alignment
 from .calls import check_cache_use, check_call, default_alignment, key_padding, refuse_torch_padding, rollback_on_error
 from .head_selection import check_head_selection, check_heads
 from .kv_cache import KVCache
-from .local import check_window, local_mask, make_sinks
+from .local import check_window, kept_key_columns, local_mask, make_sinks
 from .norms import QKNorm
 from .observe import Observer, notify, observed_selection
 from .rope import Rotary, query_positions
@@ -498,6 +498,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             if slots:  # the kept keys at 0 .. m - 1, the queries at the slots of their own keys
                 k_pos = torch.arange(k.shape[2], device=q.device)
                 q, k = self.position_qk(q, k, k_pos[k.shape[2] - q.shape[2] :], k_pos)
+            attn_mask, key_mask = (kept_key_columns(m, kv_cache, k.shape[2]) for m in (attn_mask, key_mask))
             mask = merge_masks(attn_mask, key_padding(key_mask, query.shape[0], k.shape[2]))
             mask = merge_masks(mask, local_mask(self.sliding_window, kv_cache, q.shape[2], k.shape[2], causal_alignment,
                                                 cross, q.device))  # fmt: skip

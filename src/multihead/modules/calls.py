@@ -172,28 +172,30 @@ def default_alignment(causal_alignment: str | None, kv_cache: Any) -> str:
 
 @contextmanager
 def rollback_on_error(kv_cache: Any) -> Iterator[None]:
-    """A call that raises leaves the cache's length as it was before it."""
-    length = None if kv_cache is None else kv_cache.length
+    """A call that raises leaves the cache as it was before it (``KVCache.save_state``:
+    its length, or a window cache's kept keys too)."""
+    state = None if kv_cache is None else kv_cache.save_state()
     try:
         yield
     except Exception:
         if kv_cache is not None:
-            kv_cache.length = length
+            kv_cache.restore_state(state)
         raise
 
 
 @contextmanager
 def rollback_all_on_error(kv_caches: Sequence[Any] | None) -> Iterator[None]:
-    """A call that raises leaves the length of every cache as it was before it
-    (a model with one cache per layer: the layers before the failing one too).
+    """A call that raises leaves every cache as it was before it (a model with
+    one cache per layer: the layers before the failing one too).
 
-    The lengths are Python ints, so this adds nothing to a compiled graph.
+    A state is a Python int (the length) or references to a window cache's
+    tensors, so this adds no copy to a compiled graph.
     """
-    lengths = None if kv_caches is None else [cache.length for cache in kv_caches]
+    states = None if kv_caches is None else [cache.save_state() for cache in kv_caches]
     try:
         yield
     except Exception:
         if kv_caches is not None:
-            for cache, length in zip(kv_caches, lengths):
-                cache.length = length
+            for cache, state in zip(kv_caches, states):
+                cache.restore_state(state)
         raise

@@ -111,6 +111,15 @@ class KVCache(nn.Module):
         self.length = 0
         self.cross_source = None
 
+    def save_state(self) -> int:
+        """What ``restore_state`` needs to undo the calls after it: the length
+        (later writes land past it, so nothing else changes)."""
+        return self.length
+
+    def restore_state(self, state: int) -> None:
+        """Return to a ``save_state`` taken before a call that failed."""
+        self.length = state
+
     def check_append(self, batch_size: int, T: int) -> None:
         """Raise unless ``T`` positions of a batch of ``batch_size`` can be appended.
 

@@ -12,7 +12,9 @@ queries' and keys' positions: 0 .. S - 1 for the keys and the causal
 alignment's positions for the queries, or the positions a streaming cache
 keeps (``streaming_cache``). It is a mask, merged with the call's own by AND,
 so every kind takes it. It includes causality (j <= i) whatever ``is_causal``
-says; a cross-attention call (``key`` given) is refused.
+says; a cross-attention call (``key`` given) is refused. Decoding, such a
+layer needs only its last w positions: ``window_cache`` (``GPT.make_kv_caches``
+builds one per local block).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import numbers
 import torch
 from torch import nn
 
-__all__ = ["check_window", "make_sinks", "local_mask"]
+from .window_cache import WindowKVCache
+
+__all__ = ["check_window", "make_sinks", "local_mask", "kept_key_columns"]
 
 
 def check_window(window: object) -> int | None:
@@ -80,3 +84,13 @@ def local_mask(window: int | None, kv_cache, T: int, S: int, alignment: str, cro
         near = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] > q_pos[:, None] - window)  # (T, S)
         mask = near if mask is None else mask & near
     return mask
+
+
+def kept_key_columns(mask: torch.Tensor | None, kv_cache, S: int) -> torch.Tensor | None:
+    """A mask over every position a ``WindowKVCache`` was written, [..., length],
+    cut to its last S columns: the keys a call over that cache attends to (the
+    last ones written, in order). Any other mask as it is."""
+    if mask is None or not isinstance(kv_cache, WindowKVCache) or not isinstance(mask, torch.Tensor):
+        return mask
+    n = kv_cache.length
+    return mask[..., n - S :] if mask.dim() >= 1 and mask.shape[-1] == n and S < n else mask

@@ -23,10 +23,16 @@ once per phase (the token embedding only at the looked-up rows, unless the
 LM head reads it whole; a learned position table, ``positions="learned"``,
 at the new tokens' position rows), the KV cache read (decode: the S cached
 tokens, a windowed layer only its last window - 1) and written (T new
-tokens in every block: a layer's cache holds every position, window or
-not), and activations: each matrix product reads its input and writes its
-output once, as fused kernels do (attention's score matrix is never
-written).
+tokens in every block), and activations: each matrix product reads its input
+and writes its output once, as fused kernels do (attention's score matrix is
+never written). A local block's cache (``modules.window_cache``) also copies
+its kept window once per call; the bound leaves that copy out.
+
+The KV cache's size (``kv_cache_bytes``) is that of the caches
+``GPT.make_kv_caches(B, n)`` builds once the phase has written n positions
+(n = T after the prefill, S = context + 1 after the decode step): a global
+block allocates n positions, a local block holds min(n, window)
+(``window_cache.cached_positions``), so bytes per token depend on the context.
 
 Arithmetic intensity = FLOPs / bytes. Against a machine's GEMM peak P
 (FLOP/s) and stream bandwidth W (byte/s) a phase is compute-bound when its
@@ -39,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..models.gpt import GPT, GPTConfig
+from ..modules.window_cache import cached_positions
 
 __all__ = ["BlockCost", "PhaseCost", "phase_costs", "bound", "floor_seconds"]
 
@@ -55,6 +62,8 @@ class BlockCost:
         kv_cache_bytes_per_token: what its cache holds per token of one sequence.
         kv_cache_read: bytes of cached keys/values the phase reads (a
             window reads at most its last window - 1 positions).
+        kv_cache_positions: positions of one sequence its cache holds at the
+            phase's end (a local block: at most its window).
     """
 
     layer: int
@@ -65,6 +74,7 @@ class BlockCost:
     core_flops: int
     kv_cache_bytes_per_token: int
     kv_cache_read: int
+    kv_cache_positions: int
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ class PhaseCost:
         flops: {"projections", "attention core", "mlp", "lm head"} -> FLOPs.
         bytes: {"weights", "kv cache read", "kv cache written", "activations"} -> bytes.
         kv_cache_bytes_per_token: all layers, one sequence.
+        kv_cache_bytes: the caches of all B sequences and layers at the
+            phase's end (module docstring).
         blocks: each block's attention (``BlockCost``), in order.
     """
 
@@ -85,6 +97,7 @@ class PhaseCost:
     flops: dict[str, int]
     bytes: dict[str, int]
     kv_cache_bytes_per_token: int
+    kv_cache_bytes: int = 0
     blocks: tuple[BlockCost, ...] = ()
 
     @property
@@ -118,7 +131,8 @@ def _block(block, layer: int, phase: str, B: int, T: int, S: int, nbytes: int) -
     # qkv; the core reads q and the new keys/values (cached ones: "kv cache read") and writes
     # its output; out_proj; fc, proj
     elements = N * (C + qkv) + N * (H * D + 2 * G * D + H * D) + N * (H * D + C) + N * (C + M) + N * (M + C)
-    described = BlockCost(layer, H, G, window, projections, cost.core_flops, per_token, B * cached * per_token)
+    held = cached_positions(attn, S)  # the phase's S positions, or a local cache's window of them
+    described = BlockCost(layer, H, G, window, projections, cost.core_flops, per_token, B * cached * per_token, held)
     return described, elements
 
 
@@ -160,6 +174,7 @@ def _phase(model: GPT, phase: str, B: int, T: int, S: int, nbytes: int) -> Phase
             "activations": (activations + N * (C + V)) * nbytes,  # + the LM head's input and logits
         },
         kv_cache_bytes_per_token=kv_token,
+        kv_cache_bytes=B * sum(b.kv_cache_positions * b.kv_cache_bytes_per_token for b in blocks),
         blocks=tuple(blocks),
     )
 

@@ -102,6 +102,7 @@ def test_the_caches_refuse_what_they_do_not_hold():
         mla(_x(T=1), is_causal=True, kv_cache=latent)
     cache.reset()
     assert cache.kw.shape[1] == 0 and not hasattr(latent, "v")
+    assert [n for n, _ in cache.named_buffers()] == ["k", "v", "kw"]  # moved by .to() with the cache
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -80,7 +80,9 @@ class WindowKVCache(KVCache):
         """Forget every position (the kept tensors are freed)."""
         super().reset()
         for name, dim in self._kept_dims.items():  # (B, G, 0, D): nothing kept
-            setattr(self, name, getattr(self, name).narrow(dim, 0, 0).clone())
+            kept = getattr(self, name, None)  # None: a subclass's own, registered after this init
+            if kept is not None:
+                setattr(self, name, kept.narrow(dim, 0, 0).clone())
 
     def save_state(self) -> tuple:
         """(length, the kept tensors): what ``restore_state`` puts back (no copy)."""
@@ -149,9 +151,9 @@ class WindowDynamicKVCache(WindowKVCache):
 
     def __init__(self, batch_size: int, num_heads: int, max_len: int, head_dim: int, rank: int, *, window: int,
                  dtype=None, device=None) -> None:  # fmt: skip
-        B, H, R = (positive_int(n, x) for n, x in (("batch_size", batch_size), ("num_heads", num_heads), ("rank", rank)))
-        self.kw = torch.zeros(B, 0, 2, 2 * R + 1, H, dtype=dtype, device=device)
-        super().__init__(batch_size, H, max_len, head_dim, window=window, dtype=dtype, device=device)
+        super().__init__(batch_size, num_heads, max_len, head_dim, window=window, dtype=dtype, device=device)
+        B, H, R = self.batch_size, self.k.shape[1], positive_int("rank", rank)
+        self.register_buffer("kw", self.k.new_zeros(B, 0, 2, 2 * R + 1, H), persistent=False)
 
     def update(self, k: torch.Tensor, v: torch.Tensor, kw: torch.Tensor | None = None):
         """Append keys, values and key-side weights kw [B, T, 2, 2R + 1, H]; return

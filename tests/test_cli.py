@@ -85,8 +85,8 @@ def test_cli_is_a_table_of_command_modules():
     assert len(source.splitlines()) <= 160  # the table of commands and a short dispatcher
     functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
     assert not [node.name for f in functions for node in ast.walk(f) if isinstance(node, (ast.Import, ast.ImportFrom))]
-    assert [c.name for c in cli.COMMANDS] == ["textbook", "inspect", "generate", "train", "compare", "convert", "prune", "export",
-                                            "roofline", "effects"]
+    assert [c.name for c in cli.COMMANDS] == ["textbook", "inspect", "generate", "train", "heads", "compare", "convert",
+                                            "prune", "export", "roofline", "effects"]
     parsers = cli.build_parsers()[1]
     for command in cli.COMMANDS:
         module = command.module

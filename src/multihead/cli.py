@@ -56,12 +56,13 @@ COMMANDS = (
     Command("train", "train a GPT (any attention kind) on Shakespeare or a text file, with checkpoints and resume", (
         "multihead train --preset tiny --max-steps 200 --warmup 20 --out runs/tiny",
         'multihead train', 'multihead generate --checkpoint runs/tiny "To be"',
-        "multihead train --out runs/tiny --max-steps 400 --resume",
+        "multihead train --out runs/tiny --max-steps 400 --resume", "multihead train --preset tiny --track-heads --out runs/tiny",
         "multihead train --attention gqa --attention-option num_kv_heads=2 --out runs/gqa",
         """multihead train --preset tiny --positions rope --layer-attention-options '[{"window": 32}, {}]' --out runs/rope""",
         "multihead train --import mykinds --attention my_kind --out runs/mine",
         "torchrun --nproc-per-node 2 -m multihead train --batch-size 64 --out runs/ddp",
         "torchrun --nproc-per-node 2 -m multihead train --tensor-parallel 2 --out runs/tp")),
+    Command("heads", "plot how the heads of a --track-heads run took their roles (induction, ...)", ("multihead heads runs/tiny", "multihead heads runs/tiny --threshold 0.5 --out induction.png")),
     Command("compare", "train one GPT per attention kind on the same data and budget; table, JSON and plot", (
         "multihead compare                                   # every kind, 2 seeds, about 18 minutes",
         "multihead compare --attention mha,gqa,mqa --seeds 0 --max-steps 300 --out runs/compare",

@@ -74,7 +74,7 @@ def test_flags_set_the_fields_of_the_same_name():
         "--dropout", "0.1", "--mlp-dim", "200", "--eval-every", "10", "--eval-batches", "2", "--log-every", "5",
         "--checkpoint-every", "20", "--seed", "7", "--dtype", "bfloat16", "--out", "runs/x", "--threads", "1",
         "--device", "cpu", "--shard", "--sample-every", "10", "--tensor-parallel", "2",
-        "--layer-attention-options", '[{"window": 16}, {}]', "--positions", "rope",
+        "--layer-attention-options", '[{"window": 16}, {}]', "--positions", "rope", "--no-track-heads",
     ]  # fmt: skip
     want = TrainConfig(
         data="notes.txt", tokenizer="bpe", vocab_size=300, preset="tiny", attention="gqa",
@@ -82,7 +82,7 @@ def test_flags_set_the_fields_of_the_same_name():
         lr=3e-3, min_lr=1e-5, warmup=4, weight_decay=0.05, grad_clip=0.5, beta1=0.8, beta2=0.99, dropout=0.1,
         mlp_dim=200, eval_every=10, eval_batches=2, log_every=5, checkpoint_every=20, seed=7, dtype="bfloat16", out="runs/x",
         threads=1, device="cpu", shard=True, sample_every=10, tensor_parallel=2,
-        layer_attention_options=[{"window": 16}, {}], positions="rope",
+        layer_attention_options=[{"window": 16}, {}], positions="rope", track_heads=False,
     )  # fmt: skip
     values = parse(*argv)
     # every field was given but init_from, which takes the model from a folder instead

@@ -11,9 +11,9 @@ from support.kinds import F64, C, H, build
 from support.paths import assert_paths_agree
 
 from multihead import KVCache, WindowKVCache, build_attention, window_cache
-from multihead.modules.kv_cache import LatentKVCache
+from multihead.modules.kv_cache import DynamicKVCache, LatentKVCache
 from multihead.modules.registry import list_attention_kinds
-from multihead.modules.window_cache import cached_positions
+from multihead.modules.window_cache import WindowDynamicKVCache, WindowLatentKVCache, cached_positions
 
 
 def _x(B=2, T=11, seed=1):
@@ -28,24 +28,24 @@ def _decode(m, x, cache, prefill, **kw):
     return torch.cat(outs, 1)
 
 
+WINDOWED = {KVCache: WindowKVCache, DynamicKVCache: WindowDynamicKVCache, LatentKVCache: WindowLatentKVCache}
+
+
 @pytest.mark.parametrize("kind", list_attention_kinds())
 def test_every_kind_decodes_a_long_prompt_with_its_window_cache(kind):
-    """Prefill of 7 positions (window 3), then 4 steps: the full forward's outputs. A kind
-    whose cache holds more than keys and values keeps its own full cache."""
+    """Prefill of 7 positions (window 3), then 4 steps: the full forward's outputs. Every
+    registered kind's own cache (keys and values, DCMHA's key-side weights, MLA's latent
+    rows) has a windowed class, which keeps the last 3 positions."""
     m = build(kind, window=3, rope=True)
     x = _x()
     cache = window_cache(m, 2, 11)
-    if type(m.make_kv_cache(2, 11)) is KVCache:
-        assert isinstance(cache, WindowKVCache) and cache.k.shape[2] == 0
-    else:
-        assert type(cache) is type(m.make_kv_cache(2, 11)) and not isinstance(cache, WindowKVCache)
+    assert type(cache) is WINDOWED[type(m.make_kv_cache(2, 11))] and cache.k.shape[2] == 0
     with torch.no_grad():
         got = _decode(m, x, cache, prefill=7)
         want = m(x, is_causal=True)
     assert_paths_agree(got, want)
-    assert cache.length == 11
-    if isinstance(cache, WindowKVCache):
-        assert cache.k.shape[2] == 3 and cache.v.shape[2] == 3
+    assert cache.length == 11 and cache.k.shape[2] == 3
+    assert all(getattr(cache, name).shape[dim] == 3 for name, dim in cache._kept_dims.items())
 
 
 def test_a_layer_without_a_window_gets_its_own_cache():
@@ -55,7 +55,8 @@ def test_a_layer_without_a_window_gets_its_own_cache():
     assert cached_positions(m, 9) == 9 and cached_positions(build("gqa", window=4), 9) == 4
     assert cached_positions(build("gqa", window=4), 3) == 3
     mla = build("mla", window=4, decode="absorbed")
-    assert isinstance(window_cache(mla, 1, 9), LatentKVCache) and cached_positions(mla, 9) == 9
+    assert isinstance(window_cache(mla, 1, 9), WindowLatentKVCache) and cached_positions(mla, 9) == 4
+    assert isinstance(window_cache(build("mla", decode="absorbed"), 1, 9), LatentKVCache)
 
 
 @pytest.mark.parametrize("positions", [{"rope": True}, {"alibi": True}, {}])

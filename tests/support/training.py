@@ -38,6 +38,18 @@ def assert_follows(got, want):
     torch.testing.assert_close(torch.tensor(val[0]), torch.tensor(val[1]))
 
 
+def assert_heads_follow(got, want):
+    """Two runs' metrics.jsonl records hold --track-heads scores at the same steps,
+    equal to float32 rounding (the models follow each other to that)."""
+    steps = [[m["step"] for m in rows if "heads" in m] for rows in (got, want)]
+    assert steps[0] == steps[1] and steps[0]
+    pairs = [(a["heads"]["scores"], b["heads"]["scores"]) for a, b in zip(got, want, strict=True) if "heads" in b]
+    for a, b in pairs:
+        assert set(a) == set(b)
+        for role in b:
+            torch.testing.assert_close(torch.tensor(a[role]), torch.tensor(b[role]), atol=1e-5, rtol=1e-4)
+
+
 def latest(run: Path) -> GPT:
     """The eval-mode model of the checkpoint a run's ``checkpoints/latest`` names."""
     pointer = json.loads((run / "checkpoints" / "latest").read_text())

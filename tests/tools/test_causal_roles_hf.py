@@ -38,7 +38,8 @@ def folder(tmp_path_factory):
 
 
 def full_ov_copying(model, layer: int, head: int) -> float:
-    """Σλ/Σ|λ| of M = W_U N_f W_O^h W_V^h N_l W_E^T [V, V], LayerNorms by their centred gain."""
+    """Σλ/Σ|λ| of M = P W_U N_f W_O^h W_V^h N_l W_E^T [V, V], LayerNorms by their centred gain,
+    P = I - 11ᵀ/V centring the logits."""
     sd = {k: v.double().numpy() for k, v in model.state_dict().items()}
     C, H = model.config.n_embd, model.config.n_head
     D = C // H
@@ -48,7 +49,8 @@ def full_ov_copying(model, layer: int, head: int) -> float:
     n_f = np.diag(sd["transformer.ln_f.weight"]) @ centre
     w_v = sd[f"transformer.h.{layer}.attn.c_attn.weight"][:, 2 * C + head * D : 2 * C + (head + 1) * D]  # x @ W: (C, D)
     w_o = sd[f"transformer.h.{layer}.attn.c_proj.weight"][head * D : (head + 1) * D]  # (D, C)
-    M = E @ n_f @ w_o.T @ w_v.T @ n_l @ E.T  # column t: the logits added when attending to token t
+    P = np.eye(len(E)) - 1.0 / len(E)
+    M = P @ E @ n_f @ w_o.T @ w_v.T @ n_l @ E.T  # column t: the centred logits added when attending to token t
     lam = np.linalg.eigvals(M)
     return float(lam.real.sum() / np.abs(lam).sum())
 
@@ -123,7 +125,7 @@ def test_a_llama_with_grouped_value_heads(tmp_path):
             sd[f"model.layers.{layer}.self_attn.o_proj.weight"],
         )
         for h in range(4):
-            M = U @ n_f @ w_o[:, h * 8 : (h + 1) * 8] @ w_v[(h // 2) * 8 : (h // 2 + 1) * 8] @ n_l @ E.T  # (V, V)
+            M = (np.eye(len(U)) - 1.0 / len(U)) @ U @ n_f @ w_o[:, h * 8 : (h + 1) * 8] @ w_v[(h // 2) * 8 : (h // 2 + 1) * 8] @ n_l @ E.T  # (V, V)
             lam = np.linalg.eigvals(M)
             want = float(lam.real.sum() / np.abs(lam).sum())
             assert float(got.scores["copying"][layer, h]) == pytest.approx(want, abs=1e-6), (layer, h)

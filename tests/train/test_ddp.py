@@ -9,7 +9,7 @@ import textwrap
 
 import torch
 from support.torchrun import QUIET_EXIT
-from support.training import assert_follows
+from support.training import assert_follows, assert_heads_follow
 from support.training import tiny_config as support_tiny_config
 
 from multihead.models.checkpoint import load_checkpoint
@@ -50,7 +50,7 @@ def metrics(run_dir):
 
 def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     # grad_accum 2 under DDP: each rank's 4 rows in two micro-batches of 2 (no_sync on the first)
-    parallel = tiny_config(tmp_path / "ddp", grad_accum=2)
+    parallel = tiny_config(tmp_path / "ddp", grad_accum=2, track_heads=True)
     script = tmp_path / "ddp_train.py"
     script.write_text(SCRIPT + QUIET_EXIT, encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -60,9 +60,10 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-4000:]
 
-    single = train(tiny_config(tmp_path / "one"), progress=False)
+    single = train(tiny_config(tmp_path / "one", track_heads=True), progress=False)
     got, want = metrics(tmp_path / "ddp" / "run"), metrics(single.run_dir)
     assert_follows(got, want)
+    assert_heads_follow(got, want)  # --track-heads: every rank scores, rank 0 writes
 
     final = tmp_path / "ddp" / "run" / "checkpoints" / "step-000006"
     model = load_checkpoint(final)

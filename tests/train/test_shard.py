@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from support.torchrun import QUIET_EXIT
-from support.training import assert_follows
+from support.training import assert_follows, assert_heads_follow
 from support.training import tiny_config as support_tiny_config
 
 from multihead.models.checkpoint import load_checkpoint
@@ -63,7 +63,7 @@ def state_tensors(directory):
 def test_fsdp2_processes_follow_one_process_and_resume_across_modes(tmp_path):
     # grad_accum 2: each rank's 4 rows in two micro-batches of 2, gradients
     # reduce-scattered after the second only (set_requires_gradient_sync)
-    sharded = tiny_config(tmp_path / "fsdp", shard=True).to_dict()
+    sharded = tiny_config(tmp_path / "fsdp", shard=True, track_heads=True).to_dict()
     ddp_then_sharded = tiny_config(tmp_path / "mixed").to_dict()
     sharded_then_one = tiny_config(tmp_path / "back", shard=True).to_dict()
     phases = [
@@ -82,7 +82,7 @@ def test_fsdp2_processes_follow_one_process_and_resume_across_modes(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-4000:]
 
-    single = train(tiny_config(tmp_path / "one"), progress=False)
+    single = train(tiny_config(tmp_path / "one", track_heads=True), progress=False)
     # FSDP2 on 2 processes -> one plain process, shard switched off
     back = train(TrainConfig.from_dict({**sharded_then_one, "shard": False}), resume=True, progress=False)
     want = metrics(single.run_dir)
@@ -96,6 +96,8 @@ def test_fsdp2_processes_follow_one_process_and_resume_across_modes(tmp_path):
     for run in ("fsdp", "mixed", "back"):
         run_dir = tmp_path / run / "run"
         assert_follows(metrics(run_dir), want)
+        if run == "fsdp":  # --track-heads under FSDP2: every rank runs the scoring forward
+            assert_heads_follow(metrics(run_dir), want)
         model = load_checkpoint(run_dir / "checkpoints" / "step-000006")  # what generate --checkpoint loads
         for name, p in model.named_parameters():
             assert_close(p, trained[name], f"{run}: {name}", atol=atol, rtol=1.3e-6)

@@ -47,7 +47,7 @@ DESCRIPTION = (
     "model's count), each in its own process, then write compare.md, compare.json and "
     "compare.png: final validation loss (spread over seeds), parameters, training tokens/s, "
     "attention FLOPs per token (prefill and decode) and KV-cache bytes per token from each "
-    "layer's cost(), and peak memory. --budget-minutes turns a wall-clock budget into steps "
+    "layer's cost() (with local layers also one sequence's bytes at the context), and peak memory. --budget-minutes turns a wall-clock budget into steps "
     "by timing each kind first. The training flags of 'multihead train' set the shared "
     "setting (with the defaults below); --import MODULE brings kinds of your own package "
     "(each run imports it too). Ctrl-C keeps the finished runs: the same command continues. "

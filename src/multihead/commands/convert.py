@@ -21,7 +21,9 @@ or sinks, r is at most 2·G·D of every layer); the result is saved into
 
     parameters                 before and after
     KV cache                   bytes per token over all layers, at the model's
-                               dtype (``tools.flops.kv_cache_size``)
+                               dtype (``tools.flops.kv_cache_size``); with local
+                               layers also one sequence's bytes at the model's
+                               context (``surgery_report``)
     validation loss            a GPT run: the run's own fixed validation batches
                                (data/val.bin, VAL_SEED, its batch size, context
                                and eval_batches); a GPT-2 --hf folder: windows of
@@ -93,7 +95,7 @@ from .imports import add_import_argument, import_modules
 from .model_sources import HF_FOLDER, MODELS, add_source_arguments, check_sources, family, load_source
 from .recovery_option import add_recover_steps, recover_model
 from .staged_output import interruptible
-from .surgery_report import echo_measurements
+from .surgery_report import echo_measurements, kv_cache_entries, kv_cache_rows
 
 __all__ = [
     "add_arguments", "run", "Conversion", "prepare", "convert", "TARGETS", "CALIBRATION_BATCH_SIZE",
@@ -288,7 +290,6 @@ def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
     """Convert, distil back when asked, measure, save, print and return the report (as in report.json)."""
     from ..tools.convert_heads import to_gqa
     from ..tools.convert_mla import to_mla
-    from ..tools.flops import kv_cache_size
     from ..tools.objectives import anchor_batches
 
     model, method, calibration = job.model, job.method, job.calibration
@@ -305,7 +306,6 @@ def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
         recovery = recover_model(new, model, batches, "encoder" if job.encoder else "gpt", job.recover_steps)
         recovery["before"] = before
     (config0, layers0), (config1, layers1) = model_layers(model), model_layers(new)
-    kv0, kv1 = kv_cache_size(model), kv_cache_size(new)
     report = {
         "source": job.source,
         "method": method,
@@ -316,8 +316,7 @@ def convert(job: Conversion, echo: Callable[[str], None] = print) -> dict:
         "num_kv_heads": [layers0[0].num_kv_heads, None if job.kv_rank is not None else layers1[0].num_kv_heads],
         "kv_rank": job.kv_rank,
         "parameters": [_count(model), _count(new)],
-        "kv_cache_bytes_per_token": [kv0.bytes_per_token, kv1.bytes_per_token],
-        "kv_cache_dtype": kv1.dtype,
+        **kv_cache_entries(model, new),
         "calibration_batches": None if calibration is None else len(calibration),
         "val_loss": None,
         "val_batches": None,
@@ -367,8 +366,7 @@ def _print(report: dict, folder: Path, encoder: bool, has_tokenizer: bool, echo:
         f"{report['source']}: {a0} ({g0} key/value heads) -> {a1} ({after}), method {report['method']}, "
         f"{report['num_heads']} query heads" + (f" (per layer {report['layer_heads']})" if report["layer_heads"] else "")
     )
-    rows = [("parameters", *report["parameters"]),
-            (f"KV cache (bytes/token, {report['kv_cache_dtype']})", *report["kv_cache_bytes_per_token"])]  # fmt: skip
+    rows = [("parameters", *report["parameters"]), *kv_cache_rows(report)]
     if report["val_loss"] is not None:
         rows.append(("val loss (nats/token)", *(f"{v:.4f}" for v in report["val_loss"])))
     width = max(len(r[0]) for r in rows)

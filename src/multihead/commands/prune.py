@@ -52,7 +52,8 @@ unpruned and the pruned model on the same held-out batch, ``TIMED_PASSES``
 alternating rounds: the median per-round ratio with its minimum and
 maximum, or "below measurement noise" where that range holds 1.0. The
 report also gives the KV-cache bytes per token before and after
-(``tools.flops.kv_cache_size``, at the model's dtype).
+(``tools.flops.kv_cache_size``, at the model's dtype) and, for a model with
+local layers, one sequence's bytes at its context (``surgery_report``).
 
 The folder is written whole (``staged_output``: a staging folder, moved
 into place at the end); Ctrl-C or SIGTERM leaves no part
@@ -101,7 +102,7 @@ from .imports import add_import_argument, import_modules
 from .model_sources import HF_FOLDER, MODELS, add_source_arguments, check_sources, family, load_source
 from .recovery_option import add_recover_steps, check_recover_steps, recover_model
 from .staged_output import interruptible
-from .surgery_report import echo_measurements
+from .surgery_report import echo_measurements, kv_cache_entries, kv_cache_rows
 
 __all__ = [
     "add_arguments", "run", "Pruning", "prepare", "prune", "MODELS", "METHODS", "SEED", "HELDOUT_LINES",
@@ -318,7 +319,6 @@ def prune(job: Pruning, echo: Callable[[str], None] = print) -> dict:
     import torch
 
     from ..tools.fidelity import fidelity, keep_heads
-    from ..tools.flops import kv_cache_size
     from ..tools.prune import prune_heads
     from ..tools.timing import measure_speedup
 
@@ -335,10 +335,9 @@ def prune(job: Pruning, echo: Callable[[str], None] = print) -> dict:
     kept = max(L, round(job.keep * total))
     table = keep_heads(scores, kept)
     unpruned = _copy(net)
-    params_before, kv_before = _count(net), kv_cache_size(net)
+    params_before = _count(net)
     prune_heads(net, table)
     net.eval()
-    kv_after = kv_cache_size(net)
     report = {
         "source": job.source,
         "method": job.method,
@@ -347,8 +346,7 @@ def prune(job: Pruning, echo: Callable[[str], None] = print) -> dict:
         "removed": {str(i): sorted(table.get(i, [])) for i in range(L)},
         "layer_heads": [counts[i] - len(table.get(i, [])) for i in range(L)],
         "parameters": [params_before, _count(net)],
-        "kv_cache_bytes_per_token": [kv_before.bytes_per_token, kv_after.bytes_per_token],
-        "kv_cache_dtype": kv_after.dtype,
+        **kv_cache_entries(unpruned, net),
         "pooling": job.pooling,
         "gates": None if gates is None else {"penalties": list(gates.penalties), "steps": gates.steps, "lr": gates.lr},
         "calibration": None,
@@ -428,8 +426,7 @@ def _print(report: dict, folder: Path, echo: Callable[[str], None]) -> None:
         echo(f"  gates trained at penalties {g['penalties']}, {g['steps']} steps each (lr {g['lr']})")
     for layer, heads in report["removed"].items():
         echo(f"  layer {layer}: removed {heads if heads else 'none'}, {report['layer_heads'][int(layer)]} left")
-    rows = [("parameters", *report["parameters"]),
-            (f"KV cache (bytes/token, {report['kv_cache_dtype']})", *report["kv_cache_bytes_per_token"])]  # fmt: skip
+    rows = [("parameters", *report["parameters"]), *kv_cache_rows(report)]
     if report["val_loss"] is not None:
         rows.append(("val loss (nats/token)", *(f"{v:.4f}" for v in report["val_loss"])))
     rows.append(("forward (ms, median)", *(f"{1000 * s:.2f}" for s in report["seconds"])))

@@ -69,7 +69,8 @@ DESCRIPTION = (
     "tokenizer, the token files, metrics.jsonl and crash-safe checkpoints; --resume continues "
     "from the latest one with the same config; Ctrl-C or SIGTERM stops after the current step with a "
     "checkpoint and prints the command that resumes. --init-from DIR fine-tunes a Hugging Face GPT-2 "
-    "folder with its tokenizer. Each flag sets the TrainConfig field of the same "
+    "folder with its tokenizer. --track-heads scores every head's causal roles (induction, ...) at each "
+    "evaluation; 'multihead heads RUN_DIR' plots them. Each flag sets the TrainConfig field of the same "
     "name; a flag left out keeps TrainConfig's default. --import MODULE brings the attention kinds "
     "of your own package. Under torchrun every process runs this "
     "command (data parallel, the same global --batch-size; --shard: FSDP2). See docs/training.md."
@@ -155,6 +156,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("device", str, "auto|cpu|cuda", "where to train (auto: CUDA when available)"),
     Flag("shard", bool, "", "under torchrun, shard the model over the processes with FSDP2 instead of DDP"),
     Flag("tensor_parallel", int, "N", "under torchrun, split every layer's heads over N processes (the rest: data parallel)"),
+    Flag("track_heads", bool, "", "at each evaluation, score every head's causal roles (induction, ...) into "
+         "metrics.jsonl; 'multihead heads RUN_DIR' plots them"),
 )
 
 # Fields set by flags of another shape: --attention-option K=V (repeated).

@@ -14,7 +14,8 @@ Each sublayer is wrapped in a residual connection, pre-norm ``x + drop(f(norm(x)
 LayerNorm after each stack) or post-norm ``norm(x + drop(f(x)))`` (the paper).
 
 Decoding with ``kv_caches`` (``make_kv_caches``): decoder self-attention appends to a
-static ``KVCache`` per layer; cross-attention fills one cache per layer with the
+static ``KVCache`` per layer (a ``WindowKVCache`` of its last w positions for a layer
+with ``window=w``, ``modules.window_cache``); cross-attention fills one cache per layer with the
 memory's keys/values on the first call and reuses it on every later step, through
 the attention module's own API (``kv_cache`` with ``key``: ``modules.base``), so
 every kind, observers included, decodes the same way.
@@ -40,6 +41,7 @@ from torch import nn
 from .._checks import dropout_probability, non_negative_int, positive_int
 from ..modules.kv_cache import KVCache
 from ..modules.registry import build_attention, check_kind, total_aux_loss
+from ..modules.window_cache import window_cache
 from .head_layout import check_layer_heads, layer_head_options
 
 __all__ = [
@@ -447,8 +449,10 @@ class Transformer(nn.Module):
         return self.encoder_norm(x)
 
     def make_kv_caches(self, batch_size: int, max_len: int) -> DecoderCache:
-        """A ``DecoderCache`` for ``decode``: room for ``max_len`` target positions per row."""
-        return DecoderCache([layer.self_attn.make_kv_cache(batch_size, max_len) for layer in self.decoder])
+        """A ``DecoderCache`` for ``decode``: room for ``max_len`` target positions per row.
+        A decoder self-attention layer with a window keeps only its last ``window``
+        positions (``window_cache``); cross-attention caches hold the whole memory."""
+        return DecoderCache([window_cache(layer.self_attn, batch_size, max_len) for layer in self.decoder])
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, src_key_mask: torch.Tensor | None = None,
                tgt_key_mask: torch.Tensor | None = None, kv_caches: DecoderCache | None = None,

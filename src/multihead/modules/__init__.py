@@ -4,7 +4,7 @@
     kinds/         one file per attention kind (importing it registers every kind)
     kv_cache.py    the cache classes; norms.py, rope.py: the qk_norm / rope submodules
     streaming_cache.py  StreamingKVCache: sink tokens + a window of the last positions
-    window_cache.py  WindowKVCache: a local layer's last window positions (window_cache)
+    window_cache.py  WindowKVCache (+ DCMHA's, MLA's latent): a local layer's last window positions (window_cache)
     local.py       the shared options sinks and window
     observe.py     observer events; cost.py: cost conventions; registry.py: kinds by name
     projections.py, calls.py: pieces the kinds share
@@ -28,7 +28,7 @@ from .norms import QKNorm
 from .registry import load_entry_point_kinds
 from .rope import Rotary
 from .streaming_cache import StreamingKVCache, streaming_cache
-from .window_cache import WindowKVCache, window_cache
+from .window_cache import WindowDynamicKVCache, WindowKVCache, WindowLatentKVCache, window_cache
 
 __all__ = [
     "AttentionLayer",
@@ -37,6 +37,8 @@ __all__ = [
     "StreamingKVCache",
     "streaming_cache",
     "WindowKVCache",
+    "WindowDynamicKVCache",
+    "WindowLatentKVCache",
     "window_cache",
     "TorchMultiheadAttention",
     "MoHAttention",

@@ -26,18 +26,25 @@ concatenates w - 1 kept positions and its own: one copy of the window, no
 more), so a failed call restores the previous ones by reference
 (``save_state`` / ``restore_state``, what ``calls.rollback_on_error`` uses).
 
-Only a cache of keys and values is bounded: a kind whose cache holds more
-(DCMHA's key-side weights, MLA's latent rows) keeps its own full cache.
+A kind whose cache holds more per position gets the same window over all of
+it, since what it holds for a key is read only by queries that see that key:
+``WindowDynamicKVCache`` keeps DCMHA's key-side composition weights of the
+kept keys (the composition mixes heads within each query-key pair, so a
+hidden key adds nothing before or after the softmax), and
+``WindowLatentKVCache`` keeps the last w latent rows [c | k_R] of MLA's
+absorbed path. ``window_cache`` picks the windowed class of the layer's own
+cache (``KVCache``, ``DynamicKVCache``, ``LatentKVCache``); any other cache
+(a kind's own class) is built full.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._checks import positive_int
-from .kv_cache import KVCache
+from .._checks import non_negative_int, positive_int
+from .kv_cache import DynamicKVCache, KVCache, LatentKVCache
 
-__all__ = ["WindowKVCache", "window_cache", "cached_positions"]
+__all__ = ["WindowKVCache", "WindowDynamicKVCache", "WindowLatentKVCache", "window_cache", "cached_positions"]
 
 
 class WindowKVCache(KVCache):
@@ -66,18 +73,39 @@ class WindowKVCache(KVCache):
         self.window = positive_int("window", window)
         self.reset()
 
+    # the tensors kept per position, and the dimension their positions run along
+    _kept_dims = {"k": 2, "v": 2}
+
     def reset(self) -> None:
-        """Forget every position (the kept keys and values are freed)."""
+        """Forget every position (the kept tensors are freed)."""
         super().reset()
-        self.k, self.v = self.k[:, :, :0].clone(), self.v[:, :, :0].clone()  # (B, G, 0, D): nothing kept
+        for name, dim in self._kept_dims.items():  # (B, G, 0, D): nothing kept
+            kept = getattr(self, name, None)  # None: a subclass's own, registered after this init
+            if kept is not None:
+                setattr(self, name, kept.narrow(dim, 0, 0).clone())
 
-    def save_state(self) -> tuple[int, torch.Tensor, torch.Tensor]:
-        """(length, keys, values): what ``restore_state`` puts back (no copy)."""
-        return self.length, self.k, self.v
+    def save_state(self) -> tuple:
+        """(length, the kept tensors): what ``restore_state`` puts back (no copy)."""
+        return self.length, tuple(getattr(self, name) for name in self._kept_dims)
 
-    def restore_state(self, state: tuple[int, torch.Tensor, torch.Tensor]) -> None:
+    def restore_state(self, state: tuple) -> None:
         """Return to a ``save_state`` taken before a call that failed."""
-        self.length, self.k, self.v = state
+        self.length, kept = state
+        for name, tensor in zip(self._kept_dims, kept):
+            setattr(self, name, tensor)
+
+    def _slide(self, name: str, new: torch.Tensor) -> torch.Tensor:
+        """Replace the kept tensor ``name`` by the last w of its last min(m, w - 1)
+        positions and ``new``'s; return those positions (what the call attends over)."""
+        dim, kept = self._kept_dims[name], getattr(self, name)
+        m = kept.shape[dim]
+        r = min(m, self.window - 1)  # kept positions no new query sees are left out
+        seen = torch.cat([kept.narrow(dim, m - r, r), new.detach()], dim=dim)  # (.., r + T, ..)
+        n = seen.shape[dim]
+        # a one-token step: the call's positions are the cache; a longer call: copy its last w
+        # out, so the rest is freed
+        setattr(self, name, seen if n <= self.window else seen.narrow(dim, n - self.window, self.window).clone())
+        return seen
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append T new positions; return the keys [B, G, r + T, D] and values
@@ -97,15 +125,7 @@ class WindowKVCache(KVCache):
                              f"got k={tuple(k.shape)}, v={tuple(v.shape)}")  # fmt: skip
         T = k.shape[2]
         self._check_room(B, T, self.length)
-        m = self.k.shape[2]
-        first = m - min(m, self.window - 1)  # kept keys no new query sees are left out
-        keys = torch.cat([self.k[:, :, first:], k.detach()], dim=2)  # (B, G, r + T, D)
-        values = torch.cat([self.v[:, :, first:], v.detach()], dim=2)
-        n = keys.shape[2]
-        if n <= self.window:  # a one-token step: the call's keys are the cache
-            self.k, self.v = keys, values
-        else:  # a longer call: copy its last w out, so the rest is freed
-            self.k, self.v = keys[:, :, n - self.window :].clone(), values[:, :, n - self.window :].clone()
+        keys, values = self._slide("k", k), self._slide("v", v)
         self.length = self.length + T
         return keys, values
 
@@ -114,10 +134,112 @@ class WindowKVCache(KVCache):
                 f"max_len={self.max_len}, head_dim={self.k.shape[3]}, length={self.length}")  # fmt: skip
 
 
+class WindowDynamicKVCache(WindowKVCache):
+    """The last ``window`` positions of a local DCMHA layer: keys, values and
+    each kept key's key-side composition weights (``DynamicKVCache``'s ``kw``).
+
+    Args:
+        batch_size, num_heads, max_len, head_dim, window, dtype, device: as
+            ``WindowKVCache`` (H key/value heads). rank: R of the dynamic
+            composition.
+
+    Attributes:
+        k, v: [B, H, m, D], m = min(length, w); kw: [B, m, 2, 2R + 1, H].
+    """
+
+    _kept_dims = {"k": 2, "v": 2, "kw": 1}
+
+    def __init__(self, batch_size: int, num_heads: int, max_len: int, head_dim: int, rank: int, *, window: int,
+                 dtype=None, device=None) -> None:  # fmt: skip
+        super().__init__(batch_size, num_heads, max_len, head_dim, window=window, dtype=dtype, device=device)
+        B, H, R = self.batch_size, self.k.shape[1], positive_int("rank", rank)
+        self.register_buffer("kw", self.k.new_zeros(B, 0, 2, 2 * R + 1, H), persistent=False)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, kw: torch.Tensor | None = None):
+        """Append keys, values and key-side weights kw [B, T, 2, 2R + 1, H]; return
+        the three over the positions the call attends over (as ``WindowKVCache``).
+
+        Raises:
+            ValueError: shapes that do not match, or a write past ``max_len``
+                (raised before anything is written).
+        """
+        if kw is None:
+            raise ValueError("WindowDynamicKVCache.update needs the key-side weights kw")
+        want = (self.kw.shape[0], k.shape[2] if k.dim() == 4 else None, *self.kw.shape[2:])
+        if tuple(kw.shape) != want:
+            raise ValueError(f"kw must be {want}, got {tuple(kw.shape)}")
+        keys, values = super().update(k, v)
+        return keys, values, self._slide("kw", kw)
+
+
+class WindowLatentKVCache(WindowKVCache):
+    """The last ``window`` latent rows [c | k_R] of a local MLA layer on the
+    absorbed path (``LatentKVCache``'s layout: the values are the rows' first
+    L channels, no second tensor).
+
+    Args:
+        batch_size, max_len, latent_dim, rope_dim, dtype, device: as
+            ``LatentKVCache``. window: w (>= 1).
+
+    Attributes:
+        k: [B, 1, m, L + R], m = min(length, w). latent_dim: L.
+    """
+
+    _kept_dims = {"k": 2}
+
+    def __init__(self, batch_size: int, max_len: int, latent_dim: int, rope_dim: int, *, window: int, dtype=None,
+                 device=None) -> None:  # fmt: skip
+        self.latent_dim = positive_int("latent_dim", latent_dim)
+        width = self.latent_dim + non_negative_int("rope_dim", rope_dim)
+        super().__init__(batch_size, 1, max_len, width, window=window, value_dim=1, dtype=dtype, device=device)
+        del self.v  # the values are the keys' first L channels
+
+    def update(self, k: torch.Tensor, v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append rows k [B, 1, T, L + R]; return (keys [B, 1, r + T, L + R],
+        values: their first L channels) over the positions the call attends over.
+
+        Raises:
+            ValueError: a shape other than the cache's, or a write past ``max_len``.
+        """
+        if k.dim() != 4 or k.shape[0] != self.k.shape[0] or k.shape[1] != 1 or k.shape[3] != self.k.shape[3]:
+            raise ValueError(f"latent cache holds rows (B, 1, T, {self.k.shape[3]}), got {tuple(k.shape)}")
+        self._check_room(k.shape[0], k.shape[2], self.length)
+        keys = self._slide("k", k)
+        self.length = self.length + k.shape[2]
+        return keys, keys[..., : self.latent_dim]
+
+    def extra_repr(self) -> str:
+        return (f"batch_size={self.batch_size}, window={self.window}, max_len={self.max_len}, "
+                f"latent_dim={self.latent_dim}, rope_dim={self.k.shape[3] - self.latent_dim}, length={self.length}")  # fmt: skip
+
+
+def _window_of_kv(probe: KVCache, max_len: int, window: int) -> WindowKVCache:
+    return WindowKVCache(probe.batch_size, probe.k.shape[1], max_len, probe.k.shape[3], window=window,
+                         value_dim=probe.v.shape[3], value_heads=probe.v.shape[1], dtype=probe.k.dtype,
+                         device=probe.k.device)  # fmt: skip
+
+
+def _window_of_dynamic(probe: DynamicKVCache, max_len: int, window: int) -> WindowDynamicKVCache:
+    return WindowDynamicKVCache(probe.batch_size, probe.k.shape[1], max_len, probe.k.shape[3],
+                                (probe.kw.shape[3] - 1) // 2, window=window, dtype=probe.k.dtype,
+                                device=probe.k.device)  # fmt: skip
+
+
+def _window_of_latent(probe: LatentKVCache, max_len: int, window: int) -> WindowLatentKVCache:
+    return WindowLatentKVCache(probe.batch_size, max_len, probe.latent_dim, probe.k.shape[3] - probe.latent_dim,
+                               window=window, dtype=probe.k.dtype, device=probe.k.device)  # fmt: skip
+
+
+# a layer's own cache class -> its windowed cache, built from a one-position cache of the layer
+_WINDOWED = {KVCache: _window_of_kv, DynamicKVCache: _window_of_dynamic, LatentKVCache: _window_of_latent}
+
+
 def window_cache(layer, batch_size: int, max_len: int) -> KVCache:
-    """The decoding cache of ``layer`` for up to ``max_len`` positions: a
-    ``WindowKVCache`` of its window when it has one (``layer.sliding_window``)
-    and its cache holds keys and values only, else ``layer.make_kv_cache``'s.
+    """The decoding cache of ``layer`` for up to ``max_len`` positions: when it
+    has a window (``layer.sliding_window``) and its own cache is a ``KVCache``,
+    ``DynamicKVCache`` or ``LatentKVCache``, the windowed class of that cache
+    (``WindowKVCache``, ``WindowDynamicKVCache``, ``WindowLatentKVCache``);
+    else ``layer.make_kv_cache``'s.
 
     Raises:
         TypeError / ValueError: as ``make_kv_cache`` (sizes).
@@ -125,12 +247,11 @@ def window_cache(layer, batch_size: int, max_len: int) -> KVCache:
     window = getattr(layer, "sliding_window", None)
     if window is None:
         return layer.make_kv_cache(batch_size, max_len)
-    probe = layer.make_kv_cache(batch_size, 1)  # its shapes, dtype and device
-    if type(probe) is not KVCache:
+    probe = layer.make_kv_cache(batch_size, 1)  # its layout, shapes, dtype and device
+    build = _WINDOWED.get(type(probe))
+    if build is None:
         return layer.make_kv_cache(batch_size, max_len)
-    return WindowKVCache(batch_size, probe.k.shape[1], max_len, probe.k.shape[3], window=window,
-                         value_dim=probe.v.shape[3], value_heads=probe.v.shape[1], dtype=probe.k.dtype,
-                         device=probe.k.device)  # fmt: skip
+    return build(probe, positive_int("max_len", max_len), window)
 
 
 def cached_positions(layer, n: int) -> int:
@@ -139,4 +260,4 @@ def cached_positions(layer, n: int) -> int:
     window = getattr(layer, "sliding_window", None)
     if window is None:
         return n
-    return min(n, window) if type(layer.make_kv_cache(1, 1)) is KVCache else n
+    return min(n, window) if type(layer.make_kv_cache(1, 1)) in _WINDOWED else n

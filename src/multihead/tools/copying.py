@@ -18,15 +18,23 @@ M_h[s, t] is the logit the head adds to token s when it attends to token t
 with weight 1. A copying head raises the attended token's own logit, so M_h
 has mostly positive eigenvalues; the score is
 
-    copying_h = Σ_i λ_i / Σ_i |λ_i|        over the eigenvalues λ_i of M_h
+    copying_h = Σ_i λ_i / Σ_i |λ_i|        over the eigenvalues λ_i of P·M_h
 
 in [-1, 1] (Σ λ_i = trace M_h is real: complex eigenvalues come in conjugate
 pairs). 1: every eigenvalue is positive (the identity copies perfectly); -1:
 every one negative (the head lowers what it reads). Its chance level is 0:
 the eigenvalues of random weights spread evenly about the imaginary axis.
-The nonzero eigenvalues of M_h are those of the [D, D] matrix
-W_V^g N_l W_E^T W_U N_f W_O^h (AB and BA share them), which is what is
-computed, in float64, over the tokens the random sequences are drawn from.
+The logits are read centred over the V' tokens the score covers,
+P·M_h with P = I - 11ᵀ/V': the softmax ignores a logit added to every
+token alike, so a head that writes the same shift whatever it attends to
+copies nothing. This matters in practice: token embeddings share a large
+common direction (early in training above all), and without P that one
+direction decides the sign of the whole score (every head near +1 or -1).
+P·M_h, M_h·P and P·M_h·P share their nonzero eigenvalues, so centring the
+attended tokens as well changes nothing. The nonzero eigenvalues of P·M_h
+are those of the [D, D] matrix W_V^g N_l W_E^T P W_U N_f W_O^h (AB and BA
+share them), which is what is computed, in float64, over the tokens the
+random sequences are drawn from.
 A head whose circuit has no eigenvalue mass (it writes nothing the
 unembedding reads) scores 0: it copies nothing.
 
@@ -104,15 +112,19 @@ def _w(t: torch.Tensor) -> torch.Tensor:
 
 
 def _gram(embed: torch.Tensor, unembed: torch.Tensor, allowed: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-    """W_E^T W_U [C, C] over the ``allowed`` rows, accumulated a few thousand rows at a time
-    (a 50k-token vocabulary in float64 would otherwise take two copies of 300 MB)."""
+    """W_E^T P W_U [C, C] over the ``allowed`` rows (P = I - 11ᵀ/V' centres the logits), accumulated a
+    few thousand rows at a time (a 50k-token vocabulary in float64 would otherwise take two copies of 300 MB)."""
     C = embed.shape[1]
     total = torch.zeros(C, C, dtype=torch.float64)
+    sum_e, sum_u = torch.zeros(C, dtype=torch.float64), torch.zeros(C, dtype=torch.float64)
     allowed = allowed.to(embed.device)
     for lo in range(0, len(allowed), chunk):
         rows = allowed[lo : lo + chunk]
-        total += _w(embed[rows]).T @ _w(unembed[rows])  # (C, r) @ (r, C)
-    return total
+        e, u = _w(embed[rows]), _w(unembed[rows])
+        total += e.T @ u  # (C, r) @ (r, C)
+        sum_e += e.sum(0)
+        sum_u += u.sum(0)
+    return total - torch.outer(sum_e, sum_u) / len(allowed)  # W_E^T (I - 11ᵀ/V') W_U: logits centred
 
 
 def _score(N: torch.Tensor) -> float:

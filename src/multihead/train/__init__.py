@@ -13,6 +13,10 @@ Files:
     run_files.py     the run directory's config.json, token files and metrics.jsonl.
     interrupt.py     SIGINT / SIGTERM: stop after the step, with a checkpoint.
     sampling.py      the greedy samples of ``--sample-every``.
+    head_tracking.py ``--track-heads``: every head's causal-role scores at
+                     each evaluation, into metrics.jsonl.
+    head_series.py   those scores read back, where each head reached a
+                     threshold, and the figure of ``multihead heads``.
     pretrained.py    ``--init-from``: a Hugging Face GPT-2 folder to fine-tune.
     checkpoint.py    crash-safe training checkpoints.
     shard.py         FSDP2 for ``--shard``: sharding the model, full states

@@ -32,6 +32,9 @@ block's layer with its own heads and options (local and global layers):
     KV bytes/token      = tools.flops.kv_cache_size(model): cost(...).kv_cache_bytes_per_token
                           at the model's dtype (float32: 4 bytes per element), as convert and
                           prune print it
+    KV bytes at context = kv_cache_size(model, context=context_length).bytes, for a model
+                          with local layers only: one sequence's caches, a local layer's
+                          holding its window
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class KindPlan:
         prefill_flops_per_token, decode_flops_per_token: attention FLOPs over
             all layers (projections included), per token.
         kv_cache_bytes_per_token: over all layers, at the model's dtype (float32).
+        kv_cache_at_context: {"context": context_length, "bytes": one sequence's
+            caches there, local layers holding their window} for a model with a
+            local layer; None for one without.
     """
 
     kind: str
@@ -79,6 +85,7 @@ class KindPlan:
     prefill_flops_per_token: float
     decode_flops_per_token: int
     kv_cache_bytes_per_token: int
+    kv_cache_at_context: dict[str, int] | None = None
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
@@ -135,4 +142,6 @@ def plan_kind(base: GPTConfig, kind: str, options: dict[str, Any] | None = None)
         prefill_flops_per_token=prefill / T,
         decode_flops_per_token=decode,
         kv_cache_bytes_per_token=kv_cache_size(model).bytes_per_token,
+        kv_cache_at_context=({"context": T, "bytes": kv_cache_size(model, context=T).bytes}
+                             if any(attn.sliding_window is not None for attn in layers) else None),  # fmt: skip
     )

@@ -94,16 +94,30 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _at_head(context: int | None) -> str:
+    """The header of the column of KV-cache bytes at the context (only with local layers)."""
+    return "" if context is None else f" KV bytes/sequence at context {context} (local layers: their window) |"
+
+
+def _at_cell(context: int | None, row: dict[str, Any]) -> str:
+    if context is None:
+        return ""
+    at = row.get("kv_cache_at_context")
+    return f" {at['bytes']} |" if at else f" {row['kv_cache_bytes_per_token'] * context} |"  # no window: every position
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The comparison as a markdown table, best validation loss first (the tokens/s
     column only when the rows have a speed: a smoke test's have none)."""
     speed = all("tokens_per_s" in r for r in rows)
     versus = all("vs_baseline" in r for r in rows) and rows
     base = f" vs {rows[0]['vs_baseline']['baseline']} (95% CI) |" if versus else ""
+    at = next((r["kv_cache_at_context"]["context"] for r in rows if r.get("kv_cache_at_context")), None)
     head = (
         f"| kind | val loss (nats/token) |{base} params | MLP width |{' tokens/s |' if speed else ''} "
-        "attn FLOPs/token prefill | decode | KV bytes/token | peak memory |\n"
-        f"|---|---|{'---|' if versus else ''}---|---|{'---|' if speed else ''}---|---|---|---|\n"
+        f"attn FLOPs/token prefill | decode | KV bytes/token |{_at_head(at)} peak memory |\n"
+        f"|---|---|{'---|' if versus else ''}---|---|{'---|' if speed else ''}---|---|---|"
+        f"{'---|' if at else ''}---|\n"
     )
     lines = []
     for r in sorted(rows, key=lambda r: r["val_loss_mean"]):
@@ -114,7 +128,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['kind']} | {r['val_loss_mean']:.3f}{spread} |{vs} {_si(r['parameters'])} | "
             f"{r['mlp_dim'] or '4C'} |{tokens_per_s} {_si(r['prefill_flops_per_token'])} | "
-            f"{_si(r['decode_flops_per_token'])} | {r['kv_cache_bytes_per_token']} | "
+            f"{_si(r['decode_flops_per_token'])} | {r['kv_cache_bytes_per_token']} |{_at_cell(at, r)} "
             f"{r['peak_memory_bytes'] / 2**20:.0f} MiB |"
         )
     return head + "\n".join(lines) + "\n" + _verdict(rows)

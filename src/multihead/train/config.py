@@ -37,10 +37,10 @@ __all__ = [
 # changes the order of float sums, as on another machine; ``shard`` only how
 # the processes hold the model, and its checkpoints are the full model in the
 # same format, so a run may switch between FSDP2 and DDP on resume;
-# ``tensor_parallel`` likewise).
+# ``tensor_parallel`` likewise; ``track_heads`` scores the model with a generator of its own).
 RESUMABLE_CHANGES = frozenset(
     {"max_steps", "eval_every", "log_every", "checkpoint_every", "sample_every", "out", "threads", "shard",
-     "tensor_parallel"}
+     "tensor_parallel", "track_heads"}
 )  # fmt: skip
 _TOKENIZERS = ("bytes", "bpe")
 _DTYPES = ("float32", "bfloat16")
@@ -123,6 +123,11 @@ class TrainConfig:
         checkpoint_every: a checkpoint every that many steps (and at the end).
         sample_every: a short greedy sample printed every that many steps
             (and at the end; ``multihead.train.sampling``); None: none.
+        track_heads: at every evaluation, score every head's causal roles
+            (previous-token, duplicate-token, induction, ...) and write them
+            in that step's metrics line (``multihead.train.head_tracking``;
+            ``multihead heads RUN_DIR`` plots them). Needs context_length >= 4
+            and no tensor parallelism.
         seed: model initialisation, dropout and sampling of the batches.
         out: the run directory (None: ``runs/<preset>-<attention>``).
         threads: torch intra-op threads (None: the machine's cores, divided
@@ -150,7 +155,7 @@ class TrainConfig:
 
     A resumed run may change only the fields in ``RESUMABLE_CHANGES``
     (max_steps, eval_every, log_every, checkpoint_every, sample_every, out,
-    threads, shard, tensor_parallel).
+    threads, shard, tensor_parallel, track_heads).
 
     Raises:
         TypeError / ValueError: a field of the wrong type or value; the
@@ -191,6 +196,7 @@ class TrainConfig:
     device: str = "auto"
     shard: bool = False
     tensor_parallel: int = 1
+    track_heads: bool = False
 
     def __post_init__(self) -> None:
         if self.init_from is not None:
@@ -279,6 +285,17 @@ class TrainConfig:
         if not isinstance(self.shard, bool):
             raise TypeError(f"shard must be a bool, got shard={self.shard!r} ({type(self.shard).__name__})")
         positive_int("tensor_parallel", self.tensor_parallel)
+        self._check_track_heads()
+
+    def _check_track_heads(self) -> None:
+        if not isinstance(self.track_heads, bool):
+            raise TypeError(f"track_heads must be a bool, got track_heads={self.track_heads!r}")
+        if self.track_heads and self.context_length < 4:
+            raise ValueError(f"track_heads needs context_length >= 4 (a sequence and its repeat), got {self.context_length}")
+        if self.track_heads and self.tensor_parallel > 1:
+            raise ValueError(
+                f"track_heads does not go with tensor_parallel={self.tensor_parallel} (each process holds some heads only)"
+            )
 
     def _check_init_from(self) -> None:
         """What cannot go with ``init_from`` (the folder decides the model and tokenizer)."""

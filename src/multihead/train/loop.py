@@ -20,7 +20,8 @@ Run directory (``config.out``)::
     data/train.bin     token files (``write_tokens``)
     data/val.bin
     metrics.jsonl      {"step", "train_loss", "aux_loss", "lr", "grad_norm",
-                        "tokens_per_s", "elapsed_s"[, "val_loss"]} per logged step
+                        "tokens_per_s", "elapsed_s"[, "val_loss"[, "heads"]]} per logged
+                        step ("heads": ``track_heads``, ``head_tracking``)
     checkpoints/       see ``multihead.train.checkpoint``
 
 Weight decay: AdamW's decoupled decay acts on the 2-D+ weights of the linear
@@ -74,6 +75,7 @@ from . import checkpoint as ckpt
 from . import shard
 from .batches import Batches, val_batches
 from .config import TrainConfig, config_differences, learning_rate
+from .head_tracking import check_trackable, seen_ids, tracked_heads
 from .interrupt import StopSignals, TrainingInterrupted
 from .pretrained import load_folder_weights
 from .progress import Progress, format_duration
@@ -176,6 +178,8 @@ def train(
         check_split(model_config, world.size, config.tensor_parallel, config.shard and world.size > 1)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if config.track_heads:
+        check_trackable(model_config)  # before anything is written
     threads_before = torch.get_num_threads()
     threads = config.threads or max(1, (os.cpu_count() or 1) // world.local_size)
     torch.set_num_threads(threads)
@@ -279,6 +283,7 @@ def _run(config, run_dir, state, world, device, progress, data_from=None) -> Tra
         bar.message(change)
     stop = StopSignals(run_dir)
     tokens_per_step = config.batch_size * config.context_length
+    track = seen_ids(train_tokens, tokenizer.vocab_size) if config.track_heads else None
     train_time, log_time, log_tokens = 0.0, 0.0, 0
     val_loss: float | None = None
     train_loss = None
@@ -296,13 +301,14 @@ def _run(config, run_dir, state, world, device, progress, data_from=None) -> Tra
             evaluate = final or n % config.eval_every == 0
             if evaluate:
                 val_loss = validation_loss(run.model, val_sets, config, world, device, autocast, _data(run, world))
+                scored = {"val_loss": val_loss, **tracked_heads(run.model, track, config.context_length, sharded=run.sharded)}
             logged = evaluate or n % config.log_every == 0
             tokens_per_s = log_tokens / log_time if log_time > 0 else 0.0
             if logged and metrics is not None:
                 record = {"step": n, "train_loss": train_loss, "aux_loss": aux_loss, "lr": lr,
                           "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                           "elapsed_s": run.elapsed_before + train_time}  # fmt: skip
-                metrics.write({**record, "val_loss": val_loss} if evaluate else record)
+                metrics.write({**record, **scored} if evaluate else record)
             bar.update(n, train_loss, tokens_per_s, val_loss=val_loss if evaluate else None, logged=logged)
             if config.sample_every and (final or n % config.sample_every == 0):
                 bar.message(sample_line(run.model, tokenizer, val_tokens, n, device))

@@ -51,6 +51,7 @@ from ..head_selection import head_rows, load_selected
 from ..kv_cache import KVCache, LatentKVCache
 from ..norms import HeadRMSNorm
 from ..registry import register_attention
+from ..window_cache import WindowLatentKVCache
 from .mla_latent import rotate, yarn_frequencies, yarn_mscale, yarn_options
 
 __all__ = ["MultiHeadLatentAttention"]
@@ -244,7 +245,7 @@ class MultiHeadLatentAttention(AttentionLayer):
 
     def write_cache(self, cache, k, v, extra):
         """Append to the cache of this layer's ``decode`` path; refuse the other layout."""
-        if (self.decode == "absorbed") != isinstance(cache, LatentKVCache):
+        if (self.decode == "absorbed") != isinstance(cache, (LatentKVCache, WindowLatentKVCache)):
             raise ValueError(
                 f"this mla layer decodes {self.decode!r} but kv_cache is a {type(cache).__name__} of the other "
                 "path: build the cache with make_kv_cache after setting decode"

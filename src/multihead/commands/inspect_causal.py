@@ -47,7 +47,7 @@ def is_causal(model: nn.Module, hf: bool, vocab_size: int) -> bool:
 
 
 def score_causal(
-    model: nn.Module, *, vocab_size: int, context: int | None, tokenizer=None
+    model: nn.Module, *, vocab_size: int, context: int | None, tokenizer=None, unseen: list[int] = ()
 ) -> tuple[CausalScores | None, list[str]]:
     """The causal scores of ``model`` (and notices), on sequences that fit ``context``.
 
@@ -56,13 +56,14 @@ def score_causal(
         vocab_size: the model's vocabulary.
         context: the longest sequence it takes (None: no limit).
         tokenizer: its tokenizer, whose special ids are never drawn (None: bytes).
+        unseen: ids its training text never held (a run directory's), never drawn either.
     """
     length = LENGTH if context is None else min(LENGTH, context // 2)
     if length < 2:
         return None, [
             f"no causal roles: the context of {context} tokens cannot hold a sequence of 2 tokens and its repeat"
         ]
-    exclude = special_token_ids(tokenizer) if tokenizer is not None else []
+    exclude = [*(special_token_ids(tokenizer) if tokenizer is not None else []), *unseen]
     scores = causal_head_scores(model, vocab_size=vocab_size, length=length, batch=BATCH, exclude=exclude)
     return scores, [note.replace("copying: ", "no copying score for ", 1) for note in scores.notes]
 

@@ -26,6 +26,7 @@ import torch
 from ..tools.capture import attention_modules, capture
 from ..tools.head_slots import HeadSlots
 from ..tools.objectives import encoder_importance, gpt_importance
+from ..train.head_tracking import unseen_ids_of_run
 from .inspect_causal import is_causal, score_causal
 from .run_dir import run_checkpoint
 from .tokens import Encoded, encode_bytes, encode_text, load_tokenizer, notices
@@ -75,6 +76,7 @@ def run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, l
 
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None  # cheap: before the model
     found = run_checkpoint(checkpoint)  # a `multihead train` run directory brings its own tokenizer
+    unseen: list[int] = []
     if found is not None:
         step_dir, run_tok, step = found
         if tok is not None and step is not None:
@@ -83,6 +85,8 @@ def run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, l
                 f"--tokenizer {tokenizer} cannot replace it"
             )
         model, folder = load_checkpoint(step_dir).eval(), step_dir
+        if step is not None:  # the run's own training ids, as --track-heads draws them
+            unseen = unseen_ids_of_run(checkpoint, model.config.vocab_size)
         if tok is None:  # beside a checkpoint folder: --tokenizer, when given, is used
             tok = None if run_tok.kind == "bytes" else run_tok  # a BPE run's tokenizer, as tokenizers.Tokenizer JSON
         source = f"GPT run {Path(checkpoint).name}, step {step}" if step is not None else f"GPT checkpoint {Path(checkpoint).name}"
@@ -109,7 +113,7 @@ def run_gpt(text: str, checkpoint: str, tokenizer: str | None, truncate: bool, l
         model(ids)
     record.source = source
     slots, notes = pruned_slots(model.config, folder / "report.json")
-    causal, more = score_causal(model, vocab_size=vocab, context=limit, tokenizer=tok)
+    causal, more = score_causal(model, vocab_size=vocab, context=limit, tokenizer=tok, unseen=unseen)
     return record, enc, [*notices(enc, model=name), *notes, *more], lambda: gpt_importance(model, ids), slots, causal, (model, encode)
 
 

@@ -37,9 +37,12 @@ import torch
 from ..errors import UsageError
 from ..models.gpt import GPT, GPTConfig
 from ..tools.capture import capture
-from ..tools.causal_roles import causal_head_scores, repeated_random_tokens
+from ..tools.causal_roles import causal_head_scores
 
-__all__ = ["TRACK_LENGTH", "TRACK_BATCH", "TRACK_SEED", "track_length", "seen_ids", "tracked_heads", "check_trackable"]
+__all__ = [
+    "TRACK_LENGTH", "TRACK_BATCH", "TRACK_SEED", "track_length", "seen_ids", "unseen_ids_of_run", "tracked_heads",
+    "check_trackable",
+]  # fmt: skip
 
 TRACK_LENGTH = 32  # n, the random sequence before its repeat (capped by the context)
 TRACK_BATCH = 8  # sequences per scoring
@@ -57,6 +60,20 @@ def seen_ids(train_tokens: np.ndarray, vocab_size: int) -> torch.Tensor:
     counts = np.bincount(np.asarray(train_tokens, dtype=np.int64), minlength=vocab_size)
     seen = np.flatnonzero(counts)
     return torch.from_numpy(seen if len(seen) >= 2 else np.arange(vocab_size)).long()
+
+
+def unseen_ids_of_run(run_dir, vocab_size: int) -> list[int]:
+    """The ids that never occur in a ``multihead train`` run's training split (``data/train.bin``),
+    so a scorer leaves them out as ``--track-heads`` does; [] when the run keeps no token file."""
+    from pathlib import Path
+
+    from .batches import read_tokens
+
+    path = Path(run_dir) / "data" / "train.bin"
+    if not path.is_file():
+        return []
+    seen = set(seen_ids(read_tokens(path), vocab_size).tolist())
+    return [i for i in range(vocab_size) if i not in seen]
 
 
 def tracked_heads(model: GPT, vocabulary: torch.Tensor | None, context_length: int, *,
@@ -80,9 +97,11 @@ def tracked_heads(model: GPT, vocabulary: torch.Tensor | None, context_length: i
         from .shard import unsharded_copy
 
         model = unsharded_copy(model, next(model.parameters()).device)
-    n = track_length(context_length)
-    tokens = vocabulary[repeated_random_tokens(len(vocabulary), n, TRACK_BATCH, TRACK_SEED)]
-    scores = causal_head_scores(model, vocab_size=model.config.vocab_size, tokens=tokens, seed=TRACK_SEED)
+    V = model.config.vocab_size
+    unseen = torch.ones(V, dtype=torch.bool)
+    unseen[vocabulary] = False  # drawn from, and the copying circuit read over, the ids of ``vocabulary``
+    scores = causal_head_scores(model, vocab_size=V, length=track_length(context_length), batch=TRACK_BATCH,
+                                seed=TRACK_SEED, exclude=unseen.nonzero().flatten().tolist())  # fmt: skip
     return {"heads": {**scores.to_dict(), "vocabulary": len(vocabulary)}}
 
 

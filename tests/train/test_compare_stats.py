@@ -2,12 +2,16 @@
 seeds, the seeds that would separate two kinds, and the table's marks. scipy (installed
 with the test dependencies) is the independent reference."""
 
+import dataclasses
+import json
 import math
 import statistics
 
 import pytest
 
-from multihead.train.compare_report import against_baseline, markdown_table
+from multihead.models import GPTConfig
+from multihead.train.compare_plan import plan_kind
+from multihead.train.compare_report import against_baseline, markdown_table, summarize_kind, write_reports
 from multihead.train.compare_stats import difference, t_quantile
 
 stats = pytest.importorskip("scipy.stats")
@@ -62,7 +66,7 @@ def test_a_clear_difference_is_separated_and_one_seed_gives_no_interval():
 
 def _row(kind, losses):
     return {"kind": kind, "seeds": list(range(len(losses))), "val_loss": losses,
-            "val_loss_mean": statistics.fmean(losses), "val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0,
+            "val_loss_mean": statistics.fmean(losses), "val_loss_std": 0.0,
             "parameters": 1000, "mlp_dim": None, "prefill_flops_per_token": 1.0, "decode_flops_per_token": 1.0,
             "kv_cache_bytes_per_token": 64, "peak_memory_bytes": 2**20}  # fmt: skip
 
@@ -81,3 +85,71 @@ def test_the_table_marks_kinds_it_cannot_separate_from_mha_and_says_so():
 def test_one_seed_tables_say_there_is_no_interval():
     table = markdown_table(against_baseline([_row("mha", [2.47]), _row("gqa", [2.48])]))
     assert "With one seed there is no interval" in table and "≈" not in table
+
+
+@pytest.fixture
+def few_quantiles(monkeypatch):
+    """Fails a test whose seeds search computes more than a few t quantiles: each costs
+    time linear in the seeds, so a search that walks from 2 seeds up to thousands takes hours."""
+    import multihead.train.compare_stats as module
+
+    calls, original = [], module.t_quantile
+
+    def counted(p, df):
+        calls.append(df)
+        assert len(calls) <= 20, f"the seeds search computed {len(calls)} t quantiles"
+        return original(p, df)
+
+    monkeypatch.setattr(module, "t_quantile", counted)
+    return calls
+
+
+def test_seeds_needed_in_the_hundreds_is_the_fewest_and_found_directly(few_quantiles):
+    """A difference far below the spread: the search starts at the normal bound, and is exact."""
+    diffs = [0.0004, -0.0036, 0.0044]  # mean 0.0004, spread 0.004
+    d = difference({s: 2.47 + x for s, x in enumerate(diffs)}, dict.fromkeys(range(3), 2.47))
+    spread, mean, m = statistics.stdev(diffs), statistics.fmean(diffs), d.seeds_needed
+    assert 100 < m < 10_000 and len(few_quantiles) <= 20
+    assert stats.t.ppf(0.975, m - 1) * spread / math.sqrt(m) < mean
+    assert stats.t.ppf(0.975, m - 2) * spread / math.sqrt(m - 1) >= mean
+
+
+def test_a_difference_no_feasible_number_of_seeds_separates_says_more_than_the_most(few_quantiles):
+    diffs = [0.000001, -0.004, 0.004003]
+    rows = against_baseline([_row("mha", [2.47, 2.47, 2.47]), _row("gqa", [2.47 + x for x in diffs])])
+    assert rows[1]["vs_baseline"]["separated"] is False and rows[1]["vs_baseline"]["seeds_needed"] is None
+    assert "gqa more than 10000" in markdown_table(rows)
+
+
+def test_a_diverged_kind_gets_no_interval_and_the_others_keep_their_verdict():
+    nan = float("nan")
+    rows = against_baseline([_row("mha", [2.470, 2.472]), _row("diff", [nan, 2.9]), _row("gqa", [2.471, 2.476])])
+    by_kind = {r["kind"]: r["vs_baseline"] for r in rows}
+    assert by_kind["diff"]["low"] is None and by_kind["diff"]["separated"] is None
+    assert by_kind["gqa"]["separated"] is False and by_kind["gqa"]["seeds_needed"] is not None
+    table = markdown_table(rows)
+    assert "diff: no interval against mha, a loss is not finite" in table
+    assert "1 of 2 kinds cannot be told apart from mha" in table and "With one seed" not in table
+    clear = markdown_table(against_baseline([_row("mha", [2.470, 2.472]), _row("diff", [nan, 2.9]),
+                                             _row("gated", [2.51, 2.512])]))  # fmt: skip
+    assert "Every other kind's 95% interval against mha leaves out 0" in clear
+
+
+def test_a_diverged_run_still_gets_its_report_which_says_so(tmp_path):
+    """A run whose loss became NaN (too high a learning rate): compare's reports are written
+    as after every kind, the kind has no interval and the report names it."""
+    base = GPTConfig.from_preset("tiny", context_length=32, vocab_size=256)
+
+    def runs(losses):
+        return [{"seed": s, "val_loss": v, "curve": [[4, v]], "tokens_per_s": 1000.0, "peak_memory_bytes": 2**20}
+                for s, v in enumerate(losses)]  # fmt: skip
+
+    rows = [summarize_kind(dataclasses.asdict(plan_kind(base, kind)), runs(losses))
+            for kind, losses in (("mha", [2.47, 2.48]), ("mqa", [float("nan"), 2.9]), ("gqa", [2.471, 2.476]))]  # fmt: skip
+    assert math.isnan(rows[1]["val_loss_std"]) and rows[0]["val_loss_std"] == pytest.approx(0.01 / math.sqrt(2))
+    paths = write_reports(tmp_path, rows, {"steps_per_run": 4})
+    report = json.loads(paths["json"].read_text())
+    assert report["non_finite"] == ["mqa"] and report["kinds"]["mqa"]["vs_baseline"]["low"] is None
+    assert report["kinds"]["gqa"]["vs_baseline"]["separated"] is False
+    md = paths["md"].read_text()
+    assert "mqa: no interval against mha, a loss is not finite" in md and "1 of 2 kinds cannot be told apart" in md

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io import write_bytes_atomic, write_text_atomic
-from .compare_stats import difference
+from .compare_stats import MOST_SEEDS, difference
 
 __all__ = ["summarize_kind", "against_baseline", "write_reports", "markdown_table", "SMOKE_NOTE"]
 
@@ -29,6 +29,13 @@ SMOKE_NOTE = (
     "**A smoke test** (`--quick`): {steps} steps show that every kind trains. Losses after so few "
     "steps are no comparison, and no speed is measured; run without --quick for numbers.\n\n"
 )
+
+
+def _spread(losses: list[float]) -> float:
+    """The standard deviation over seeds: 0 for one seed, NaN when a run diverged."""
+    if len(losses) < 2:
+        return 0.0
+    return statistics.stdev(losses) if all(map(math.isfinite, losses)) else math.nan
 
 
 def summarize_kind(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -45,7 +52,7 @@ def summarize_kind(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str
         "seeds": [r["seed"] for r in runs],
         "val_loss": losses,
         "val_loss_mean": statistics.fmean(losses),
-        "val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+        "val_loss_std": _spread(losses),
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in runs),
         "curves": {str(r["seed"]): r["curve"] for r in runs},
@@ -76,15 +83,23 @@ def _verdict(rows: list[dict[str, Any]]) -> str:
         return ""
     base = rows[0]["vs_baseline"]["baseline"]
     others = [r for r in rows if r["kind"] != base]
-    if any(r["vs_baseline"]["low"] is None for r in others):
+    if any(len(r["val_loss"]) < 2 for r in rows):
         return f"\nWith one seed there is no interval: differences to {base} are not tested (run --seeds 0,1,2).\n"
-    alike = [r for r in others if not r["vs_baseline"]["separated"]]
+    untested = [r["kind"] for r in others if r["vs_baseline"]["low"] is None]
+    broken = f"\n{', '.join(untested)}: no interval against {base}, a loss is not finite.\n" if untested else ""
+    alike = [r for r in others if r["vs_baseline"]["separated"] is False]
     if not alike:
-        return f"\nEvery kind's 95% interval against {base} leaves out 0: each difference is larger than the seed spread.\n"
-    need = ", ".join(f"{r['kind']} {r['vs_baseline']['seeds_needed'] or 'more than 10000'}" for r in alike)
-    return (f"\n≈: the 95% interval over seeds holds 0, so {len(alike)} of {len(others)} kinds cannot be told apart "
-            f"from {base} at this budget; their order in the table is not a ranking. Seeds per kind that would "
-            f"separate them if the observed difference and spread held: {need} (or train longer).\n")
+        if len(untested) == len(others):
+            return broken
+        every = "Every other" if untested else "Every"
+        clear = f"{every} kind's 95% interval against {base} leaves out 0: each difference is larger than the seed"
+        return f"{broken}\n{clear} spread.\n"
+    need = ", ".join(f"{r['kind']} {r['vs_baseline']['seeds_needed'] or f'more than {MOST_SEEDS}'}" for r in alike)
+    return broken + (
+        f"\n≈: the 95% interval over seeds holds 0, so {len(alike)} of {len(others)} kinds cannot be told apart "
+        f"from {base} at this budget; their order in the table is not a ranking. Seeds per kind that would "
+        f"separate them if the observed difference and spread held: {need} (or train longer).\n"
+    )
 
 
 def _si(x: float) -> str:

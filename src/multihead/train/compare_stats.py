@@ -6,7 +6,8 @@ the same batches) the interval is the paired one, a Student t interval of the
 per-seed differences; otherwise Welch's interval. A kind whose interval holds
 0 cannot be told apart from the baseline at this budget; the report then
 estimates how many seeds would separate them if the observed difference and
-spread held. With one seed there is no interval.
+spread held. With one seed, or a loss that is not finite (a run that diverged),
+there is no interval.
 
 The t quantiles come from the closed form of Student's t distribution for a
 whole number of degrees of freedom (a finite sum; Abramowitz and Stegun
@@ -20,9 +21,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["Difference", "difference", "t_quantile"]
+__all__ = ["Difference", "difference", "t_quantile", "MOST_SEEDS"]
 
 LEVEL = 0.95
+MOST_SEEDS = 10_000  # seeds_needed above this is reported as None
 
 
 def _t_central(t: float, df: int) -> float:
@@ -61,7 +63,8 @@ class Difference:
 
     Attributes:
         mean: the difference of the means.
-        low, high: the 95% interval (None with one seed on a side).
+        low, high: the 95% interval (None with one seed on a side, or a loss
+            that is not finite).
         paired: True when the interval pairs equal seeds.
         separated: the interval leaves out 0 (None without an interval).
         seeds_needed: seeds per kind that would give an interval without 0 at the
@@ -80,10 +83,18 @@ class Difference:
 def _seeds_needed(mean: float, spread: float, n: int, *, paired: bool) -> int | None:
     """The fewest seeds per kind whose interval leaves out 0, at difference ``mean``
     and per-seed standard deviation ``spread`` (of the differences when paired, of
-    either kind's losses otherwise)."""
+    either kind's losses otherwise); None above ``MOST_SEEDS``.
+
+    The t quantile exceeds the normal one z, so no m with z * width(m) >= |mean|
+    separates: the search starts at the largest such m, a few steps below the answer.
+    """
     if mean == 0:
         return None
-    for m in range(max(n, 2), 10_001):
+    z = statistics.NormalDist().inv_cdf((1 + LEVEL) / 2)
+    below = (z * spread / abs(mean)) ** 2 * (1 if paired else 2)  # width(m) = z * spread * sqrt(1 or 2 / m)
+    if below >= MOST_SEEDS:
+        return None
+    for m in range(max(n, 2, math.floor(below)), MOST_SEEDS + 1):
         df, width = (m - 1, spread / math.sqrt(m)) if paired else (2 * m - 2, spread * math.sqrt(2 / m))
         if t_quantile((1 + LEVEL) / 2, df) * width < abs(mean):
             return m
@@ -96,7 +107,7 @@ def difference(kind: dict[int, float], baseline: dict[int, float]) -> Difference
     mean = statistics.fmean(a) - statistics.fmean(b)
     common = sorted(set(kind) & set(baseline))
     paired = len(common) == len(kind) == len(baseline)
-    if len(a) < 2 or len(b) < 2:
+    if len(a) < 2 or len(b) < 2 or not all(map(math.isfinite, a + b)):
         return Difference(mean, None, None, paired, None, None)
     if paired:
         diffs = [kind[s] - baseline[s] for s in common]

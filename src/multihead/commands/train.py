@@ -378,7 +378,9 @@ def run(args: argparse.Namespace, *, echo: Callable[[str], None] = print, progre
         The exit status: 0, or 128 + the signal's number (130: SIGINT,
         143: SIGTERM) when a signal stopped the run; then one line on
         stderr says whether the step was checkpointed and gives the
-        command that resumes.
+        command that resumes. 3 when a loss diverged (NaN or infinite):
+        one line names the step and the loss, and the latest checkpoint
+        is the last good one.
 
     Raises:
         UsageError: a user mistake (the CLI prints one line and exits with
@@ -386,6 +388,7 @@ def run(args: argparse.Namespace, *, echo: Callable[[str], None] = print, progre
             of another config, a split too short for a batch) is checked
             before anything is written.
     """
+    from ..train.divergence import LossDiverged
     from ..train.interrupt import TrainingInterrupted
     from ..train.loop import train
 
@@ -400,6 +403,11 @@ def run(args: argparse.Namespace, *, echo: Callable[[str], None] = print, progre
         result = train(config, resume=args.resume, progress=progress)
     except (TrainingInterrupted, KeyboardInterrupt) as e:
         return _interrupted(e, config, args.imports)
+    except LossDiverged as e:  # every rank stops after the same step
+        sys.stdout.flush()
+        if is_rank_zero():
+            print(f"multihead train: {e}", file=sys.stderr, flush=True)
+        return e.exit_status
     if is_rank_zero():
         for line in summary(result, config):
             echo(line)

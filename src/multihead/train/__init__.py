@@ -12,6 +12,7 @@ Files:
     steps.py         AdamW's parameter groups and the validation pass.
     run_files.py     the run directory's config.json, token files and metrics.jsonl.
     interrupt.py     SIGINT / SIGTERM: stop after the step, with a checkpoint.
+    divergence.py    a NaN or infinite loss: stop at once, nothing of the step written.
     sampling.py      the greedy samples of ``--sample-every``.
     head_tracking.py ``--track-heads``: every head's causal-role scores at
                      each evaluation, into metrics.jsonl.
@@ -35,6 +36,7 @@ from .checkpoint import load_training_state
 from .compare import CompareConfig, compare
 from .config import TrainConfig, learning_rate
 from .corpus import Corpus, cache_dir, load_corpus, shakespeare_plays
+from .divergence import LossDiverged
 from .interrupt import TrainingInterrupted
 from .loop import TrainResult, train
 from .steps import parameter_groups
@@ -60,6 +62,7 @@ __all__ = [
     "train",
     "TrainResult",
     "TrainingInterrupted",
+    "LossDiverged",
     "parameter_groups",
     "latest_checkpoint",
     "load_training_state",

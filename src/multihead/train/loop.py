@@ -35,6 +35,7 @@ holds the weights, the optimizer tensors, the step and every rank's torch
 generator, so ``train(config, resume=True)`` after a kill -9 continues with
 the very numbers the uninterrupted run computes (on the same machine and
 thread count); ``metrics.jsonl`` is cut back to the checkpoint's step first.
+A NaN or infinite loss stops the run at once (``multihead.train.divergence``).
 SIGINT (Ctrl-C) or SIGTERM ends the run after the current step with a
 checkpoint of it (``multihead.train.interrupt``: every rank stops after the
 same step), so a resume continues as if nothing had happened.
@@ -75,6 +76,7 @@ from . import checkpoint as ckpt
 from . import shard
 from .batches import Batches, val_batches
 from .config import TrainConfig, config_differences, learning_rate
+from .divergence import LossDiverged, check_finite, write_outcome
 from .head_tracking import check_trackable, seen_ids, tracked_heads
 from .interrupt import StopSignals, TrainingInterrupted
 from .pretrained import load_folder_weights
@@ -147,6 +149,8 @@ def train(
         TypeError / ValueError: attention options the model refuses
             (checked on the meta device before anything is written).
         OSError: unreadable data (see ``load_corpus``).
+        LossDiverged: a NaN or infinite loss or gradient norm stopped the run
+            (``multihead.train.divergence``: nothing of that step written).
         TrainingInterrupted: SIGINT or SIGTERM stopped the run
             (``multihead.train.interrupt``): after a checkpoint of the step
             it was in, or at once on a second signal.
@@ -294,6 +298,8 @@ def _run(config, run_dir, state, world, device, progress, data_from=None) -> Tra
             t0 = time.perf_counter()
             lr, train_loss, aux_loss, grad_norm = _train_step(run, batches, step, config, world, device, autocast)
             dt = time.perf_counter() - t0
+            for which, value in (("training loss", train_loss), ("gradient norm", grad_norm)):
+                check_finite(which, value, step=step + 1, lr=lr, run_dir=run_dir)  # the same on every rank
             train_time, log_time, log_tokens = train_time + dt, log_time + dt, log_tokens + tokens_per_step
             run.tokens_seen += tokens_per_step
             n = step + 1
@@ -301,6 +307,7 @@ def _run(config, run_dir, state, world, device, progress, data_from=None) -> Tra
             evaluate = final or n % config.eval_every == 0
             if evaluate:
                 val_loss = validation_loss(run.model, val_sets, config, world, device, autocast, _data(run, world))
+                check_finite("validation loss", val_loss, step=n, lr=lr, run_dir=run_dir)
                 scored = {"val_loss": val_loss, **tracked_heads(run.model, track, config.context_length, sharded=run.sharded)}
             logged = evaluate or n % config.log_every == 0
             tokens_per_s = log_tokens / log_time if log_time > 0 else 0.0
@@ -325,6 +332,10 @@ def _run(config, run_dir, state, world, device, progress, data_from=None) -> Tra
         stop.restore()
         if val_loss is None:  # nothing left to train: a finished run resumed
             val_loss = validation_loss(run.model, val_sets, config, world, device, autocast, _data(run, world))
+    except LossDiverged as e:
+        if world.main:
+            write_outcome(e)
+        raise
     finally:
         stop.restore()
         bar.close()

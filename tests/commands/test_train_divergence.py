@@ -38,7 +38,7 @@ def test_a_diverged_loss_stops_with_one_line_and_keeps_the_good_checkpoint(tmp_p
     assert not math.isfinite(float(outcome["value"]))
     # nothing of the diverged step was written: the checkpoints end one step before, with finite weights
     state = load_training_state(latest_checkpoint(run))
-    assert state.step == step - 1
+    assert state.step == step - 1 and f"{latest_checkpoint(run)} is the last good checkpoint" in lines[0]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["step"] == step - 1 and all(math.isfinite(m["train_loss"]) for m in metrics)
     from safetensors.torch import load_file

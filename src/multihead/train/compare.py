@@ -300,7 +300,9 @@ def _train_all(config, plans, steps, header, kept, say, started) -> dict[str, Pa
                     bar.close()
                 spent, trained = spent + time.perf_counter() - t, trained + steps
                 took = f"{time.perf_counter() - t:.0f} s"
-            say(f"{label}: val loss {result['val_loss']:.3f} ({took})")
+            got = (f"diverged at step {result['diverged']['step']} ({result['diverged']['which']} "
+                   f"{result['diverged']['value']})" if result.get("diverged") else f"val loss {result['val_loss']:.3f}")
+            say(f"{label}: {got} ({took})")
             kept.append(run_dir.name)
             runs.append(result)
         rows.append(summarize_kind(dataclasses.asdict(plan), runs))

@@ -7,20 +7,24 @@ each kind finishes (the header's ``kinds_finished``). A smoke test's reports
 other two show: per kind its plan (``compare_plan.KindPlan``), the final
 validation loss of every seed, the validation curves, training tokens/s and
 peak memory, and (not for a smoke test) each kind's difference to the
-baseline kind with its 95% interval over seeds (``compare_stats``).
+baseline kind with its 95% interval over seeds (``compare_stats``). A run
+whose loss diverged (``multihead.train.divergence``) has a NaN loss: its
+kind's row says "diverged" with the seed and step, and lists it under
+"diverged"; compare.json is strict JSON, a NaN or infinite number written as
+null (``compare_json``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from ..io import write_bytes_atomic, write_text_atomic
+from .compare_json import dumps
 from .compare_stats import MOST_SEEDS, difference
 
 __all__ = ["summarize_kind", "against_baseline", "write_reports", "markdown_table", "SMOKE_NOTE"]
@@ -44,9 +48,10 @@ def summarize_kind(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str
     Args:
         plan: ``dataclasses.asdict(KindPlan)``.
         runs: per seed {"seed", "val_loss", "curve" [[step, val_loss], ...],
-            "tokens_per_s", "peak_memory_bytes"}.
+            "tokens_per_s", "peak_memory_bytes"[, "diverged" {"step", "which", "value"}]}.
     """
     losses = [r["val_loss"] for r in runs]
+    diverged = [{"seed": r["seed"], **r["diverged"]} for r in runs if r.get("diverged")]
     return {
         **plan,
         "seeds": [r["seed"] for r in runs],
@@ -56,6 +61,7 @@ def summarize_kind(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in runs),
         "curves": {str(r["seed"]): r["curve"] for r in runs},
+        **({"diverged": diverged} if diverged else {}),
     }
 
 
@@ -135,8 +141,11 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         f"{'---|' if at else ''}---|\n"
     )
     lines = []
-    for r in sorted(rows, key=lambda r: r["val_loss_mean"]):
+    for r in sorted(rows, key=lambda r: r["val_loss_mean"] if math.isfinite(r["val_loss_mean"]) else math.inf):
         spread = f" ± {r['val_loss_std']:.3f}" if len(r["val_loss"]) > 1 else ""
+        if r.get("diverged"):
+            where = ", ".join(f"seed {d['seed']} at step {d['step']}" for d in r["diverged"])
+            spread = f" (diverged: {where})"
         tokens_per_s = f" {r['tokens_per_s']:.0f} |" if speed else ""
         baseline = versus and r["kind"] == r["vs_baseline"]["baseline"]
         vs = (" baseline |" if baseline else f" {_versus(r['vs_baseline'])} |") if versus else ""
@@ -163,6 +172,8 @@ def _plot(rows: list[dict[str, Any]], smoke_test: bool = False) -> bytes:
             vals = [v for curve in r["curves"].values() for t, v in curve if t == s]
             mean.append(statistics.fmean(vals))
         curves.plot(steps, mean, label=r["kind"], marker="." if len(steps) < 20 else None)
+        if not math.isfinite(r["val_loss_mean"]):
+            continue  # a diverged run: no point on the KV-cache panel
         kv.errorbar(r["kv_cache_bytes_per_token"], r["val_loss_mean"], yerr=r["val_loss_std"] or None, fmt="o")
         kv.annotate(r["kind"], (r["kv_cache_bytes_per_token"], r["val_loss_mean"]),
                     textcoords="offset points", xytext=(4, 4), fontsize=8)  # fmt: skip
@@ -195,7 +206,7 @@ def write_reports(out: Path, rows: list[dict[str, Any]], header: dict[str, Any])
     bad = [r["kind"] for r in rows if not math.isfinite(r["val_loss_mean"])]
     data = {**header, "kinds": {r["kind"]: r for r in rows}, "non_finite": bad}
     paths = {
-        "json": write_text_atomic(out / "compare.json", json.dumps(data, indent=2) + "\n"),
+        "json": write_text_atomic(out / "compare.json", dumps(data, indent=2) + "\n"),
         "png": write_bytes_atomic(out / "compare.png", _plot(rows, smoke)),
     }
     described = "\n".join(f"- {k}: {v}" for k, v in header.items())

@@ -4,7 +4,9 @@
                                                  every run's data/*.bin are hard links to these
     OUT/compare-state.json                       {"config": what was asked, "steps": steps per run}
     OUT/<kind>-seed<s>/                          a ``multihead train`` run directory
-    OUT/<kind>-seed<s>/compare-result.json       written (atomically) when the run finished
+    OUT/<kind>-seed<s>/compare-result.json       written (atomically) when the run finished, or
+                                                 stopped on a diverged loss (then "val_loss" is
+                                                 null and "diverged" says where; strict JSON)
     OUT/<kind>-seed<s>.log                       the run's own output (its progress lines, errors)
 
 A run is a child process (``run_child``) so its peak memory is its own
@@ -19,6 +21,7 @@ with the others (``check_continuation``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -34,7 +37,10 @@ import numpy as np
 
 from ..errors import UsageError
 from ..io import read_json_file, write_text_atomic
+from .compare_json import dumps, loss
 from .config import TrainConfig
+from .divergence import EXIT_STATUS as EXIT_DIVERGED
+from .divergence import read_outcome
 
 __all__ = [
     "Interrupted", "interruptible", "prepare_shared_data", "check_continuation", "save_state", "kept_result",
@@ -159,7 +165,11 @@ def prepare_shared_data(base: TrainConfig, out: Path) -> Path:
 def kept_result(run_dir: Path) -> dict[str, Any] | None:
     """The result of a run that finished earlier (its ``compare-result.json``), else None."""
     path = run_dir / RESULT
-    return read_json_file(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    result = read_json_file(path)
+    return {**result, "val_loss": loss(result["val_loss"]),
+            "curve": [[step, loss(value)] for step, value in result["curve"]]}  # fmt: skip
 
 
 def _last_metrics(path: Path) -> dict[str, Any] | None:
@@ -175,14 +185,21 @@ def _last_metrics(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def _read_run(run_dir: Path, seed: int, peak: int) -> dict[str, Any]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
+def _read_run(run_dir: Path, seed: int, peak: int, diverged: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's result from its metrics.jsonl; a diverged run (``diverged``: its
+    ``divergence.read_outcome``) has a NaN loss and the curve up to its last good evaluation."""
+    path = run_dir / "metrics.jsonl"
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    rows = [json.loads(line) for line in text.splitlines() if line]
     curve = [[r["step"], r["val_loss"]] for r in rows if r.get("val_loss") is not None]
-    if not curve:
-        raise RuntimeError(f"{run_dir / 'metrics.jsonl'} has no validation loss")
+    if not curve and diverged is None:
+        raise RuntimeError(f"{path} has no validation loss")
     speeds = sorted(r["tokens_per_s"] for r in rows if r.get("tokens_per_s"))
-    return {"seed": seed, "val_loss": curve[-1][1], "curve": curve,
-            "tokens_per_s": speeds[len(speeds) // 2] if speeds else 0.0, "peak_memory_bytes": peak}  # fmt: skip
+    result = {"seed": seed, "val_loss": math.nan if diverged else curve[-1][1], "curve": curve,
+              "tokens_per_s": speeds[len(speeds) // 2] if speeds else 0.0, "peak_memory_bytes": peak}  # fmt: skip
+    if diverged:
+        result["diverged"] = {"step": diverged["step"], "which": diverged["which"], "value": diverged["value"]}
+    return result
 
 
 def _stop(child: subprocess.Popen) -> None:
@@ -203,6 +220,8 @@ def train_run(
 ) -> dict[str, Any]:  # fmt: skip
     """Train one run in a child process and return its result (also written to its
     ``compare-result.json``); ``show(step, last metrics)`` is called as it trains.
+    A run whose loss diverged (``multihead.train.divergence``) is a result too:
+    its "val_loss" is NaN and its "diverged" holds the step and the value.
 
     A run directory that holds a checkpoint (a run stopped while saving) is resumed.
 
@@ -241,16 +260,18 @@ def train_run(
             _stop(child)
             raise
     child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
+    diverged = read_outcome(run_dir) if child.returncode == EXIT_DIVERGED else None
+    if child.returncode != 0 and diverged is None:
         tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
         raise RuntimeError(f"training {run_dir.name} failed (exit {child.returncode}): {' '.join(tail)}; see {log}")
     peak = usage.ru_maxrss * 1024  # Linux reports KiB
     cuda = run_dir / "compare-cuda-peak.json"
     if cuda.exists():
         peak = read_json_file(cuda)["peak_bytes"]
-    result = _read_run(run_dir, seed, peak)
-    show(train_config.max_steps, _last_metrics(run_dir / "metrics.jsonl"))
-    write_text_atomic(run_dir / RESULT, json.dumps(result) + "\n")
+    result = _read_run(run_dir, seed, peak, diverged)
+    if diverged is None:
+        show(train_config.max_steps, _last_metrics(run_dir / "metrics.jsonl"))
+    write_text_atomic(run_dir / RESULT, dumps(result) + "\n")
     return result
 
 
@@ -266,6 +287,7 @@ def run_child(spec: str, imports: list[str] | tuple[str, ...] = ()) -> None:
 
     import torch
 
+    from .divergence import LossDiverged
     from .loop import train
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -274,7 +296,11 @@ def run_child(spec: str, imports: list[str] | tuple[str, ...] = ()) -> None:
         importlib.import_module(name)
     run = read_json_file(spec)
     config = TrainConfig.from_dict(run["config"])
-    train(config, resume=run["resume"], progress=True, data_from=run["data_from"])
+    try:
+        train(config, resume=run["resume"], progress=True, data_from=run["data_from"])
+    except LossDiverged as e:  # recorded in the run directory by the loop; the parent reads it
+        print(f"multihead train: {e}", flush=True)
+        sys.exit(e.exit_status)
     if torch.cuda.is_available():
         peak = {"peak_bytes": int(torch.cuda.max_memory_allocated())}
         write_text_atomic(Path(config.out) / "compare-cuda-peak.json", json.dumps(peak))

@@ -44,11 +44,14 @@ class LossDiverged(Exception):
     exit_status = EXIT_STATUS
 
     def __init__(self, which: str, step: int, value: float, lr: float, run_dir: Path) -> None:
+        from ..models.run_dirs import latest_checkpoint
+
         self.which, self.step, self.value, self.lr, self.run_dir = which, step, value, lr, Path(run_dir)
+        latest = latest_checkpoint(self.run_dir)
+        kept = f"{latest} is the last good checkpoint" if latest is not None else "no checkpoint was written"
         super().__init__(
             f"the {which} is {value} at step {step}: training diverged and stopped; nothing of step {step} "
-            f"was written, the latest checkpoint in {run_dir} is the last good one; lower --lr (it was {lr:.3g} "
-            "at that step) or raise --warmup"
+            f"was written, {kept}; lower --lr (it was {lr:.3g} at that step) or raise --warmup"
         )
 
 

@@ -1,0 +1,67 @@
+"""``multihead compare``: a run whose loss diverged shows as diverged, compare.json is
+strict JSON (NaN and infinities as null), and a comparison grows by seeds."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+from multihead.cli import main
+
+WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
+TINY = ["--preset", "tiny", "--context-length", "32", "--batch-size", "8", "--eval-batches", "2", "--threads", "1"]
+
+
+def _text(path: Path) -> Path:
+    rng = random.Random(0)
+    path.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(600)) + "\n")
+    return path
+
+
+def _cli(capsys, *argv):
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:
+        rc = exc.code
+    return (rc, *capsys.readouterr())
+
+
+def _strict(path: Path):
+    """The file read as strict JSON: a NaN or Infinity in it fails the test."""
+
+    def refuse(constant):
+        raise AssertionError(f"{path} is not strict JSON: {constant}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_a_diverged_run_shows_as_diverged_in_strict_json(tmp_path, capsys):
+    data, out = _text(tmp_path / "text.txt"), tmp_path / "cmp"
+    rc, stdout, err = _cli(capsys, "compare", "--attention", "mha,mqa", "--seeds", "0,1", *TINY, "--max-steps", "6",
+                           "--lr", "1e9", "--min-lr", "1e8", "--warmup", "1", "--grad-clip", "0",
+                           "--data", str(data), "--out", str(out))  # fmt: skip
+    assert rc == 0, err
+    assert "Traceback" not in err and stdout.count("diverged at step") == 4
+    report = _strict(out / "compare.json")
+    assert report["non_finite"] == ["mha", "mqa"]
+    for kind in ("mha", "mqa"):
+        row = report["kinds"][kind]
+        assert row["val_loss"] == [None, None] and row["val_loss_mean"] is None
+        assert [d["seed"] for d in row["diverged"]] == [0, 1]
+        for d in row["diverged"]:
+            run = out / f"{kind}-seed{d['seed']}"
+            outcome = json.loads((run / "diverged.json").read_text())
+            assert (d["step"], d["which"], d["value"]) == (outcome["step"], outcome["which"], outcome["value"])
+            assert 1 <= d["step"] <= 6 and not math.isfinite(float(d["value"]))
+            _strict(run / "compare-result.json")
+        assert row["vs_baseline"]["low"] is None
+    table = (out / "compare.md").read_text()
+    assert "(diverged: seed 0 at step" in table and "no interval against mha, a loss is not finite" in table
+    # the same command again keeps the diverged runs: nothing is trained twice
+    rc, stdout, err = _cli(capsys, "compare", "--attention", "mha,mqa", "--seeds", "0,1", *TINY, "--max-steps", "6",
+                           "--lr", "1e9", "--min-lr", "1e8", "--warmup", "1", "--grad-clip", "0",
+                           "--data", str(data), "--out", str(out))  # fmt: skip
+    assert rc == 0, err
+    assert stdout.count("kept from an earlier run") == 4 and _strict(out / "compare.json")["non_finite"] == ["mha", "mqa"]

@@ -137,7 +137,7 @@ def test_sigterm_keeps_finished_runs_and_the_same_command_continues(tmp_path, ca
 
 def test_another_comparison_in_the_same_out_is_refused(tmp_path, capsys):
     out = tmp_path / "cmp"
-    save_state(out, {"kinds": ["mha"], "seeds": [0], "max_steps": 4}, 4, "multihead compare --max-steps 4")
+    save_state(out, {"kinds": ["mha"], "seeds": [0], "max_steps": 4}, 4, "multihead compare --max-steps 4", "2026-01-01 00:00 UTC")
     rc, stdout, err = _cli(capsys, "compare", "--quick", "--attention", "mha", "--max-steps", "3", "--out", str(out))
     assert rc == 2 and stdout == "" and len(err.splitlines()) == 1, err
     assert f"--out {out} holds another comparison" in err and "; budget_minutes: unset there, 18.0 here; " in err and "max_steps: 4 there, 3 here" in err

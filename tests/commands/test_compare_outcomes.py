@@ -65,3 +65,28 @@ def test_a_diverged_run_shows_as_diverged_in_strict_json(tmp_path, capsys):
                            "--data", str(data), "--out", str(out))  # fmt: skip
     assert rc == 0, err
     assert stdout.count("kept from an earlier run") == 4 and _strict(out / "compare.json")["non_finite"] == ["mha", "mqa"]
+
+
+def test_more_seeds_grow_the_comparison_and_a_changed_setting_is_refused(tmp_path, capsys):
+    data, out = _text(tmp_path / "text.txt"), tmp_path / "cmp"
+    first = ["compare", "--quick", "--attention", "mha", "--data", str(data), "--out", str(out)]
+    rc, stdout, err = _cli(capsys, *first, "--seeds", "0,1")
+    assert rc == 0, err
+    state = json.loads((out / "compare-state.json").read_text())
+    before = {s: (out / f"mha-seed{s}" / "compare-result.json").read_text() for s in (0, 1)}
+    rc, stdout, err = _cli(capsys, *first, "--seeds", "0,1,2")
+    assert rc == 0, err
+    assert stdout.count("kept from an earlier run") == 2 and "[3/3] mha seed 2: val loss" in stdout
+    assert {s: (out / f"mha-seed{s}" / "compare-result.json").read_text() for s in (0, 1)} == before  # not retrained
+    report = _strict(out / "compare.json")
+    row = report["kinds"]["mha"]
+    assert report["seeds"] == row["seeds"] == [0, 1, 2] and len(row["val_loss"]) == 3
+    # the minutes are those of all three runs, whichever call trained them; the date spans both calls
+    runs = [json.loads((out / f"mha-seed{s}" / "compare-result.json").read_text()) for s in (0, 1, 2)]
+    assert report["minutes"] == round(sum(r["seconds"] for r in runs) / 60, 2)
+    assert report["date"].startswith(state["started"])
+    assert json.loads((out / "compare-state.json").read_text())["started"] == state["started"]
+    # a changed setting is still another comparison
+    rc, stdout, err = _cli(capsys, *first, "--seeds", "0,1,2,3", "--lr", "0.01")
+    assert rc == 2 and len(err.splitlines()) == 1 and f"--out {out} holds another comparison (train: " in err
+    assert "'lr': 0.01" in err and "seeds:" not in err.partition("; continue")[0]

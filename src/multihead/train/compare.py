@@ -41,6 +41,7 @@ from .compare_report import summarize_kind, write_reports
 from .compare_runs import (
     Interrupted,
     check_continuation,
+    comparison_started,
     interruptible,
     kept_result,
     prepare_shared_data,
@@ -239,7 +240,7 @@ def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str
         Interrupted: SIGINT or SIGTERM (its ``kept`` lists the finished runs).
     """
     say = echo or (lambda *_: None)
-    out, kept, started = Path(config.out), [], time.perf_counter()
+    out, kept = Path(config.out), []
     with interruptible():
         try:
             base, model_base, plans = plan_comparison(config)
@@ -248,11 +249,13 @@ def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str
                 say(f"continuing the comparison in {out}: {steps} steps per run; finished runs are kept")
             else:
                 steps = _steps(config, base, model_base, plans, say)
-            save_state(out, dataclasses.asdict(config), steps, command or "multihead compare")
+            now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            began = comparison_started(out) or now
+            save_state(out, dataclasses.asdict(config), steps, command or "multihead compare", began)
             prepare_shared_data(base, out)
             header = {
                 "command": command or "multihead compare",
-                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "date": now if began == now else f"{began} to {now}",
                 "machine": f"{_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}",
                 "preset": base.preset,
                 "steps_per_run": steps,
@@ -260,7 +263,7 @@ def compare(config: CompareConfig, *, command: str = "", echo=print) -> dict[str
                 "seeds": list(config.seeds),
                 **({"smoke_test": True} if config.smoke_test else {}),
             }
-            return _train_all(config, plans, steps, header, kept, say, started)
+            return _train_all(config, plans, steps, header, kept, say)
         except Interrupted as e:
             e.kept = kept
             raise
@@ -279,8 +282,8 @@ def _shower(bar: ProgressBar, start: float, spent: float, trained: int, left: in
     return show
 
 
-def _train_all(config, plans, steps, header, kept, say, started) -> dict[str, Path]:
-    out, rows, paths = Path(config.out), [], {}
+def _train_all(config, plans, steps, header, kept, say) -> dict[str, Path]:
+    out, rows, paths, seconds = Path(config.out), [], {}, 0.0  # seconds: of every run reported, kept ones too
     total, n = len(plans) * len(config.seeds), 0
     spent, trained = 0.0, 0  # seconds and steps of the runs trained by this call
     for plan in plans:
@@ -305,8 +308,9 @@ def _train_all(config, plans, steps, header, kept, say, started) -> dict[str, Pa
             say(f"{label}: {got} ({took})")
             kept.append(run_dir.name)
             runs.append(result)
+            seconds += result.get("seconds", 0.0)
         rows.append(summarize_kind(dataclasses.asdict(plan), runs))
-        minutes = round((time.perf_counter() - started) / 60, 2)
+        minutes = round(seconds / 60, 2)  # the whole comparison's runs, whichever call trained them
         paths = write_reports(out, rows, {**header, "kinds_finished": f"{len(rows)} of {len(plans)}", "minutes": minutes})
     if config.smoke_test:
         say(f"a smoke test: {steps} steps show that every kind trains; its losses are no comparison and it has no speeds")

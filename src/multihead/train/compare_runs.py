@@ -2,7 +2,8 @@
 
     OUT/tokenizer/, OUT/data/{train,val}.bin     tokenized once (``prepare_shared_data``);
                                                  every run's data/*.bin are hard links to these
-    OUT/compare-state.json                       {"config": what was asked, "steps": steps per run}
+    OUT/compare-state.json                       {"config": what was asked, "steps": steps per run,
+                                                  "command", "started": the first call's date}
     OUT/<kind>-seed<s>/                          a ``multihead train`` run directory
     OUT/<kind>-seed<s>/compare-result.json       written (atomically) when the run finished, or
                                                  stopped on a diverged loss (then "val_loss" is
@@ -15,7 +16,9 @@ records). While it trains, this process follows its metrics.jsonl and shows
 the kind, its step and the ETA (``multihead.progress``). On SIGINT or SIGTERM
 the child is stopped and :class:`Interrupted` is raised; the runs that
 finished keep their ``compare-result.json``, so the same command continues
-with the others (``check_continuation``).
+with the others (``check_continuation``). The seeds are no part of the
+setting: the same command with more seeds grows the comparison, training only
+the runs it does not hold yet.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from .divergence import read_outcome
 
 __all__ = [
     "Interrupted", "interruptible", "prepare_shared_data", "check_continuation", "save_state", "kept_result",
-    "train_run", "run_child", "RESULT", "STATE",
+    "train_run", "run_child", "comparison_started", "RESULT", "STATE",
 ]  # fmt: skip
 
 RESULT, STATE, PREPARED = "compare-result.json", "compare-state.json", "prepared.json"
@@ -95,7 +98,8 @@ def _raise_held() -> None:
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps({k: v for k, v in config.items() if k != "out"}))
+    """The setting a continuation must repeat: everything asked but the folder and the seeds."""
+    return json.loads(json.dumps({k: v for k, v in config.items() if k not in ("out", "seeds")}))
 
 
 def _shown(value: Any) -> str:
@@ -104,7 +108,8 @@ def _shown(value: Any) -> str:
 
 def check_continuation(out: Path, config: dict[str, Any], run_dirs: list[Path]) -> int | None:
     """The steps per run of the comparison ``out`` already holds when it was asked with the
-    same ``config`` (this command continues it), else None (a fresh comparison).
+    same ``config`` but perhaps other seeds (this command continues or grows it), else
+    None (a fresh comparison).
 
     Raises:
         UsageError: ``out`` holds another comparison, or run directories with
@@ -128,10 +133,19 @@ def check_continuation(out: Path, config: dict[str, Any], run_dirs: list[Path]) 
     return None
 
 
-def save_state(out: Path, config: dict[str, Any], steps: int, command: str) -> None:
-    """Record what was asked and the steps per run, so the same command can continue."""
+def save_state(out: Path, config: dict[str, Any], steps: int, command: str, started: str) -> None:
+    """Record what was asked, the steps per run and when the comparison began (``started``),
+    so the same command (or one with other seeds) can continue."""
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / STATE, json.dumps({"config": _comparable(config), "steps": steps, "command": command}) + "\n")
+    record = {"config": _comparable(config), "seeds": list(config.get("seeds", ())), "steps": steps,
+              "command": command, "started": started}  # fmt: skip
+    write_text_atomic(out / STATE, json.dumps(record) + "\n")
+
+
+def comparison_started(out: Path) -> str | None:
+    """The date the comparison in ``out`` began (its first call), else None."""
+    state = out / STATE
+    return read_json_file(state).get("started") if state.is_file() else None
 
 
 def prepare_shared_data(base: TrainConfig, out: Path) -> Path:
@@ -222,6 +236,7 @@ def train_run(
     ``compare-result.json``); ``show(step, last metrics)`` is called as it trains.
     A run whose loss diverged (``multihead.train.divergence``) is a result too:
     its "val_loss" is NaN and its "diverged" holds the step and the value.
+    "seconds" is the run's wall-clock time, its process's start included.
 
     A run directory that holds a checkpoint (a run stopped while saving) is resumed.
 
@@ -237,7 +252,7 @@ def train_run(
     spec = write_text_atomic(run_dir / "compare-run.json", json.dumps(
         {"config": train_config.to_dict(), "resume": resume, "data_from": str(data_from)}))  # fmt: skip
     code = "import sys; from multihead.train.compare_runs import run_child; run_child(sys.argv[1], sys.argv[2:])"
-    log = run_dir.with_suffix(".log")
+    log, began = run_dir.with_suffix(".log"), time.perf_counter()
     with open(log, "a" if resume else "w", encoding="utf-8") as f:
         # a signal while the child starts is held until the child is known to the `try` that stops it
         _held["holding"], _held["signum"] = True, None
@@ -268,7 +283,7 @@ def train_run(
     cuda = run_dir / "compare-cuda-peak.json"
     if cuda.exists():
         peak = read_json_file(cuda)["peak_bytes"]
-    result = _read_run(run_dir, seed, peak, diverged)
+    result = {**_read_run(run_dir, seed, peak, diverged), "seconds": time.perf_counter() - began}
     if diverged is None:
         show(train_config.max_steps, _last_metrics(run_dir / "metrics.jsonl"))
     write_text_atomic(run_dir / RESULT, dumps(result) + "\n")

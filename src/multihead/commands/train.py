@@ -27,7 +27,9 @@ rate of the next step before and after.
 
 Ctrl-C (SIGINT) or SIGTERM: the loop finishes its step and writes a
 checkpoint; the command prints one line with the command that resumes and
-exits with 130 (SIGINT) or 143 (SIGTERM).
+exits with 130 (SIGINT) or 143 (SIGTERM). A NaN or infinite loss stops the
+run at that step with nothing of it written (``multihead.train.divergence``):
+one line names the step, the loss and the last good checkpoint; exit status 3.
 
 Everything a user can get wrong is checked before anything is written: the
 configuration (``TrainConfig`` validates itself), the data file, the

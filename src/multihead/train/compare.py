@@ -15,8 +15,10 @@ for a few steps first, and the steps are those that fit the budget for all
 runs together (with 25 % headroom for evaluation, data preparation and the
 processes' start-up). Each run is a child process so its peak memory is its
 own (``os.wait4`` resource usage). A comparison stopped by SIGINT/SIGTERM
-keeps its finished runs; the same command continues with the others
-(``compare_runs``).
+keeps its finished runs; the same command continues with the others, and
+the same command with more seeds trains only the new seeds' runs
+(``compare_runs``). A run whose loss diverged is kept as a result with a NaN
+loss (``multihead.train.divergence``); the report marks its kind.
 """
 
 from __future__ import annotations

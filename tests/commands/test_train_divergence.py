@@ -27,7 +27,7 @@ def test_a_diverged_loss_stops_with_one_line_and_keeps_the_good_checkpoint(tmp_p
     data.write_text(TEXT)
     # at lr 1e9 the first update blows the weights up: a loss is NaN or infinite within a few steps
     rc, out, err = _cli(capsys, "train", "--data", str(data), *TINY, "--max-steps", "10", "--lr", "1e9",
-                        "--min-lr", "1e8", "--warmup", "1", "--grad-clip", "0", "--log-every", "1",
+                        "--min-lr", "1e8", "--warmup", "0", "--grad-clip", "0", "--log-every", "1",
                         "--eval-every", "10", "--checkpoint-every", "1", "--out", str(run))  # fmt: skip
     assert rc == 3
     lines = [line for line in err.splitlines() if line.startswith("multihead train:")]
@@ -45,3 +45,7 @@ def test_a_diverged_loss_stops_with_one_line_and_keeps_the_good_checkpoint(tmp_p
 
     weights = load_file(str(latest_checkpoint(run) / "model.safetensors"))
     assert all(t.isfinite().all() for t in weights.values())
+    # a resume that trains again (here: nothing left up to the good checkpoint) drops the old record
+    rc, out, err = _cli(capsys, "train", "--out", str(run), "--resume", "--max-steps", str(step - 1))
+    assert rc == 0, err
+    assert not (run / "diverged.json").exists()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..io import write_text_atomic
 
-__all__ = ["LossDiverged", "check_finite", "write_outcome", "read_outcome", "EXIT_STATUS", "OUTCOME"]
+__all__ = ["LossDiverged", "check_finite", "write_outcome", "clear_outcome", "read_outcome", "EXIT_STATUS", "OUTCOME"]
 
 EXIT_STATUS = 3
 OUTCOME = "diverged.json"  # {"step", "which", "value", "lr"}: written by ``write_outcome``
@@ -65,6 +65,11 @@ def write_outcome(error: LossDiverged) -> Path:
     """Record the divergence in ``error.run_dir / OUTCOME`` (strict JSON: the value as text)."""
     record = {"step": error.step, "which": error.which, "value": str(error.value), "lr": error.lr}
     return write_text_atomic(error.run_dir / OUTCOME, json.dumps(record) + "\n")
+
+
+def clear_outcome(run_dir: Path) -> None:
+    """Remove an earlier call's record (a run that trains again has no divergence yet)."""
+    (Path(run_dir) / OUTCOME).unlink(missing_ok=True)
 
 
 def read_outcome(run_dir: Path) -> dict | None:

@@ -76,7 +76,7 @@ from . import checkpoint as ckpt
 from . import shard
 from .batches import Batches, val_batches
 from .config import TrainConfig, config_differences, learning_rate
-from .divergence import LossDiverged, check_finite, write_outcome
+from .divergence import LossDiverged, check_finite, clear_outcome, write_outcome
 from .head_tracking import check_trackable, seen_ids, tracked_heads
 from .interrupt import StopSignals, TrainingInterrupted
 from .pretrained import load_folder_weights
@@ -280,6 +280,8 @@ def _run(config, run_dir, state, world, device, progress, data_from=None) -> Tra
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16,
                                  enabled=config.dtype == "bfloat16")  # fmt: skip
     metrics = Metrics(run_dir / "metrics.jsonl", run.start) if world.main else None
+    if world.main:
+        clear_outcome(run_dir)  # diverged.json of an earlier call
     bar = Progress(config.max_steps, run.start, enabled=progress if world.main else False)
     _announce(bar, run, config, run_dir, train_tokens.size, world)
     change = _schedule_change(state, config) if state is not None else None

@@ -4,7 +4,6 @@ mistakes end with one line."""
 from __future__ import annotations
 
 import json
-import random
 import re
 import signal
 import subprocess
@@ -13,18 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from support.training import word_text
 
 from multihead.cli import main
 from multihead.models.checkpoint import load_checkpoint
 from multihead.train.compare_runs import save_state
-
-WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
-
-
-def _text(path: Path) -> Path:
-    rng = random.Random(0)
-    path.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(600)) + "\n")
-    return path
 
 
 def _cli(capsys, *argv):
@@ -36,7 +28,7 @@ def _cli(capsys, *argv):
 
 
 def test_quick_comparison_writes_table_json_and_plot(tmp_path, capsys):
-    data, out = _text(tmp_path / "text.txt"), tmp_path / "cmp"
+    data, out = word_text(tmp_path / "text.txt"), tmp_path / "cmp"
     rc, stdout, err = _cli(capsys, "compare", "--quick", "--attention", "mha,mqa", "--seeds", "0,1",
                            "--data", str(data), "--out", str(out))  # fmt: skip
     assert rc == 0, err
@@ -99,7 +91,7 @@ def _running(spec: Path) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
 def test_sigterm_keeps_finished_runs_and_the_same_command_continues(tmp_path, capsys):
-    data, out = _text(tmp_path / "text.txt"), tmp_path / "cmp"
+    data, out = word_text(tmp_path / "text.txt"), tmp_path / "cmp"
     argv = ["compare", "--quick", "--attention", "mha,gqa", "--attention-option", "gqa:num_kv_heads=1",
             "--max-steps", "2", "--data", str(data), "--out", str(out)]  # fmt: skip
     with open(tmp_path / "stderr", "w") as err:
@@ -157,7 +149,7 @@ def test_help_states_the_comparison_defaults(capsys):
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
 def test_ctrl_c_before_any_run_finished_says_so_and_exits_130(tmp_path):
-    data, out = _text(tmp_path / "text.txt"), tmp_path / "cmp"
+    data, out = word_text(tmp_path / "text.txt"), tmp_path / "cmp"
     argv = ["compare", "--quick", "--attention", "mha", "--data", str(data), "--out", str(out)]
     parent = subprocess.Popen([sys.executable, "-m", "multihead", *argv], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)  # fmt: skip

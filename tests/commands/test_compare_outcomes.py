@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
+
+from support.training import word_text
 
 from multihead.cli import main
 
-WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
 TINY = ["--preset", "tiny", "--context-length", "32", "--batch-size", "8", "--eval-batches", "2", "--threads", "1"]
-
-
-def _text(path: Path) -> Path:
-    rng = random.Random(0)
-    path.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(600)) + "\n")
-    return path
 
 
 def _cli(capsys, *argv):
@@ -38,7 +32,7 @@ def _strict(path: Path):
 
 
 def test_a_diverged_run_shows_as_diverged_in_strict_json(tmp_path, capsys):
-    data, out = _text(tmp_path / "text.txt"), tmp_path / "cmp"
+    data, out = word_text(tmp_path / "text.txt"), tmp_path / "cmp"
     rc, stdout, err = _cli(capsys, "compare", "--attention", "mha,mqa", "--seeds", "0,1", *TINY, "--max-steps", "6",
                            "--lr", "1e9", "--min-lr", "1e8", "--warmup", "1", "--grad-clip", "0",
                            "--data", str(data), "--out", str(out))  # fmt: skip
@@ -68,7 +62,7 @@ def test_a_diverged_run_shows_as_diverged_in_strict_json(tmp_path, capsys):
 
 
 def test_more_seeds_grow_the_comparison_and_a_changed_setting_is_refused(tmp_path, capsys):
-    data, out = _text(tmp_path / "text.txt"), tmp_path / "cmp"
+    data, out = word_text(tmp_path / "text.txt"), tmp_path / "cmp"
     first = ["compare", "--quick", "--attention", "mha", "--data", str(data), "--out", str(out)]
     rc, stdout, err = _cli(capsys, *first, "--seeds", "0,1")
     assert rc == 0, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import torch
@@ -64,3 +65,13 @@ def run_val_loss(model: GPT, run: Path) -> float:
     with torch.no_grad():
         losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum") for x, y in sets]
     return float(sum(losses)) / sum(y.numel() for _, y in sets)
+
+
+WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
+
+
+def word_text(path: Path) -> Path:
+    """Write 600 seeded lines of 10 words from ``WORDS`` to ``path`` (a small training text)."""
+    rng = random.Random(0)
+    path.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(600)) + "\n")
+    return path

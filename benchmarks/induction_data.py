@@ -1,0 +1,66 @@
+"""A text file where only an induction head predicts: random strings, each followed by its repeat.
+
+    python -m benchmarks.induction_data OUT.txt [--lines 40000] [--min-len 6] [--max-len 24]
+                                        [--alphabet 52] [--seed 0]
+
+Each line is ``s|s`` and a newline, ``s`` a string of ``--min-len`` to
+``--max-len`` characters (uniform length) drawn uniformly, with repetition,
+from the first ``--alphabet`` characters of ``a-zA-Z0-9``. The first copy
+of ``s`` cannot be predicted; in the second, each character is the one that
+followed the previous character's earlier occurrence, at a distance that
+changes with the length of ``s``: only looking up that occurrence (an
+induction head) predicts it, not a fixed relative position. With a byte
+tokenizer and a training window of many lines, the repeats sit at every
+offset of the window. Seeded: the same arguments write the same file
+(about ``lines * (max_len + min_len + 2)`` bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+
+CHARACTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def induction_lines(lines: int, min_len: int, max_len: int, alphabet: int, seed: int) -> str:
+    """The file's text: ``lines`` lines ``s|s`` (``s`` of min_len..max_len characters)."""
+    if not 1 <= min_len <= max_len:
+        raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
+    if not 2 <= alphabet <= len(CHARACTERS):
+        raise ValueError(f"alphabet={alphabet} must be in 2..{len(CHARACTERS)}")
+    if lines < 1:
+        raise ValueError(f"lines={lines} must be at least 1")
+    rng = np.random.default_rng(seed)
+    chars = np.array(list(CHARACTERS[:alphabet]))
+    out = []
+    for length in rng.integers(min_len, max_len + 1, size=lines):
+        s = "".join(chars[rng.integers(0, alphabet, size=length)])
+        out.append(f"{s}|{s}\n")
+    return "".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--lines", type=int, default=40000)
+    parser.add_argument("--min-len", type=int, default=6)
+    parser.add_argument("--max-len", type=int, default=24)
+    parser.add_argument("--alphabet", type=int, default=52)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    try:
+        text = induction_lines(args.lines, args.min_len, args.max_len, args.alphabet, args.seed)
+    except ValueError as exc:
+        parser.error(str(exc))
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out}: {args.lines} lines, {len(text)} bytes")
+
+
+if __name__ == "__main__":
+    main()

@@ -58,7 +58,7 @@ def induction_lines(lines: int, min_len: int, max_len: int, alphabet: int, seed:
     return "".join(out)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--lines", type=int, default=40000)
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--alphabet", type=int, default=52)
     parser.add_argument("--successors", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         text = induction_lines(args.lines, args.min_len, args.max_len, args.alphabet, args.seed, args.successors)
     except ValueError as exc:

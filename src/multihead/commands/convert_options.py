@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..tools.calibration import FAMILY
+from ..tools.calibration import convertible_kinds
 from ..tools.convert_heads import METHODS
 from ..tools.convert_mla import MLA_METHODS
 from .encoder_inputs import check_heldout_lines
@@ -100,10 +100,10 @@ def check_gqa_model(model, num_kv_heads: int, method: str) -> None:
                          f"after pruning, so G is in 1..{min(counts)}")  # fmt: skip
     for i, attn in enumerate(layers):
         kind = getattr(attn, "kind", type(attn).__name__)
-        if kind not in FAMILY:
+        if not getattr(type(attn), "regroups_key_values", False):
             raise ValueError(
                 f"layer {i} is attention kind {kind!r}, which has no key/value heads to merge; "
-                f"convert takes {', '.join(FAMILY)} layers"
+                f"convert takes {', '.join(convertible_kinds())} layers"
             )
         if attn.num_kv_heads % G:
             pruned = f" ({attn.num_heads} query heads after pruning)" if counts is not None else ""
@@ -121,8 +121,8 @@ def check_mla_model(model, kv_rank: int) -> None:
     _, layers = model_layers(model)
     for i, attn in enumerate(layers):
         kind = getattr(attn, "kind", type(attn).__name__)
-        if kind not in FAMILY:
-            raise ValueError(f"layer {i} is attention kind {kind!r}; --to mla converts {', '.join(FAMILY)} layers")
+        if not getattr(type(attn), "regroups_key_values", False):
+            raise ValueError(f"layer {i} is attention kind {kind!r}; --to mla converts {', '.join(convertible_kinds())} layers")
         found = [n for n in ("rope", "qk_norm", "sinks") if getattr(attn, n) is not None]
         if found:
             raise ValueError(f"layer {i} has {', '.join(found)}: --to mla converts models with absolute positions "

@@ -124,6 +124,10 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             ``depth``); models fill it per layer unless the user set it.
         comparison_options(kind, num_heads): classmethod, the options a
             comparison builds the registered name ``kind`` with.
+        regroups_key_values: the keys and values are plain projections of the
+            input, one per key/value head, read by groups of query heads, so
+            ``tools.to_gqa`` may merge them and ``tools.to_mla`` factor them
+            into a latent. A subclass that does not say so itself gets False.
         selects_weights: ``core`` takes a ``WeightSelection`` as ``return_weights``
             and returns just those weights (the default core). A class defining
             ``core`` gets False unless it says so: asked for every weight.
@@ -152,6 +156,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
     comparison_skip: str | None = None
     layer_index_option: str | None = None
     weight_only_layers: bool = False
+    regroups_key_values: bool = False
     selects_weights: bool = True
 
     def __init__(
@@ -221,6 +226,8 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         super().__init_subclass__(**kwargs)
         if cls.independent_heads and not callable(getattr(cls, "subset_heads", None)):
             raise TypeError(f"{cls.__name__} declares independent_heads = True but defines no subset_heads")
+        if "regroups_key_values" not in cls.__dict__:
+            cls.regroups_key_values = False  # a subclass may change how keys and values are formed
         if "core" in cls.__dict__ and "selects_weights" not in cls.__dict__:
             cls.selects_weights = False  # a core of its own: asked for every weight
 

@@ -1,7 +1,7 @@
 """What the attention conversions (``convert_heads.to_gqa``, ``convert_mla.to_mla``) share.
 
     backbone, attentions = backbone_of(model, "to_gqa")   # GPT or BertEncoder, its attention modules
-    check_kind(i, attentions[i], "to_gqa")                # a layer of a kind in FAMILY, or ValueError
+    check_kind(i, attentions[i], "to_gqa")                # a layer whose kind regroups key/values, or ValueError
     run_calibration(model, backbone, layers, calibration, hook)   # every batch through the backbone
     new = rebuilt(backbone, config)          # a fresh model of the new config, unchanged weights kept
     new = finished(model, backbone, new)     # train mode restored, a SentenceEncoder rewrapped
@@ -28,11 +28,16 @@ from torch import nn
 from ..models.bert import BertEncoder
 from ..models.gpt import GPT
 from ..models.minilm import SentenceEncoder
-from ..modules.kinds.mha import MultiHeadAttention
 
-__all__ = ["FAMILY", "backbone_of", "check_kind", "run_batch", "run_calibration", "rebuilt", "finished"]
+__all__ = ["convertible_kinds", "backbone_of", "check_kind", "run_batch", "run_calibration", "rebuilt", "finished"]
 
-FAMILY = ("mha", "gqa", "mqa")  # the attention kinds the conversions take
+
+
+def convertible_kinds() -> list[str]:
+    """The registered kinds the conversions take: those whose class declares ``regroups_key_values``."""
+    from ..modules.registry import attention_class, list_attention_kinds
+
+    return [name for name in list_attention_kinds() if attention_class(name).regroups_key_values]
 
 
 def backbone_of(model: nn.Module, caller: str) -> tuple[GPT | BertEncoder, list[nn.Module]]:
@@ -51,15 +56,15 @@ def backbone_of(model: nn.Module, caller: str) -> tuple[GPT | BertEncoder, list[
 
 
 def check_kind(i: int, attn: nn.Module, caller: str) -> None:
-    """Refuse layer ``i`` unless it is a ``MultiHeadAttention`` of a kind in ``FAMILY``.
+    """Refuse layer ``i`` unless its kind declares ``regroups_key_values``.
 
     Raises:
         ValueError: another kind or class (the message names ``caller``).
     """
-    if type(attn) is not MultiHeadAttention or attn.kind not in FAMILY:
+    if not getattr(type(attn), "regroups_key_values", False):
         raise ValueError(
             f"layer {i} is attention kind {getattr(attn, 'kind', type(attn).__name__)!r} "
-            f"({type(attn).__name__}); {caller} converts only {list(FAMILY)} layers"
+            f"({type(attn).__name__}); {caller} converts only {convertible_kinds()} layers"
         )
 
 

@@ -78,6 +78,7 @@ class MultiHeadAttention(AttentionLayer):
     kind = "mha"
     independent_heads = True
     weight_only_layers = True  # q|k|v and out_proj are nn.Linear modules it calls
+    regroups_key_values = True  # G plain key/value heads: to_gqa and to_mla rebuild them
     head_independence = (
         "each head attends with its own query (and its group's key/value) rows and reaches the output only "
         "through its own columns of out_proj; a key/value head goes with its whole group"

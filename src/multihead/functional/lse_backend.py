@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import host_sync
 from .request import AttentionRequest
 from .weights import rebuild_weights
 
@@ -98,8 +99,8 @@ def _kernel_inputs(req: AttentionRequest):
         visible = req.visible()
         if visible is not None:
             ok = visible.any(dim=-1, keepdim=True)  # (..., T, 1)
-            # Eager looks (a host sync); compiled code always applies the harmless row.
-            if torch.compiler.is_compiling() or not bool(ok.all()):
+            # On the CPU eager code looks (a host read); elsewhere the harmless row is always applied.
+            if host_sync.sync_free(q.device) or not bool(ok.all()):
                 row_ok = ok
                 visible = visible | ~ok
         if req.bias is not None:

@@ -18,16 +18,18 @@ backend and patching the output afterwards:
 
 Two ways to the same numbers:
 
-* eager: one reduction over q, k and v decides (a host sync); only when a
-  non-finite number is present is the patch computed, so the common path
-  pays one pass over the inputs. On a GPU this is also the faster policy:
-  computing the patch every call cost 3x the synced forward on an H100
-  (``benchmarks/cuda_syncs.py``, docs/benchmarks.md);
-* inside ``torch.compile`` (``torch.compiler.is_compiling()``): no host
-  sync and no data-dependent branch. The inputs are always sanitised and
-  the patch masks always computed; with finite inputs the ``where`` keeps
-  every entry and the masks are all False, so the result equals the eager
-  one.
+* check first (eager on the CPU): one reduction over q, k and v decides
+  (a host read); only when a non-finite number is present is the patch
+  computed, so the common path pays one pass over the inputs;
+* sync-free (inside ``torch.compile``, and in eager mode on a GPU or any
+  device but the CPU): no host read and no data-dependent branch. The
+  inputs are always sanitised and the patch always added; it is built from
+  terms that are 0 for finite entries (``x - x``, summed over features or
+  over the keys a query sees), so with finite inputs it adds zeros and the
+  result equals the check-first one. A host read on a GPU stalls the host
+  until the device catches up, so the next kernels are queued late; the
+  patch is a fixed dozen small kernels (docs/benchmarks.md,
+  ``benchmarks/cuda_syncs.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dataclasses import replace
 
 import torch
 
+from . import host_sync
 from .request import AttentionRequest
 from .weights import pick
 
@@ -57,108 +60,116 @@ def _all_finite(req: AttentionRequest) -> bool:
 
 
 def _seen(
-    flags: tuple[torch.Tensor, ...], req: AttentionRequest
+    terms: tuple[torch.Tensor, ...], req: AttentionRequest
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
-    """Which query rows may see a key whose row of a flag tensor is set.
+    """Sum each per-key term over the keys each query may see.
 
     Args:
-        flags: bool tensors [B, G, S, X_i], one row per key.
+        terms: [B, G, S, X_i], one row per key, each entry 0, +inf, -inf or
+            NaN. Sums of such numbers are exact: 0 when every seen entry is
+            0, NaN when one is NaN or both infinities meet, else the infinity.
 
     Returns:
-        (one hit per flag tensor, broadcastable to [B, G, R, T, X_i]: query
-        (b, g*R + r, t) may see a key with flag x; sees_any broadcastable to
-        [B, G, R, T, 1], or None when every query sees every key). R = H // G.
+        (one sum per term, broadcastable to [B, G, R, T, X_i]: what query
+        (b, g*R + r, t) sees; sees_any, bool broadcastable to
+        [B, G, R, T, 1], or None when every query sees some key). R = H // G.
 
-    Without a mask, with a per-key (padding) mask and with causality the
-    hits are reductions over S (any, or the first flagged key against each
-    query's last visible key) that inductor fuses without storing per-key
-    flags; a mask that differs between query rows needs (mask @ flags).
+    Without a mask, with a per-key (padding) mask and with causality these
+    are sums or prefix sums over S, read at each query's last visible key;
+    a mask that differs between query rows needs (mask @ flags).
     """
     B, H, G, T, S, _ = req.shape
     allowed = req.allowed
     if allowed is not None and (allowed.shape[1] != 1 or allowed.shape[2] != 1):
-        return _seen_through_mask(flags, req)
+        return _seen_through_mask(terms, req)
     keep = None
     if allowed is not None:
         keep = allowed[:, :, 0, :, None]  # (B|1, 1, 1, S) -> (B|1, 1, S, 1): per key, shared by heads and rows
-        flags = tuple(f & keep for f in flags)
+        terms = tuple(t.masked_fill(~keep, 0) for t in terms)
     if req.causal_is_trivial:
-        hits = tuple(f.any(dim=-2)[:, :, None, None, :] for f in flags)  # (B, G, X) -> (B, G, 1, 1, X)
+        sums = tuple(t.sum(dim=-2)[:, :, None, None, :] for t in terms)  # (B, G, X) -> (B, G, 1, 1, X)
         sees_any = None if keep is None else keep.any(dim=-2)[:, :, None, None]  # -> (B|1, 1, 1, 1, 1)
-        return hits, sees_any
-    # Causal: query t sees keys 0 .. min(t + offset, S - 1) (none when
-    # t + offset < 0), so it sees a flag iff the first flagged key is at most that.
+        return sums, sees_any
+    # Causal: query t sees keys 0 .. min(t + offset, S - 1), none when t + offset < 0.
     offset = 0 if req.causal_alignment == "top_left" else S - T
-    seen_to = (torch.arange(T, device=req.q.device) + offset).clamp(max=S - 1)[:, None]  # (T, 1)
-    key = torch.arange(S, device=req.q.device)[:, None]  # (S, 1)
+    if offset >= 0 and offset + T <= S:  # a slice of the prefix sums: no index to build
+        def last_seen(c: torch.Tensor) -> torch.Tensor:
+            return c[:, :, offset : offset + T]  # (..., S, X) -> (..., T, X)
+        seen_some = None
+    else:
+        seen_to = torch.arange(offset, offset + T, device=req.q.device)  # (T,)
+        index = seen_to.clamp(0, S - 1)
+        seen_some = (seen_to >= 0)[:, None]  # (T, 1)
 
-    def first(f: torch.Tensor) -> torch.Tensor:
-        return torch.where(f, key, S).amin(dim=-2)  # (..., S, X) -> (..., X); S = none
-
-    hits = tuple((first(f)[:, :, None, :] <= seen_to)[:, :, None] for f in flags)  # (B, G, 1, T, X)
+        def last_seen(c: torch.Tensor) -> torch.Tensor:
+            return c.index_select(-2, index).masked_fill(~seen_some, 0)  # (..., S, X) -> (..., T, X)
+    sums = tuple(last_seen(t.cumsum(dim=-2))[:, :, None] for t in terms)  # (B, G, 1, T, X)
     if keep is None:
-        return hits, seen_to >= 0  # (T, 1)
-    return hits, (first(keep)[:, :, None, :] <= seen_to)[:, :, None]  # (B|1, 1, 1, T, 1)
+        return sums, seen_some
+    kept = last_seen(keep.to(torch.int32).cumsum(dim=-2)) > 0  # (B|1, 1, T, 1): some allowed key seen
+    return sums, kept[:, :, None]  # (B|1, 1, 1, T, 1)
 
 
 def _seen_through_mask(
-    flags: tuple[torch.Tensor, ...], req: AttentionRequest
+    terms: tuple[torch.Tensor, ...], req: AttentionRequest
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """``_seen`` for a mask that differs between heads or query rows."""
+    """``_seen`` for a mask that differs between heads or query rows: counts
+    of the NaN, +inf and -inf entries each query sees (a product with 0/1
+    visibility; 0 * inf would be NaN), turned back into sums."""
     B, H, G, T, S, _ = req.shape
     R = H // G
     visible = req.visible().expand(B, H, T, S)
     vis = visible.to(torch.float32).reshape(B, G, R * T, S)  # (B, H, T, S) -> (B, G, R*T, S)
-    # Counts of visible flagged keys; sums of zeros and ones are > 0 iff one is set.
-    sizes = [f.shape[-1] for f in flags]
-    counts = vis @ torch.cat(flags, dim=-1).to(torch.float32)  # (B, G, R*T, sum X_i)
-    hit = (counts > 0).view(B, G, R, T, sum(sizes))  # (B, G, R*T, X) -> (B, G, R, T, X)
+    kinds = [(torch.isnan, float("nan")), (torch.isposinf, float("inf")), (torch.isneginf, float("-inf"))]
+    sizes = [t.shape[-1] for t in terms]
+    flags = torch.cat([is_kind(t) for t in terms for is_kind, _ in kinds], dim=-1)  # (B, G, S, 3 * sum X_i)
+    counts = (vis @ flags.to(torch.float32)).view(B, G, R, T, -1)  # (B, G, R*T, 3X) -> (B, G, R, T, 3X)
+    parts = iter(counts.split([x for x in sizes for _ in kinds], dim=-1))
+    sums = []
+    for t in terms:
+        total = torch.zeros((), dtype=t.dtype, device=t.device)
+        for _, value in kinds:
+            total = total + torch.where(next(parts) > 0, value, 0.0).to(t.dtype)
+        sums.append(total)
     sees_any = visible.any(dim=-1, keepdim=True).view(B, G, R, T, 1)  # (B, H, T, 1) -> (B, G, R, T, 1)
-    return tuple(hit.split(sizes, dim=-1)), sees_any
+    return tuple(sums), sees_any
 
 
 def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:
-    """Finite q/k/v for the backend and the patch restoring non-finite effects."""
+    """Finite q/k/v for the backend and the patch restoring non-finite effects.
+
+    The patch is arithmetic on terms that are 0 where an entry is finite and
+    NaN (or the entry's infinity) where it is not, so that with finite
+    inputs it adds zeros, and it is a fixed sequence of kernels whatever the
+    data: a few reductions over q, k and v, and prefix sums over the keys.
+    """
     B, H, G, T, S, Dv = req.shape
     R = H // G
-    q_ok, k_ok, v_ok = torch.isfinite(req.q), torch.isfinite(req.k), torch.isfinite(req.v)
-    safe = replace(
-        req,
-        q=torch.where(q_ok, req.q, torch.zeros((), dtype=req.q.dtype, device=req.q.device)),
-        k=torch.where(k_ok, req.k, torch.zeros((), dtype=req.k.dtype, device=req.k.device)),
-        v=torch.where(v_ok, req.v, torch.zeros((), dtype=req.v.dtype, device=req.v.device)),
-    )
+
+    def finite(t: torch.Tensor) -> torch.Tensor:  # any finite stand-in works: the patch overrides what it changes
+        return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0)
+
+    safe = replace(req, q=finite(req.q), k=finite(req.k), v=finite(req.v))
     with torch.no_grad():
-        v_nan = torch.isnan(req.v)
-        up = v_nan | torch.isposinf(req.v)  # a visible one makes the feature NaN or +inf
-        down = v_nan | torch.isneginf(req.v)  # a visible one makes the feature NaN or -inf
-        k_bad = (~k_ok).any(dim=-1, keepdim=True)  # (B, G, S, 1)
-        (key_hit, up_hit, down_hit), sees_any = _seen((k_bad, up, down), req)
-        q_bad = (~q_ok).any(dim=-1, keepdim=True).view(B, G, R, T, 1)  # (B, H, T, 1) -> (B, G, R, T, 1)
-        row_nan = key_hit | (q_bad if sees_any is None else q_bad & sees_any)  # (B, G, R, T, 1)
-        nan_hit = (up_hit & down_hit) | row_nan  # visible NaN, or both infinities, or a bad key/query
-        pos_hit, neg_hit = up_hit & ~down_hit, down_hit & ~up_hit
+        k_term = (req.k - req.k).sum(dim=-1, keepdim=True)  # (B, G, S, 1): NaN for a key with a non-finite entry
+        v_term = req.v - safe.v  # (B, G, S, Dv): the non-finite entries, 0 elsewhere
+        q_term = (req.q - req.q).sum(dim=-1, keepdim=True).view(B, G, R, T, 1)  # (B, H, T, 1) -> (B, G, R, T, 1)
+        (key_sum, value_sum), sees_any = _seen((k_term, v_term), req)
+        if sees_any is not None:  # a query that sees nothing keeps its 0 row
+            q_term = q_term.masked_fill(~sees_any, 0)
+        row_term = key_sum + q_term  # (B, G, R, T, 1): NaN for a row that sees a bad key or has a bad query
+        out_term = row_term + value_sum  # (B, G, R, T, Dv)
 
     def fixup(out: torch.Tensor, weights: torch.Tensor | None):
-        o = out.unflatten(1, (G, R))  # (B, H, T, Dv) -> (B, G, R, T, Dv)
-        o = o.masked_fill(pos_hit, float("inf")).masked_fill(neg_hit, float("-inf"))
-        out = o.masked_fill(nan_hit, float("nan")).flatten(1, 2)  # (B, G, R, T, Dv) -> (B, H, T, Dv)
-        if weights is not None and req.weights_detached:  # a selection: [B, h, r, S]
-            rows_nan = row_nan.expand(B, G, R, T, 1).flatten(1, 2)  # (B, G, R, T, 1) -> (B, H, T, 1)
-            weights = weights.masked_fill(pick(rows_nan, req.weight_heads, req.weight_rows), float("nan"))
-        elif weights is not None:
-            w = weights.unflatten(1, (G, R))  # (B, H, T, S) -> (B, G, R, T, S)
-            weights = w.masked_fill(row_nan, float("nan")).flatten(1, 2)  # -> (B, H, T, S)
+        out = (out.unflatten(1, (G, R)) + out_term).flatten(1, 2)  # (B, G, R, T, Dv) -> (B, H, T, Dv)
+        if weights is not None:
+            rows = row_term.expand(B, G, R, T, 1).flatten(1, 2)  # (B, G, R, T, 1) -> (B, H, T, 1)
+            if req.weights_detached:  # a selection: [B, h, r, S]
+                rows = pick(rows, req.weight_heads, req.weight_rows)
+            weights = weights + rows
         return out, weights
 
     return safe, fixup
-
-
-def sync_free(req: AttentionRequest) -> bool:
-    """Whether the patch is computed without looking at the data first (no host
-    sync): inside ``torch.compile`` only (see the module docstring for why not on
-    a GPU in eager mode)."""
-    return torch.compiler.is_compiling()
 
 
 def split_nonfinite(req: AttentionRequest) -> tuple[AttentionRequest, Fixup | None]:
@@ -167,10 +178,10 @@ def split_nonfinite(req: AttentionRequest) -> tuple[AttentionRequest, Fixup | No
 
     In eager mode the function is None when every entry is finite (the
     request is returned as it is); where ``sync_free`` it is always
-    returned, and is the identity on finite inputs.
+    returned (``host_sync.sync_free``), and adds zeros on finite inputs.
     """
     if req.k.numel() == 0 or req.q.numel() == 0:
         return req, None
-    if not sync_free(req) and _all_finite(req):
+    if not host_sync.sync_free(req.q.device) and _all_finite(req):
         return req, None
     return _sanitise(req)

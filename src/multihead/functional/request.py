@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import dropout_probability
+from . import host_sync
 from .masks import causal_mask, check_alignment
 from .weights import WeightSelection, resolve_selection
 
@@ -194,9 +195,9 @@ def _normalise_mask(
         return mask, None
     bias = mask.to(q.dtype) if q.dtype not in (torch.float16, torch.bfloat16) else mask.float()
     neg_inf = torch.isneginf(bias)
-    # Eager looks (a host sync) and keeps a mask without -inf as a pure bias;
-    # compiled code always splits, which gives the same numbers.
-    if torch.compiler.is_compiling() or bool(neg_inf.any()):
+    # On the CPU, eager code looks (a host read) and keeps a mask without -inf
+    # as a pure bias; elsewhere it always splits, which gives the same numbers.
+    if host_sync.sync_free(q.device) or bool(neg_inf.any()):
         return ~neg_inf, bias.masked_fill(neg_inf, 0.0)
     return None, bias
 

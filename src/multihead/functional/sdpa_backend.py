@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import host_sync
 from .alibi import alibi_as_bias
 from .lse_backend import cuda_kernel_inputs, lse_attention, lse_not_supported
 from .request import AttentionRequest
@@ -103,9 +104,9 @@ def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
         visible = req.visible()
         if visible is not None:
             ok = visible.any(dim=-1, keepdim=True)  # (..., T, 1)
-            # Eager skips the fix-up when every row sees a key (a host sync);
-            # compiled code always applies it, a no-op on rows that see one.
-            if torch.compiler.is_compiling() or not bool(ok.all()):
+            # On the CPU, eager code skips the fix-up when every row sees a key
+            # (a host read); elsewhere it is always applied, a no-op on rows that see one.
+            if host_sync.sync_free(q.device) or not bool(ok.all()):
                 row_ok = ok
                 visible = visible | ~ok  # any finite row; its output is zeroed below
         mask = visible

@@ -1,0 +1,131 @@
+"""Host reads in one attention call: none where ``host_sync.sync_free`` holds.
+
+On a GPU a host read (``bool(t)``, ``t.item()``) stalls the host until the
+device has caught up, so eager code there takes the branch-free form of each
+step. These tests count the reads the profiler sees (``aten::_local_scalar_dense``)
+in every mask structure, on the CPU with the branch-free form forced, and on
+CUDA as it runs by default; and check that both forms give the same numbers,
+NaN and inf included.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.kinds import C, build
+
+from multihead import MultiHeadAttention
+from multihead.functional import WeightSelection, attention, host_sync
+from multihead.modules.registry import list_attention_kinds
+
+READS = ("aten::_local_scalar_dense", "aten::nonzero", "cudaStreamSynchronize", "cudaDeviceSynchronize")
+
+
+def _reads(call) -> dict[str, int]:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        call()
+    return {e.key: e.count for e in prof.key_averages() if e.key in READS}
+
+
+def _cases(device: str, dtype: torch.dtype):
+    """name -> a call of one layer or of ``attention`` (q/k/v with a NaN in a
+    masked key, an inf in a visible value, a NaN query row)."""
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(device, dtype)
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).to(device, dtype).eval()  # the same weights on every device
+    x = randn(2, 5, 16)
+    keys = torch.tensor([[True] * 5, [True] * 3 + [False] * 2], device=device)
+    q, k, v = randn(2, 4, 5, 8), randn(2, 2, 7, 8), randn(2, 2, 7, 8)
+    k[1, 0, 6, 3] = float("nan")  # future of every row under top-left causality
+    v[0, 1, 2, 1] = float("inf")
+    q[0, 2, 3, 0] = float("nan")
+    rows = torch.rand(5, 7, generator=g).to(device) > 0.4
+    bias = randn(5, 7).masked_fill(~rows, float("-inf"))
+    return {
+        "layer, causal": lambda: mha(x, is_causal=True),
+        "layer, key mask": lambda: mha(x, key_mask=keys),
+        "top-left causal": lambda: attention(q, k, v, is_causal=True),
+        "bottom-right causal": lambda: attention(q, k, v, is_causal=True, causal_alignment="bottom_right"),
+        "per-row mask": lambda: attention(q, k, v, attn_mask=rows),
+        "float mask with -inf": lambda: attention(q, k, v, attn_mask=bias),
+        "weights of one head": lambda: attention(
+            q, k, v, is_causal=True, return_weights=WeightSelection(heads=[1]))[1],
+        "math, every weight": lambda: attention(q, k, v, is_causal=True, backend="math", return_weights=True)[1],
+    }
+
+
+def _sync_free(monkeypatch, value: bool) -> None:
+    monkeypatch.setattr(host_sync, "sync_free", lambda device: value)
+
+
+@pytest.mark.parametrize("name", list(_cases("cpu", torch.float32)))
+def test_the_branch_free_form_reads_nothing_back_and_equals_the_checked_one(name, monkeypatch):
+    """catches: a ``bool()``/``.item()`` left on the branch-free path, or a
+    branch-free patch that differs from the checked one (NaN/inf included)."""
+    _sync_free(monkeypatch, False)
+    want = _cases("cpu", torch.float64)[name]()
+    _sync_free(monkeypatch, True)
+    call = _cases("cpu", torch.float64)[name]
+    assert _reads(call) == {}
+    torch.testing.assert_close(call(), want, equal_nan=True)
+
+
+def test_the_checked_form_reads_on_the_cpu(monkeypatch):
+    """The counter sees the check-first form's read (so an empty count means something)."""
+    _sync_free(monkeypatch, False)
+    assert _reads(_cases("cpu", torch.float32)["top-left causal"]).get("aten::_local_scalar_dense", 0) >= 1
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(_cases("cpu", torch.float32)))
+def test_cuda_calls_make_no_host_read_and_equal_the_cpu(name, dtype):
+    """catches: a host sync in CUDA's default eager path, or CUDA numbers
+    (NaN/inf pattern included) that differ from the CPU's checked form."""
+    want = _cases("cpu", dtype)[name]()
+    call = _cases("cuda", dtype)[name]
+    call()  # warm-up: first-call set-up (kernels, handles) is not what is counted
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = call()
+    reads = {e.key: e.count for e in prof.key_averages() if e.key in READS}
+    assert reads == {}
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-4}
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("kind", list_attention_kinds())
+def test_every_kind_forward_reads_nothing_back_where_sync_free(kind, monkeypatch):
+    """catches: a kind whose own code (router, gates, chunking) reads a device
+    value back on the path a GPU runs; causal and not."""
+    _sync_free(monkeypatch, True)
+    m = build(kind, dtype=torch.float32)
+    x = torch.randn(2, 6, C, generator=torch.Generator().manual_seed(1))
+    for causal in (False, True):
+        assert _reads(lambda causal=causal: m(x, is_causal=causal)) == {}, f"{kind}, causal={causal}"
+
+
+@cuda
+@pytest.mark.parametrize("kind", list_attention_kinds())
+def test_cuda_every_kind_forward_reads_nothing_back_and_equals_the_cpu(kind):
+    """catches: a host sync in a kind's default eager CUDA forward."""
+    m = build(kind, dtype=torch.float32)
+    x = torch.randn(2, 6, C, generator=torch.Generator().manual_seed(1))
+    want = m(x, is_causal=True)
+    m, x = m.cuda(), x.cuda()
+    m(x, is_causal=True)  # warm-up
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = m(x, is_causal=True)
+    assert {e.key: e.count for e in prof.key_averages() if e.key in READS} == {}
+    out = got[0] if isinstance(got, tuple) else got
+    ref = want[0] if isinstance(want, tuple) else want
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)

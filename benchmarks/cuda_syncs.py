@@ -4,9 +4,10 @@
 
 Lists the host syncs (``aten::_local_scalar_dense``, stream and device
 synchronisations) the profiler sees in one ``MultiHeadAttention`` forward,
-then times the forward with the non-finite check's two policies, alternating
-in one process: check first (one sync per call; the eager default) and the
-branch-free patch that compiled code runs (no sync), beside bare SDPA.
+then times the forward in its two forms, alternating in one process: the
+sync-free form (no host read; the default off the CPU, ``functional.host_sync``)
+and the check-first form the CPU runs (reads the data back before choosing a
+branch: one sync per call here), beside bare SDPA.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from multihead import MultiHeadAttention
-from multihead.functional import nonfinite
+from multihead.functional import host_sync
 
 SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "aten::item")
 
@@ -52,33 +53,33 @@ def main() -> None:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.linear(o.transpose(1, 2).reshape(a.batch, a.seq, 768), w_out, m.out_proj.bias)
 
-    original = nonfinite.sync_free
+    original = host_sync.sync_free
 
-    def ours():  # the eager default: check every entry first (one host sync)
+    def ours():  # the default on a GPU: sync-free
         return m(x, is_causal=True)
 
-    def branch_free():  # the patch compiled code computes, without a sync
-        nonfinite.sync_free = lambda req: True
+    def check_first():  # the CPU's form: look at the data, then branch (a host sync here)
+        host_sync.sync_free = lambda device: False
         try:
             return m(x, is_causal=True)
         finally:
-            nonfinite.sync_free = original
+            host_sync.sync_free = original
 
     with torch.no_grad():
         torch.testing.assert_close(ours().float(), floor().float(), atol=2e-2, rtol=2e-2)
-        for f in (ours, branch_free, floor):
+        for f in (ours, check_first, floor):
             f()
         torch.cuda.synchronize()
-        for name, f in (("multihead (check first)", ours), ("multihead (branch-free, no sync)", branch_free)):
+        for name, f in (("multihead (sync-free, the default)", ours), ("multihead (check first)", check_first)):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 f()
                 torch.cuda.synchronize()
             counts = {e.key: e.count for e in prof.key_averages() if e.key in SYNC_EVENTS}
             print(f"{name}: host syncs in one forward: {counts or 'none'}")
-        times: dict[str, list[float]] = {"multihead (check first)": [], "multihead (branch-free, no sync)": [],
+        times: dict[str, list[float]] = {"multihead (sync-free, the default)": [], "multihead (check first)": [],
                                          "bare sdpa": []}  # fmt: skip
         for _ in range(a.rounds):
-            for name, f in zip(times, (ours, branch_free, floor)):
+            for name, f in zip(times, (ours, check_first, floor)):
                 times[name].append(_time(f, a.number))
     base = statistics.median(times["bare sdpa"])
     print(f"\n{torch.cuda.get_device_name()}, B={a.batch} T={a.seq} C=768 H=12 causal {a.dtype}, "

@@ -8,6 +8,11 @@ device has run every queued kernel, so the kernels after it are queued
 late and the device idles while they are. Inside ``torch.compile`` a
 data-dependent branch would break the graph. In both cases the code takes
 the branch-free form instead, which gives the same numbers.
+
+One read stays on a GPU: choosing the fused kernel for a float mask with
+float16/bfloat16 inputs range-checks the mask, since the kernel's cast
+would turn values beyond the half-precision range into infinities
+(``sdpa_backend.sdpa_not_supported``; a bool mask needs no check).
 """
 
 from __future__ import annotations

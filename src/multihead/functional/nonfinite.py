@@ -135,6 +135,16 @@ def _seen_through_mask(
     return tuple(sums), sees_any
 
 
+def _row_term(t: torch.Tensor) -> torch.Tensor:
+    """[..., X] -> [..., 1] in t's dtype: NaN where the row holds a
+    non-finite entry, else 0. One pass: the row sum in float64 cannot
+    overflow for float32 and narrower entries, so it is finite exactly when
+    every entry is, and times 0 it is 0 or NaN."""
+    if t.dtype == torch.float64:
+        return (t - t).sum(dim=-1, keepdim=True)  # inf - inf and NaN - NaN are NaN
+    return (t.sum(dim=-1, keepdim=True, dtype=torch.float64) * 0).to(t.dtype)
+
+
 def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:
     """Finite q/k/v for the backend and the patch restoring non-finite effects.
 
@@ -151,9 +161,9 @@ def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:
 
     safe = replace(req, q=finite(req.q), k=finite(req.k), v=finite(req.v))
     with torch.no_grad():
-        k_term = (req.k - req.k).sum(dim=-1, keepdim=True)  # (B, G, S, 1): NaN for a key with a non-finite entry
+        k_term = _row_term(req.k)  # (B, G, S, 1): NaN for a key with a non-finite entry, else 0
         v_term = req.v - safe.v  # (B, G, S, Dv): the non-finite entries, 0 elsewhere
-        q_term = (req.q - req.q).sum(dim=-1, keepdim=True).view(B, G, R, T, 1)  # (B, H, T, 1) -> (B, G, R, T, 1)
+        q_term = _row_term(req.q).view(B, G, R, T, 1)  # (B, H, T, 1) -> (B, G, R, T, 1)
         (key_sum, value_sum), sees_any = _seen((k_term, v_term), req)
         if sees_any is not None:  # a query that sees nothing keeps its 0 row
             q_term = q_term.masked_fill(~sees_any, 0)

@@ -1,8 +1,9 @@
 """The tools on a model moved to CUDA give the CPU's results: ``capture`` (some
 heads, rows and layers; causal GQA with left padding, so rows that see no key;
 a NaN at a padded token), ``run_with_cache``, ``head_effects`` and
-``causal_head_scores`` on a tiny float32 GPT, each against the same call on
-the CPU within float32's tolerance (docs/testing.md), scaled by magnitude.
+``causal_head_scores`` ``causal_head_scores``, ``head_importance``, ``to_gqa`` and ``recover`` on a
+tiny float32 GPT, each against the same call on the CPU within float32's
+tolerance (docs/testing.md), scaled by magnitude.
 (``to_mla`` on CUDA: tests/tools/test_convert_mla.py.)"""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import torch
 
 from multihead import MultiHeadAttention
 from multihead.models.gpt import GPT, GPTConfig
-from multihead.tools import capture, causal_head_scores, head_effects, logit_difference, run_with_cache
+from multihead.tools import capture, causal_head_scores, head_effects, head_importance, logit_difference, run_with_cache
+from multihead.tools.convert_heads import to_gqa
+from multihead.tools.recovery import recover
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 V = 50
@@ -150,3 +153,72 @@ def check_causal_head_scores(device: str) -> None:
 
 def test_cuda_causal_head_scores_equal_the_cpu_ones():
     check_causal_head_scores("cuda")
+
+
+def _loss(model, batch):
+    logits = model(batch)  # (B, T, V)
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
+
+
+def check_head_importance(device: str) -> None:
+    model, batches = _gpt(), [_ids(seed=4), _ids(seed=5)]
+    gpu = copy.deepcopy(model).to(device)
+    on = [b.to(device) for b in batches]
+    for method in ("gradient", "ablation"):
+        want = head_importance(model, batches, _loss, method=method)
+        got = head_importance(gpu, on, _loss, method=method)
+        assert got.device.type == "cpu" and got.shape == want.shape == (2, 4)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=method)
+
+
+def test_cuda_head_importance_equals_the_cpu_one():
+    check_head_importance("cuda")
+
+
+def check_to_gqa(device: str) -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=V, context_length=16, embed_dim=32, num_layers=2, num_heads=4)).eval()
+    want = to_gqa(model, 2)
+    got = to_gqa(copy.deepcopy(model).to(device), 2)
+    assert next(got.parameters()).device.type == torch.device(device).type
+    for name, tensor in want.state_dict().items():
+        assert_close_to_cpu(got.state_dict()[name], tensor, name)
+    with torch.no_grad():
+        assert_close_to_cpu(got(_ids().to(device)), want(_ids()))
+
+
+def test_cuda_to_gqa_equals_the_cpu_conversion():
+    check_to_gqa("cuda")
+
+
+def check_recover(device: str) -> None:
+    """Three steps without dropout follow the CPU's losses; with dropout, the caller's
+    generator of the device is left as it was and a second run with the seed repeats the first
+    (to rounding: CUDA backward kernels may add in another order between runs)."""
+    teacher = _gpt()
+    batches = [_ids(seed=6), _ids(seed=7)]
+    student = to_gqa(teacher, 1)
+    want = recover(copy.deepcopy(student), teacher, batches, lambda m, b: m(b), steps=3, lr=1e-3, progress=False)
+    on = [b.to(device) for b in batches]
+    gpu_teacher = copy.deepcopy(teacher).to(device)
+    got = recover(copy.deepcopy(student).to(device), gpu_teacher, on, lambda m, b: m(b), steps=3, lr=1e-3,
+                  progress=False)  # fmt: skip
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+    dropped = to_gqa(_gpt_with_dropout(), 1).to(device)
+    rng = torch.cuda.get_rng_state(device) if device == "cuda" else torch.get_rng_state()
+    runs = [recover(copy.deepcopy(dropped), gpu_teacher, on, lambda m, b: m(b), steps=2, progress=False, seed=3)
+            for _ in range(2)]  # fmt: skip
+    assert runs[1] == pytest.approx(runs[0], rel=1e-5)
+    after = torch.cuda.get_rng_state(device) if device == "cuda" else torch.get_rng_state()
+    assert torch.equal(after, rng)
+
+
+def _gpt_with_dropout() -> GPT:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=V, context_length=16, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                       attention="gqa", dropout=0.2)  # fmt: skip
+    return GPT(config)
+
+
+def test_cuda_recover_follows_the_cpu_and_keeps_the_callers_generator():
+    check_recover("cuda")

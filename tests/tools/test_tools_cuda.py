@@ -67,6 +67,8 @@ def check_capture_of_a_padded_gqa_gpt(device: str) -> None:
         assert torch.equal(torch.isneginf(got.scores.cpu()), torch.isneginf(ref.scores))
         assert_close_to_cpu(got.scores.masked_fill(torch.isinf(got.scores), 0), ref.scores.masked_fill(
             torch.isinf(ref.scores), 0), f"scores of layer {got.layer}")  # fmt: skip
+    for entry in full.layers:  # the explicit softmax of the captured scores (rows that see nothing: 0)
+        assert_close_to_cpu(entry.weights, torch.softmax(entry.scores.cpu(), dim=-1).nan_to_num(0.0))
     pads = full.layers[0].weights[0, :, :3].cpu()  # (H, 3, S): the pads' rows see nothing
     assert torch.equal(pads, torch.zeros_like(pads))
     # the selection is that part of the full record, on the GPU too
@@ -89,13 +91,15 @@ def check_capture_with_a_nan_at_a_padded_token(device: str) -> None:
     x[1, 2, 5] = float("nan")  # item 1: a real token, seen by rows 2 .. 5
     key_mask = torch.arange(6) < torch.tensor([[4], [6]])  # (B, S), True = a real token
 
-    def run(layer, x, key_mask):
+    def run(layer, x, key_mask, backend="auto"):
         with torch.no_grad(), capture(layer, heads=[0, 3], rows=[1, 3, 5]) as record:
-            layer(x, key_mask=key_mask, is_causal=True)
+            layer(x, key_mask=key_mask, is_causal=True, backend=backend)
         return record.layers[0].weights
 
     want = run(m, x, key_mask)
-    got = run(copy.deepcopy(m).to(device), x.to(device), key_mask.to(device))
+    gpu = copy.deepcopy(m).to(device)
+    got = run(gpu, x.to(device), key_mask.to(device))
+    assert_close_to_cpu(got, run(gpu, x.to(device), key_mask.to(device), backend="math"))  # the math path there
     assert bool(torch.isfinite(want[0, :, :2]).all()) and bool(torch.isnan(want[0, :, 2]).all())  # row 5 is a pad
     assert bool(torch.isfinite(want[1, :, 0]).all()) and bool(torch.isnan(want[1, :, 1:]).all())
     assert_close_to_cpu(got, want)

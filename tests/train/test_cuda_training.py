@@ -1,5 +1,6 @@
 """Training on a CUDA device in bfloat16: a resumed run restores the CUDA
-generator (dropout) and follows the uninterrupted run. Runs only where a CUDA
+generator (dropout) and follows the uninterrupted run; the ``--sample-every``
+line decodes on the device and leaves the generators as they were. Runs only where a CUDA
 device is present (docs/testing.md lists the paths only a GPU checks)."""
 
 import json

@@ -78,7 +78,8 @@ def test_cuda_streaming_generation_past_the_context_decodes_the_cpu_tokens():
 def check_quantized(fmt: str, device: str) -> None:
     """The quantized model decodes the same tokens on the device as on the CPU
     (bf16 and int8 run other kernels there, so logits agree to their rounding:
-    the two best logits of every step are further apart than twice that)."""
+    the two best logits of every step are further apart than twice the full
+    forward's difference, and each step's logits differ by less than half that gap)."""
     torch.manual_seed(1)
     model = GPT(GPTConfig.from_preset("tiny", context_length=48)).eval()
     prompt = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(2))
@@ -90,9 +91,11 @@ def check_quantized(fmt: str, device: str) -> None:
         got, got_steps = gpu.generate(prompt.to(device), 16, temperature=0, return_logits=True)
         err = float((gpu(want.to(device)).cpu() - cpu(want)).abs().max())
     top = steps.topk(2, dim=-1).values  # (B, n, 2)
-    assert float((top[..., 0] - top[..., 1]).min()) > 2 * err
+    gap = float((top[..., 0] - top[..., 1]).min())  # the closest call of any step
+    assert gap > 2 * err, (fmt, gap, err)
     assert torch.equal(got.cpu(), want)
-    torch.testing.assert_close(got_steps.cpu(), steps, rtol=0, atol=max(2 * err, 1e-5))
+    # each step's logits (one-row products on the CPU, F.linear on CUDA) closer than half that gap
+    assert float((got_steps.cpu() - steps).abs().max()) < gap / 2
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8"])

@@ -342,3 +342,32 @@ def test_attention_forward_position_bias_gqa_and_dropout():
     layer.train()
     dropped = mhf.attention_forward(layer, q, k, v, allowed, dropout=0.5)[0]
     assert not torch.allclose(dropped, mhf.attention_forward(layer, q, k, v, allowed)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_cuda_multihead_models_equal_the_cpu_and_the_cuda_sdpa_ones(arch):
+    """float32 on the GPU: outputs and captured weights (some heads and rows) of the valid rows
+    equal transformers' eager model on the CPU; bfloat16 on the GPU: outputs within bfloat16's
+    rounding (3e-2 of their magnitude) of transformers' own SDPA model on the GPU."""
+    models = _build(arch)
+    ids, keep = _batch(arch)
+    valid = keep.bool()
+    with torch.no_grad():
+        want = _out(arch, models["eager"], input_ids=ids, attention_mask=keep)
+        want_w = models["eager"](input_ids=ids, attention_mask=keep, output_attentions=True).attentions
+        gpu = copy.deepcopy(models["multihead"]).to("cuda")
+        with mhf.capture(gpu, heads=[1, 3], rows=slice(-2, None)) as record:
+            got = _out(arch, gpu, input_ids=ids.cuda(), attention_mask=keep.cuda())
+    assert_paths_agree(got.cpu()[valid], want[valid])
+    for entry, w in zip(record.layers, want_w):
+        part = w[:, [1, 3], -2:]  # (B, 2, 2, S): the last two query rows, each seeing a real key
+        assert_paths_agree(entry.weights.cpu(), part.float())
+    with torch.no_grad():
+        half = {impl: copy.deepcopy(models[impl]).to("cuda", torch.bfloat16) for impl in ("sdpa", "multihead")}
+        outs = {impl: _out(arch, m, input_ids=ids.cuda(), attention_mask=keep.cuda()).float().cpu()[valid]
+                for impl, m in half.items()}  # fmt: skip
+    scale = max(1.0, float(want[valid].abs().max()))
+    torch.testing.assert_close(outs["multihead"], outs["sdpa"], rtol=0, atol=3e-2 * scale)
+    torch.testing.assert_close(outs["multihead"], want[valid], rtol=0, atol=3e-2 * scale)

@@ -285,6 +285,61 @@ def test_cuda_kernels_give_the_math_weights(kernel, case, seed):
     torch.testing.assert_close(out.double(), out_m, rtol=0, atol=5e-3)
 
 
+def _cuda_call(tensors, kw, dtype):
+    """q, k, v and the call's tensors on the GPU in ``dtype`` (bool masks stay bool)."""
+    moved = {n: (t.to("cuda", dtype) if t.is_floating_point() else t.cuda()) if isinstance(t, torch.Tensor) else t
+             for n, t in kw.items()}  # fmt: skip
+    return tuple(t.to("cuda", dtype) for t in tensors), moved
+
+
+def _assert_cuda_paths_close(got, want, dtype, atol_half):
+    """float32: torch.testing's defaults scaled by the magnitude; half precision: ``atol_half`` scaled."""
+    fin = torch.isfinite(want)
+    scale = max(1.0, float(want[fin].abs().max())) if bool(fin.any()) else 1.0
+    tol = {"rtol": 1.3e-6, "atol": 1e-5 * scale} if dtype == torch.float32 else {"rtol": 0, "atol": atol_half * scale}
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), equal_nan=True, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_rebuilt_weights_equal_the_math_path_on_cuda(case, dtype, seed):
+    """Every edge case of the table on the GPU, with a different selection per case (all of them in turn):
+    the weights rebuilt from the kernel's log-sum-exp equal the math path's on the same device."""
+    B, H, G, T, S, build = CASES[case]
+    sel = list(SELECTIONS.values())[list(CASES).index(case) % len(SELECTIONS)]
+    (q, k, v), kw = _cuda_call(make_qkv(seed, B, H, G, T, S, 16), build(seed, B, H, T, S), dtype)
+    out, w = attention(q, k, v, return_weights=sel, backend="sdpa", **kw)
+    out_m, w_m = attention(q, k, v, return_weights=sel, backend="math", **kw)
+    assert w.device.type == "cuda" and w.dtype == dtype and not w.requires_grad
+    _assert_cuda_paths_close(w, w_m, dtype, 1e-2)
+    _assert_cuda_paths_close(out, out_m, dtype, 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_cuda_non_finite_values_hidden_change_nothing_and_visible_ones_show(dtype, seed):
+    """NaN and inf at padded keys: the selected weights equal those without them; NaN at a visible key:
+    that row is NaN; the same on the math path on the GPU and on the CPU in float64."""
+    B, H, G, T, S = 2, 4, 2, 4, 6
+    q, k, v = make_qkv(seed, B, H, G, T, S, 16)
+    k[0, :, 5], v[0, :, 4] = float("nan"), float("inf")  # keys batch item 0 may not see
+    k[1, 1, 2] = float("nan")  # a key batch item 1 sees, read by heads 2 and 3
+    kw = {"attn_mask": padding_mask_from_lengths([4, 6], S), "return_weights": WeightSelection(heads=[1, 2], rows=[1, 3])}
+    cpu_w = attention(q, k, v, backend="math", **kw)[1]
+    clean_w = attention(q, k.nan_to_num(0.0), v.nan_to_num(0.0, 0.0, 0.0), backend="math", **kw)[1]
+    (qc, kc, vc), kwc = _cuda_call((q, k, v), kw, dtype)
+    w = attention(qc, kc, vc, backend="sdpa", **kwc)[1]
+    w_m = attention(qc, kc, vc, backend="math", **kwc)[1]
+    assert bool(torch.isnan(w[1, 1]).all()) and not bool(torch.isnan(w[1, 0]).any())
+    assert not bool(torch.isnan(w[0]).any())
+    _assert_cuda_paths_close(w, w_m, dtype, 1e-2)
+    _assert_cuda_paths_close(w[0], clean_w[0], dtype, 1e-2)
+    _assert_cuda_paths_close(w, cpu_w, dtype, 1e-2)
+
+
 @pytest.mark.parametrize("case", ["causal_top_left", "causal_top_left_t_gt_s", "causal_bottom_right_cache",
                                   "causal_bottom_right_t_gt_s", "padding_left_bottom_right", "float_mask_and_causal",
                                   "bool_rows_that_see_nothing"])

@@ -152,3 +152,21 @@ def test_an_attn_mask_over_every_position_written_is_cut_to_the_kept_keys():
         outs += [m(x[:, t : t + 1], is_causal=True, kv_cache=cache, attn_mask=hide[t : t + 1, : t + 1]) for t in range(6, 10)]
     assert_paths_agree(torch.cat(outs, 1), want)
     assert not torch.allclose(want, m(x, is_causal=True))  # the mask matters
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", list_attention_kinds())
+def test_cuda_every_kind_decodes_a_long_prompt_with_its_window_cache_as_on_the_cpu(kind):
+    """float64 on the GPU: the window cache's prefill and steps equal the CPU's full forward, and the
+    cache's storage is window-sized on the device."""
+    m = build(kind, window=3, rope=True)
+    x = _x()
+    with torch.no_grad():
+        want = m(x, is_causal=True)
+        gpu = m.to("cuda")
+        cache = window_cache(gpu, 2, 11)
+        assert type(cache) is WINDOWED[type(gpu.make_kv_cache(2, 11))] and cache.k.device.type == "cuda"
+        got = _decode(gpu, x.cuda(), cache, prefill=7)
+    assert_paths_agree(got.cpu(), want)
+    assert cache.length == 11 and all(getattr(cache, name).shape[dim] == 3 for name, dim in cache._kept_dims.items())

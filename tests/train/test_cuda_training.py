@@ -1,5 +1,6 @@
 """Training on a CUDA device in bfloat16: a resumed run restores the CUDA
-generator (dropout) and follows the uninterrupted run. Runs only where a CUDA
+generator (dropout) and follows the uninterrupted run; the ``--sample-every``
+line decodes on the device and leaves the generators as they were. Runs only where a CUDA
 device is present (docs/testing.md lists the paths only a GPU checks)."""
 
 import json
@@ -40,3 +41,29 @@ def test_bf16_cuda_resume_restores_the_cuda_generator_and_follows_the_straight_r
     spread = float((losses[2] - losses[1]).abs().max())
     assert float((losses[0] - losses[1]).abs().max()) <= 3 * spread + 1e-2 * float(losses[1].abs().max()), losses
     assert next(resumed.model.parameters()).device.type == "cuda"
+
+
+class _Ids:
+    """A tokenizer stand-in whose text is the ids themselves."""
+
+    @staticmethod
+    def decode(ids):
+        return " ".join(map(str, ids))
+
+
+def test_cuda_sample_line_decodes_on_the_device_and_leaves_the_generators_and_mode_as_they_were():
+    from multihead.models import GPT, GPTConfig
+    from multihead.models.generation import generate
+    from multihead.train.sampling import PROMPT_TOKENS, SAMPLE_TOKENS, sample_line
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny", context_length=16, dropout=0.1), device="cuda").train()
+    val = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).numpy()
+    cpu_state, cuda_state = torch.get_rng_state(), torch.cuda.get_rng_state()
+    line = sample_line(model, _Ids(), val, 7, torch.device("cuda"))
+    assert model.training
+    assert torch.equal(torch.get_rng_state(), cpu_state) and torch.equal(torch.cuda.get_rng_state(), cuda_state)
+    prompt = [int(t) for t in val[:PROMPT_TOKENS]]
+    with torch.no_grad():
+        ids = generate(model.eval(), torch.tensor([prompt], device="cuda"), SAMPLE_TOKENS, temperature=0.0)
+    assert line == f"sample at step 7: {_Ids.decode(prompt)!r} -> {_Ids.decode(ids[0, len(prompt):].tolist())!r}"

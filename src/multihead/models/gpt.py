@@ -272,7 +272,8 @@ def require_gpt2_layout(config: GPTConfig) -> None:
     """
     if config.attention != "mha" or config.num_kv_heads not in (None, config.num_heads):
         raise ValueError(
-            "Hugging Face GPT-2 weights exist only for attention='mha' with num_kv_heads == num_heads; "
+            "Hugging Face GPT-2 weights exist only for attention='mha' with num_kv_heads == num_heads (its c_attn "
+            "holds one key and one value head per query head and no other kind's weights); "
             f"got attention={config.attention!r}, num_kv_heads={config.num_kv_heads}, num_heads={config.num_heads}"
         )
     if not config.qkv_bias:

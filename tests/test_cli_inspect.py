@@ -76,7 +76,8 @@ def test_verbose_prints_every_head_the_legend_of_its_columns_and_every_heads_lin
 
 def test_summary_lists_each_roles_strongest_heads_and_the_top_links(minilm_run, tmp_path):
     from multihead.commands.inspect_report import report
-    from multihead.tools.roles import ROLE_THRESHOLDS, is_special
+    from multihead.tools.roles import ROLE_THRESHOLDS
+    from multihead.tools.token_kinds import is_special
 
     _, found = minilm_run
     lines: list[str] = []

@@ -90,7 +90,8 @@ def test_a_run_starts_from_the_folder_with_its_tokenizer_and_context_and_resumes
     "flags, message",
     [
         (["--preset", "tiny"], "init_from takes the model and its tokenizer from {gpt2}; {{'preset': 'tiny'}} cannot go"),
-        (["--attention", "gqa"], "init_from loads GPT-2's multi-head attention: attention must be 'mha'"),
+        (["--attention", "gqa"], "attention must be 'mha', got attention='gqa'; a Hugging Face GPT-2 folder holds "
+                                 "one key and one value head per query head"),
         (["--tokenizer", "bytes"], "init_from uses the folder's BPE tokenizer; tokenizer='bytes' cannot go with it"),
         (["--context-length", "64"], "context_length=64 is longer than the init_from model allows (n_positions=32"),
     ],

@@ -18,7 +18,8 @@ from safetensors.torch import save_file
 from support.paths import assert_paths_agree
 
 from multihead import MultiHeadAttention
-from multihead.models.bert import BERT_PRESETS, BertConfig, BertEncoder, load_safetensors
+from multihead.models.bert import BERT_PRESETS, BertConfig, BertEncoder
+from multihead.models.bert_weights import load_safetensors
 
 TINY = dict(
     vocab_size=99, hidden_size=20, num_layers=2, num_heads=4, intermediate_size=37,

@@ -23,7 +23,8 @@ from safetensors.torch import save_file
 
 from multihead import MultiHeadAttention
 from multihead.models import minilm
-from multihead.models.bert import BertConfig, load_safetensors
+from multihead.models.bert import BertConfig
+from multihead.models.bert_weights import load_safetensors
 from multihead.models.minilm import (
     INSTALL_COMMAND,
     MissingWeightsPackageError,

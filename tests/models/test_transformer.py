@@ -10,13 +10,8 @@ import torch
 import torch.nn.functional as F
 from support.paths import assert_greedy_agrees
 
-from multihead.models.transformer import (
-    PRESETS,
-    CopyBatch,
-    Transformer,
-    TransformerConfig,
-    copy_task_batches,
-)
+from multihead.models.copy_task import CopyBatch, copy_task_batches
+from multihead.models.transformer import PRESETS, Transformer, TransformerConfig
 
 V, L = 11, 10  # copy-task vocabulary and longest sequence
 STEPS, BATCH, LR, WARMUP = 400, 32, 3e-3, 50

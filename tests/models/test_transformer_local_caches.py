@@ -10,7 +10,8 @@ import torch
 from support.paths import assert_greedy_agrees, assert_paths_agree
 
 from multihead import KVCache, WindowKVCache
-from multihead.models.transformer import Transformer, TransformerConfig, copy_task_batches, transformer_attention
+from multihead.models.copy_task import copy_task_batches
+from multihead.models.transformer import Transformer, TransformerConfig, transformer_attention
 
 WINDOW = 3
 

@@ -274,6 +274,7 @@ def test_kind_is_a_plain_class_attribute(kind):
 def test_mha_family_names_each_instance_by_its_key_value_heads(name, opts, want):
     m = build_attention(name, embed_dim=C, num_heads=H, **opts)
     assert type(m).kind == "mha" and m.kind == want and vars(m)["kind"] == want
+    assert type(m).kind_name(m.num_heads, m.num_kv_heads) == want  # the rule other code asks the class for
 
 
 # ---------------------------------------------------------------- cost and state

@@ -10,18 +10,16 @@ import torch
 from multihead import MultiHeadAttention
 from multihead.functional.masks import causal_mask
 from multihead.tools.capture import AttentionRecord, LayerAttention, capture
+from multihead.tools.head_links import strongest_links
 from multihead.tools.roles import (
     ROLE_MARGIN,
     ROLE_THRESHOLDS,
     HeadRoles,
     classify_heads,
     format_roles,
-    is_punctuation,
-    is_special,
-    rare_tokens,
     role_table,
-    strongest_links,
 )
+from multihead.tools.token_kinds import is_punctuation, is_special, rare_tokens
 
 TOKENS = ["[CLS]", "the", "cat", "##s", ",", "[SEP]"]
 IDS = [101, 1996, 4937, 2015, 1010, 102]  # BERT-style ids: "cat" has the largest id among the words

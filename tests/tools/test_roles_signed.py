@@ -13,7 +13,8 @@ import torch
 
 from multihead.modules.kinds.dcmha import DCMHA
 from multihead.tools.capture import AttentionRecord, LayerAttention, capture
-from multihead.tools.roles import classify_heads, strongest_links
+from multihead.tools.head_links import strongest_links
+from multihead.tools.roles import classify_heads
 
 TOKENS = ["[CLS]", "dog", ",", "[SEP]"]
 FREQ = {"dog": 1}  # one word: rare is measured only with a corpus frequency for it

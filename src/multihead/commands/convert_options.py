@@ -25,6 +25,9 @@ __all__ = [
     "check_mla_model",
 ]  # fmt: skip
 
+# The command's conversions, named after what their layers become: "gqa" and "mqa" (G = 1) run
+# tools.to_gqa, whose layers are the MultiHeadAttention kind of their head counts (kind_name);
+# "mla" runs tools.to_mla. Which layers they take is the kinds' regroups_key_values.
 TARGETS = ("gqa", "mqa", "mla")
 UNCALIBRATED = ("mean", "svd")  # the methods that read no data
 

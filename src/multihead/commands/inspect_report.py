@@ -35,6 +35,7 @@ import torch
 
 from ..tools.capture import AttentionRecord
 from ..tools.causal_roles import CausalScores
+from ..tools.head_links import Link, strongest_links
 from ..tools.head_slots import HeadSlots
 from ..tools.roles import (
     MARKS,
@@ -43,13 +44,11 @@ from ..tools.roles import (
     ROLE_THRESHOLDS,
     RULE,
     HeadRoles,
-    Link,
     format_legend,
     format_roles,
-    is_special,
     role_legend,
-    strongest_links,
 )  # fmt: skip
+from ..tools.token_kinds import is_special
 from ..tools.token_text import readable_tokens
 from .head_scores import IMPORTANCE_MEANING, format_head_table
 from .inspect_causal import causal_view, format_causal

@@ -148,7 +148,9 @@ def _model(args: argparse.Namespace):
         if label not in GPT_PRESETS:
             raise ValueError(f"--preset {label!r}: unknown; valid: {', '.join(GPT_PRESETS)}")
         options = parse_attention_options(args.attention_option)
-        config = GPTConfig.from_preset(label, attention=args.attention or "mha", attention_options=options, **fields)
+        if args.attention:  # else the config's default kind
+            fields["attention"] = args.attention
+        config = GPTConfig.from_preset(label, attention_options=options, **fields)
     label += f", {config.attention}{' ' + str(config.attention_options) if config.attention_options else ''}"
     if config.layer_attention_options:
         label += f", per layer {config.layer_attention_options}"

@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from ..models.checkpoint import check_state_shapes
-from ..models.gpt import GPT, GPTConfig, require_gpt2_layout
+from ..models.gpt import GPT, GPTConfig
+from ..models.gpt_hf_config import require_gpt2_layout
 from ..models.quantize import refuse_weight_only
 
 __all__ = ["gpt_from_hf_state_dict", "gpt_to_hf_state_dict"]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..functional import WeightSelection, attention
+from ..modules.kinds.mha import MultiHeadAttention
 from ..modules.observe import observed_selection, part_of
 from ..tools.capture import AttentionRecord, LayerAttention, padding_of
 
@@ -103,10 +104,6 @@ def _weights_requested(kwargs: dict) -> bool:
 def _position(scope: _Scope, module: nn.Module) -> int:
     """The module's index among the scope's attention modules, in order of first call."""
     return scope.order.setdefault(id(module), len(scope.order))
-
-
-def _kind(H: int, G: int) -> str:
-    return "mha" if G == H else ("mqa" if G == 1 else "gqa")
 
 
 def attention_forward(
@@ -217,7 +214,7 @@ def attention_forward(
                 LayerAttention(
                     layer=position,
                     name=scope.module_names[id(module)],
-                    kind=_kind(query.shape[1], key.shape[1]),
+                    kind=MultiHeadAttention.kind_name(query.shape[1], key.shape[1]),  # (B, H, T, D), (B, G, S, D)
                     weights=part.float().cpu(),
                     heads=heads,
                     rows=rows,

@@ -186,10 +186,12 @@ def _gpt2_tensors(model) -> dict[str, torch.Tensor]:
 
 def _bert_tensors(encoder) -> dict[str, torch.Tensor]:
     """BertModel weights of a BertEncoder (heads padded to num_heads), no pooler."""
+    from ..models.bert_weights import hf_name_map
+
     config = encoder.config
     H, D = config.num_heads, config.head_dim
     state = encoder.state_dict()
-    names = encoder._hf_name_map()  # ours -> (transformers name, shape): the key map of models.bert
+    names = hf_name_map(encoder)  # ours -> (transformers name, shape): the key map of models.bert_weights
     tensors = {}
     for i, layer in enumerate(encoder.layers):
         heads = _full_heads(layer.attention, H, D)

@@ -113,7 +113,7 @@ def load_gpt2_folder(folder: str | Path):
     """(GPT in eval mode, tokenizers.Tokenizer without truncation or padding) for a GPT-2 folder
     (config.json, model.safetensors, tokenizer.json); the tokenizer is None without a tokenizer.json."""
     from ..convert.hf_gpt2 import gpt_from_hf_state_dict
-    from ..models.bert import load_safetensors
+    from ..models.bert_weights import load_safetensors
     from ..models.gpt import GPTConfig
 
     folder = Path(folder)

@@ -6,6 +6,7 @@ convert`` save them)."""
 
 from .bert import BERT_PRESETS, BertConfig, BertEncoder
 from .checkpoint import load_checkpoint, save_checkpoint
+from .copy_task import copy_task_batches
 from .gpt import GPT, GPT_PRESETS, GPTConfig
 from .gpt_inputs import LMOutput
 from .minilm import (
@@ -18,7 +19,7 @@ from .minilm import (
 from .quantize import QuantizedGPT, quantize_weights, weight_format
 from .saved import load_model, saved_kind
 from .transformer import PRESETS as TRANSFORMER_PRESETS
-from .transformer import Transformer, TransformerConfig, copy_task_batches
+from .transformer import Transformer, TransformerConfig
 
 __all__ = [
     "GPT",

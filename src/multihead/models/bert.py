@@ -28,10 +28,9 @@ Weights load from Hugging Face BERT names (with or without the ``bert.``
 prefix) through :meth:`BertEncoder.from_hf_state_dict`, from safetensors
 files only (:func:`load_safetensors`).
 
-The file is longer than the house's 500 lines because that key map (names
-and shapes, checked key by key) sits beside the encoder it fills: the
-pretrained MiniLM in ``models.minilm`` loads through it, and models never
-import a converter.
+That key map (names and shapes, checked key by key) is ``models.bert_weights``,
+beside the encoder it fills: the pretrained MiniLM in ``models.minilm`` loads
+through it, and models never import a converter.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from torch import nn
 from .._checks import dropout_probability, positive_int
 from ..modules.head_selection import check_heads
 from ..modules.registry import build_attention, check_kind, total_aux_loss
+from .bert_weights import load_hf_weights, load_safetensors
 from .head_layout import check_layer_heads, layer_head_options
 
 __all__ = [
@@ -58,7 +58,6 @@ __all__ = [
     "BertLayer",
     "BertEncoder",
     "layer_attention",
-    "load_safetensors",
 ]
 
 _ACTIVATIONS = {
@@ -290,57 +289,6 @@ class BertLayer(nn.Module):
         return self.output_norm(a + self.dropout(y))
 
 
-# ------------------------------------------------------------------ HF names
-_IGNORED_PREFIXES = ("pooler.", "cls.")
-_IGNORED_KEYS = ("embeddings.position_ids",)
-_EMBEDDING_NAMES = {
-    "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
-    "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
-    "embeddings.token_type_embeddings.weight": "embeddings.token_type_embeddings.weight",
-    "embeddings.norm.weight": "embeddings.LayerNorm.weight",
-    "embeddings.norm.bias": "embeddings.LayerNorm.bias",
-}
-_LAYER_NAMES = {  # ours (under layers.{i}.) -> HF (under encoder.layer.{i}.), for .weight and .bias
-    "attention.q_proj": "attention.self.query",
-    "attention.k_proj": "attention.self.key",
-    "attention.v_proj": "attention.self.value",
-    "attention.out_proj": "attention.output.dense",
-    "attention_norm": "attention.output.LayerNorm",
-    "intermediate": "intermediate.dense",
-    "output": "output.dense",
-    "output_norm": "output.LayerNorm",
-}
-
-
-def _strip_prefix(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop a leading ``bert.`` (BertFor* checkpoints) when the keys carry it."""
-    if any(k.startswith("bert.") for k in state_dict) and not any(k.startswith("embeddings.") for k in state_dict):
-        return {(k[5:] if k.startswith("bert.") else k): v for k, v in state_dict.items()}
-    return dict(state_dict)
-
-
-def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a safetensors file into a dict of CPU tensors (never pickle).
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: the file is not a readable safetensors file (truncated,
-            corrupt header, ...); the message names the file.
-    """
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"weights file not found: {path}")
-    try:
-        return load_file(str(path), device="cpu")
-    except Exception as exc:  # SafetensorError, OSError, ... from deep inside
-        raise ValueError(
-            f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc}); "
-            "the file may be truncated or corrupt"
-        ) from None
-
-
 class BertEncoder(nn.Module):
     """BERT encoder: embeddings and ``num_layers`` post-LayerNorm layers.
 
@@ -446,28 +394,6 @@ class BertEncoder(nn.Module):
         return x
 
     # ------------------------------------------------------------------ weights
-    def _hf_name_map(self) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """Our split-layout state-dict name -> (HF name, expected shape)."""
-        params = dict(self.named_parameters())
-        out = {ours: (hf, tuple(params[ours].shape)) for ours, hf in _EMBEDDING_NAMES.items()}
-        for i, layer in enumerate(self.layers):
-            qkv = layer.attention.projection_weights() if hasattr(layer.attention, "projection_weights") else {}
-            for ours, hf in _LAYER_NAMES.items():
-                for suffix in ("weight", "bias"):
-                    name = f"layers.{i}.{ours}.{suffix}"
-                    letter = ours[len("attention.")] if ours.endswith(("q_proj", "k_proj", "v_proj")) else None
-                    if letter is not None and qkv:
-                        tensor = qkv[letter][0 if suffix == "weight" else 1]
-                    elif name in params:
-                        tensor = params[name]
-                    else:
-                        raise ValueError(
-                            f"attention kind {self.config.attention!r} has no parameter {name}; "
-                            "it cannot load Hugging Face BERT weights"
-                        )
-                    out[name] = (f"encoder.layer.{i}.{hf}.{suffix}", tuple(tensor.shape))
-        return out
-
     def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor], *, source: str = "state dict") -> None:
         """Copy Hugging Face BERT weights into this encoder, checking every key.
 
@@ -479,35 +405,7 @@ class BertEncoder(nn.Module):
             ValueError: missing keys, unexpected keys or wrong shapes (all
                 listed, with ``source`` naming where the weights came from).
         """
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"state_dict must be a mapping of names to tensors, got {type(state_dict).__name__}")
-        bad = [k for k, v in state_dict.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
-        if bad:
-            raise TypeError(f"{source}: state_dict entries must map str to torch.Tensor; bad keys {bad[:5]}")
-        sd = _strip_prefix(state_dict)
-        sd = {k: v for k, v in sd.items() if not k.startswith(_IGNORED_PREFIXES) and k not in _IGNORED_KEYS}
-        names = self._hf_name_map()
-        used = {hf for hf, _ in names.values()}
-        missing = sorted(hf for hf in used if hf not in sd)
-        unexpected = sorted(k for k in sd if k not in used)
-        wrong = [
-            f"{hf}: expected {shape}, got {tuple(sd[hf].shape)}"
-            for hf, shape in names.values()
-            if hf in sd and tuple(sd[hf].shape) != shape
-        ]
-        wrong += [f"{k}: dtype {v.dtype} is not floating" for k, v in sd.items() if k in used and not v.is_floating_point()]
-        problems = []
-        if missing:
-            problems.append(f"missing keys ({len(missing)}): {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-        if unexpected:
-            problems.append(f"unexpected keys ({len(unexpected)}): {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-        if wrong:
-            problems.append(f"wrong shapes/dtypes ({len(wrong)}): {wrong[:8]}{' ...' if len(wrong) > 8 else ''}")
-        if problems:
-            raise ValueError(f"{source} does not match BertConfig {self.config}: " + "; ".join(problems))
-        ours = {name: sd[hf] for name, (hf, _) in names.items()}  # q/k/v fuse in the attention's load hook
-        with torch.no_grad():
-            self.load_state_dict(ours, strict=True)
+        load_hf_weights(self, state_dict, source=source)
 
     @classmethod
     def from_hf_state_dict(

@@ -17,8 +17,8 @@ Left-padded batches (``attention_mask`` [B, S], 1 = real token, Hugging
 Face's polarity) count positions over real tokens only, as Hugging Face does
 for batched generation (``gpt_inputs``: the forward's input checks).
 
-The file is longer than the house's 500 lines because the config, its
-checks and the model it describes read best side by side.
+A block (``gpt_blocks``) is pre-LayerNorm attention then MLP; the
+translation to and from Hugging Face's ``GPT2Config`` is ``gpt_hf_config``.
 """
 
 from __future__ import annotations
@@ -29,15 +29,16 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, positive_int
 from ..modules.calls import rollback_all_on_error
 from ..modules.head_selection import check_heads
-from ..modules.registry import attention_class, build_attention, check_kind, total_aux_loss
+from ..modules.registry import check_kind, total_aux_loss
 from ..modules.window_cache import window_cache
 from .generation import generate as generate_tokens
+from .gpt_blocks import Block
+from .gpt_hf_config import config_fields_from_hf, gpt2_config_kwargs
 from .gpt_inputs import (
     LMOutput,
     check_caches,
@@ -49,20 +50,16 @@ from .gpt_inputs import (
     scored_tokens,
     token_positions,
 )
-from .gpt_positions import check_positions, check_streaming_call, position_options, streaming_caches
+from .gpt_positions import check_positions, check_streaming_call, streaming_caches
 from .gpt_presets import GPT_PRESETS
-from .head_layout import check_layer_heads, layer_head_options
-from .layer_options import check_layer_options, layer_options
+from .head_layout import check_layer_heads
+from .layer_options import check_layer_options
 
 __all__ = [
     "GPTConfig",
     "GPT_PRESETS",
     "GPT",
-    "Block",
-    "MLP",
-    "block_attention",
     "positions_from_mask",
-    "require_gpt2_layout",
 ]
 
 
@@ -211,34 +208,7 @@ class GPTConfig:
                 activation, different dropout rates per site,
                 cross-attention, scaled or upcast attention variants).
         """
-        d = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
-        get = d.get
-        act = get("activation_function", "gelu_new")
-        if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"only the GELU tanh approximation is implemented, got activation_function={act!r}")
-        C = get("n_embd", 768)
-        rates = {k: get(k, 0.1) for k in ("embd_pdrop", "attn_pdrop", "resid_pdrop")}
-        if len(set(rates.values())) > 1:
-            raise ValueError(f"one dropout rate is used everywhere; got different rates {rates}")
-        for flag, want in (
-            ("add_cross_attention", False),
-            ("scale_attn_weights", True),
-            ("scale_attn_by_inverse_layer_idx", False),
-            ("reorder_and_upcast_attn", False),
-        ):
-            if bool(get(flag, want)) != want:
-                raise ValueError(f"{flag}={get(flag)!r} is not supported (only {flag}={want})")
-        return cls(
-            vocab_size=get("vocab_size", 50257),
-            context_length=get("n_positions", 1024),
-            embed_dim=C,
-            num_layers=get("n_layer", 12),
-            num_heads=get("n_head", 12),
-            dropout=float(next(iter(rates.values()))),
-            layer_norm_eps=get("layer_norm_epsilon", 1e-5),
-            tie_embeddings=bool(get("tie_word_embeddings", True)),
-            mlp_dim=None if get("n_inner") in (None, 4 * C) else get("n_inner"),
-        )
+        return cls(**config_fields_from_hf(hf_config))
 
     def to_hf_config(self) -> dict[str, Any]:
         """Keyword arguments for ``transformers.GPT2Config`` (attention="mha" only).
@@ -246,111 +216,10 @@ class GPTConfig:
         Raises:
             ValueError: a configuration GPT-2 cannot express.
         """
-        require_gpt2_layout(self)
-        return {
-            "vocab_size": self.vocab_size,
-            "n_positions": self.context_length,
-            "n_embd": self.embed_dim,
-            "n_layer": self.num_layers,
-            "n_head": self.num_heads,
-            "activation_function": "gelu_new",
-            "resid_pdrop": self.dropout,
-            "embd_pdrop": self.dropout,
-            "attn_pdrop": self.dropout,
-            "layer_norm_epsilon": self.layer_norm_eps,
-            "tie_word_embeddings": self.tie_embeddings,
-            "n_inner": self.mlp_dim,
-        }
-
-
-def require_gpt2_layout(config: GPTConfig) -> None:
-    """Refuse a config whose weights Hugging Face GPT-2 cannot hold.
-
-    Raises:
-        ValueError: attention other than "mha" with all heads, qkv_bias=False,
-            per-layer head counts, or positions other than a learned table.
-    """
-    if config.attention != "mha" or config.num_kv_heads not in (None, config.num_heads):
-        raise ValueError(
-            "Hugging Face GPT-2 weights exist only for attention='mha' with num_kv_heads == num_heads; "
-            f"got attention={config.attention!r}, num_kv_heads={config.num_kv_heads}, num_heads={config.num_heads}"
-        )
-    if not config.qkv_bias:
-        raise ValueError("Hugging Face GPT-2 always has a c_attn bias; got qkv_bias=False")
-    if config.layer_heads is not None:
-        raise ValueError(f"Hugging Face GPT-2 has num_heads in every block; got layer_heads={config.layer_heads}")
-    if config.positions != "learned":
-        raise ValueError(f"Hugging Face GPT-2 has a learned position table (wpe); got positions={config.positions!r}")
+        return gpt2_config_kwargs(self)
 
 
 # ---------------------------------------------------------------------- model
-class MLP(nn.Module):
-    """fc (C -> M), GELU with the tanh approximation, proj (M -> C), dropout; M = 4C by default."""
-
-    def __init__(self, embed_dim: int, dropout: float = 0.0, hidden: int | None = None, **factory: Any) -> None:
-        super().__init__()
-        M = 4 * embed_dim if hidden is None else hidden
-        self.fc = nn.Linear(embed_dim, M, **factory)
-        self.proj = nn.Linear(M, embed_dim, **factory)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, C] -> [B, T, C]."""
-        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
-
-
-def block_attention(config: GPTConfig, layer: int = 0, **factory: Any) -> nn.Module:
-    """The attention of block ``layer`` as ``config`` describes it (its head
-    counts from ``layer_head_options``; its index for a kind that declares a
-    ``layer_index_option``, unless the options set it), freshly initialised."""
-    heads = layer_head_options(config, layer)
-    given = layer_options(config.attention_options, config.layer_attention_options, layer)
-    given = {**position_options(config.positions, given), **given}  # rope=True / alibi=True unless set
-    index = attention_class(config.attention).layer_index_option
-    if index is not None and index not in given:
-        heads[index] = layer
-    if "head_dim" in given:  # an explicit head_dim stays the layers' D
-        heads.pop("head_dim", None)
-    options: dict[str, Any] = {
-        "qkv_bias": config.qkv_bias,
-        "dropout": config.dropout,
-        **given,
-        **heads,
-        **factory,
-    }
-    try:
-        return build_attention(config.attention, embed_dim=config.embed_dim, **options)
-    except (TypeError, ValueError) as e:  # name the per-layer entry the block was built with
-        if not config.layer_attention_options:
-            raise
-        n = len(config.layer_attention_options)
-        entry = config.layer_attention_options[layer % n]
-        raise type(e)(f"block {layer} (layer_attention_options[{layer % n}] = {entry}): {e}") from None
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
-
-    ``layer`` picks the block's head counts when the config lists them per layer."""
-
-    def __init__(self, config: GPTConfig, layer: int = 0, **factory: Any) -> None:
-        super().__init__()
-        C = config.embed_dim
-        self.ln_1 = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
-        self.attn = block_attention(config, layer, **factory)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.ln_2 = nn.LayerNorm(C, eps=config.layer_norm_eps, **factory)
-        self.mlp = MLP(C, config.dropout, config.mlp_dim, **factory)
-
-    def forward(
-        self, x: torch.Tensor, *, key_mask: torch.Tensor | None = None, kv_cache: Any = None
-    ) -> torch.Tensor:
-        """x [B, T, C] -> [B, T, C]; key_mask [B, S] (True = real key)."""
-        a = self.attn(self.ln_1(x), is_causal=True, key_mask=key_mask, kv_cache=kv_cache)
-        x = x + self.resid_dropout(a)
-        return x + self.mlp(self.ln_2(x))
-
-
 class GPT(nn.Module):
     """GPT-2 language model with attention built by name.
 

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import positive_int
-from .bert import BertConfig, BertEncoder, load_safetensors
+from .bert import BertConfig, BertEncoder
+from .bert_weights import load_safetensors
 
 __all__ = [
     "WEIGHTS_PACKAGE",

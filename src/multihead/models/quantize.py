@@ -76,7 +76,8 @@ def quantize_weights(model: GPT, weights: str) -> GPT:
     """A copy of ``model`` whose linear layers, LM head and token embedding hold ``weights``.
 
     Args:
-        model: a float32 ``GPT`` with attention "mha", "gqa" or "mqa"; not changed.
+        model: a float32 ``GPT`` whose attention kind declares ``weight_only_layers``
+            (mha, gqa, mqa among the kinds in the tree); not changed.
         weights: "bf16" (bfloat16 weights), "int8" (int8 with one bfloat16
             scale per output channel), or "fp32" (the same float32 values,
             each matrix stored transposed: the layout CPU BLAS multiplies a

@@ -20,34 +20,27 @@ memory's keys/values on the first call and reuses it on every later step, throug
 the attention module's own API (``kv_cache`` with ``key``: ``modules.base``), so
 every kind, observers included, decodes the same way.
 
-The file is longer than the house's 500 lines because the config's per-role
-head counts, the two layer types, the decoder cache and greedy decoding all
-read the one table of attention roles (``ATTENTION_ROLES``) and are checked
-together against the paper's figure.
+The encoder and decoder layers and the decoder's cache are in
+``transformer_layers``; the copy task's batches in ``copy_task``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._checks import dropout_probability, non_negative_int, positive_int
-from ..modules.kv_cache import KVCache
 from ..modules.registry import build_attention, check_kind, total_aux_loss
 from ..modules.window_cache import window_cache
 from .head_layout import check_layer_heads, layer_head_options
+from .transformer_layers import DecoderCache, DecoderLayer, EncoderLayer
 
-__all__ = [
-    "TransformerConfig", "PRESETS", "Transformer", "DecoderCache", "CopyBatch", "copy_task_batches",
-    "ATTENTION_ROLES", "transformer_attention",
-]
+__all__ = ["TransformerConfig", "PRESETS", "Transformer", "ATTENTION_ROLES", "transformer_attention"]
 
 # The three places an attention layer sits, and the config fields listing their per-layer head counts.
 ATTENTION_ROLES = {
@@ -231,122 +224,6 @@ def sinusoidal_positions(max_len: int, embed_dim: int) -> torch.Tensor:
     pe[:, 0::2] = torch.sin(pos * freq)
     pe[:, 1::2] = torch.cos(pos * freq[: embed_dim // 2])
     return pe.float()
-
-
-class FeedForward(nn.Module):
-    """linear2(dropout(relu(linear1(x)))): [B, T, C] -> [B, T, C]."""
-
-    def __init__(self, embed_dim: int, ffn_dim: int, *, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.linear1 = nn.Linear(embed_dim, ffn_dim)
-        self.linear2 = nn.Linear(ffn_dim, embed_dim)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.dropout(F.relu(self.linear1(x))))
-
-
-class _Residual(nn.Module):
-    """Pre-norm ``x + drop(f(norm(x)))`` or post-norm ``norm(x + drop(f(x)))``."""
-
-    def __init__(self, embed_dim: int, *, dropout: float, norm_first: bool, eps: float) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(embed_dim, eps=eps)
-        self.dropout = nn.Dropout(dropout)
-        self.norm_first = norm_first
-
-    def forward(self, x: torch.Tensor, f) -> torch.Tensor:
-        if self.norm_first:
-            return x + self.dropout(f(self.norm(x)))
-        return self.norm(x + self.dropout(f(x)))
-
-
-class EncoderLayer(nn.Module):
-    """Self-attention (source padding masked) then feed-forward, each residual: [B, S, C] -> [B, S, C]."""
-
-    def __init__(self, self_attn: nn.Module, embed_dim: int, ffn_dim: int, *, dropout: float,
-                 norm_first: bool, eps: float) -> None:
-        super().__init__()
-        self.self_attn = self_attn
-        self.ffn = FeedForward(embed_dim, ffn_dim, dropout=dropout)
-        self.sublayers = nn.ModuleList(_Residual(embed_dim, dropout=dropout, norm_first=norm_first, eps=eps)
-                                       for _ in range(2))
-
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.sublayers[0](x, lambda h: self.self_attn(h, key_mask=key_mask))
-        return self.sublayers[1](x, self.ffn)
-
-
-class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention over memory, feed-forward: [B, T, C] -> [B, T, C]."""
-
-    def __init__(self, self_attn: nn.Module, cross_attn: nn.Module, embed_dim: int, ffn_dim: int, *,
-                 dropout: float, norm_first: bool, eps: float) -> None:
-        super().__init__()
-        self.self_attn = self_attn
-        self.cross_attn = cross_attn
-        self.ffn = FeedForward(embed_dim, ffn_dim, dropout=dropout)
-        self.sublayers = nn.ModuleList(_Residual(embed_dim, dropout=dropout, norm_first=norm_first, eps=eps)
-                                       for _ in range(3))
-
-    def forward(self, x, memory, *, src_key_mask=None, tgt_key_mask=None, self_cache=None,
-                cross_cache=None, return_weights=False):
-        """One decoder layer.
-
-        Args:
-            x: [B, T, C] decoder states. memory: [B, S, C] encoder output.
-            src_key_mask: [B, S] bool, True = real. tgt_key_mask: [B, S_self] bool.
-            self_cache: the layer's ``KVCache`` (decoding) or None.
-            cross_cache: the layer's cross-attention cache of ``memory`` (decoding), or None.
-            return_weights: also return the cross-attention weights.
-
-        Returns:
-            (out [B, T, C], cross-attention weights [B, H, T, S] or None).
-        """
-        x = self.sublayers[0](x, lambda h: self.self_attn(
-            h, key_mask=tgt_key_mask, is_causal=True, kv_cache=self_cache))
-        kept = []
-
-        def cross(h):
-            out = self.cross_attn(h, memory, memory, key_mask=src_key_mask, kv_cache=cross_cache,
-                                  return_weights=return_weights)
-            if return_weights:
-                out, w = out
-                kept.append(w)
-            return out
-
-        x = self.sublayers[1](x, cross)
-        return self.sublayers[2](x, self.ffn), (kept[0] if kept else None)
-
-
-class DecoderCache:
-    """Decoding state for ``Transformer.decode(..., kv_caches=...)``; from ``make_kv_caches``.
-
-    Holds one self-attention ``KVCache`` per decoder layer (``cache[i]``) and, after
-    the first call, one cross-attention cache per layer holding the keys/values of the
-    memory it was called with (later calls must pass that same memory tensor). ``length`` is the number of
-    target positions decoded so far; ``reset()`` forgets everything.
-    """
-
-    def __init__(self, self_attn: list[KVCache]) -> None:
-        self.self_attn = list(self_attn)
-        self.memory: torch.Tensor | None = None
-        self.cross: list[KVCache] | None = None
-
-    @property
-    def length(self) -> int:
-        return self.self_attn[0].length
-
-    def reset(self) -> None:
-        for cache in self.self_attn + (self.cross or []):
-            cache.reset()
-        self.memory, self.cross = None, None
-
-    def __len__(self) -> int:
-        return len(self.self_attn)
-
-    def __getitem__(self, i: int) -> KVCache:
-        return self.self_attn[i]
 
 
 class Transformer(nn.Module):
@@ -575,47 +452,3 @@ class Transformer(nn.Module):
             return tokens
         empty = memory.new_zeros(B, 0, c.tgt_vocab_size)
         return tokens, (torch.stack(steps, dim=1) if steps else empty)
-
-
-class CopyBatch(NamedTuple):
-    """One copy-task batch: ``src`` [B, L+1] = tokens, eos, pad...; ``tgt`` [B, L+2] = bos, tokens, eos, pad...;
-    the padding masks are True at real tokens. Train on ``model(src, tgt[:, :-1])`` against ``tgt[:, 1:]``."""
-
-    src: torch.Tensor
-    tgt: torch.Tensor
-    src_key_mask: torch.Tensor
-    tgt_key_mask: torch.Tensor
-
-
-def copy_task_batches(num_batches: int, batch_size: int, seq_len: int, vocab_size: int, *,
-                      min_len: int | None = None, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2,
-                      generator: torch.Generator | None = None) -> Iterator[CopyBatch]:
-    """Synthetic copy task (the Annotated Transformer's ``data_gen``, with eos and padding).
-
-    Each row copies ``n`` tokens drawn uniformly from ``max(pad, bos, eos) + 1 .. vocab_size - 1``
-    (3..V-1 by default), ``n`` uniform in ``[min_len, seq_len]`` (``min_len`` defaults to
-    ``seq_len``: every row full length, no padding).
-
-    Yields:
-        ``num_batches`` CopyBatch tuples.
-
-    Raises:
-        ValueError: sizes, or a vocabulary with no room for ordinary tokens.
-    """
-    for name, value in (("num_batches", num_batches), ("batch_size", batch_size), ("seq_len", seq_len)):
-        positive_int(name, value)
-    min_len = seq_len if min_len is None else positive_int("min_len", min_len)
-    if min_len > seq_len:
-        raise ValueError(f"min_len={min_len} must be <= seq_len={seq_len}")
-    first = max(pad_id, bos_id, eos_id) + 1
-    if positive_int("vocab_size", vocab_size) <= first:
-        raise ValueError(f"vocab_size={vocab_size} leaves no ordinary tokens after special ids up to {first - 1}")
-    for _ in range(num_batches):
-        body = torch.randint(first, vocab_size, (batch_size, seq_len), generator=generator)
-        lengths = torch.randint(min_len, seq_len + 1, (batch_size,), generator=generator)
-        pos = torch.arange(seq_len + 1)[None, :]  # (1, L+1)
-        src = torch.cat([body, torch.full((batch_size, 1), pad_id)], dim=1)  # (B, L) -> (B, L+1)
-        src = torch.where(pos < lengths[:, None], src, pad_id)
-        src[torch.arange(batch_size), lengths] = eos_id
-        tgt = torch.cat([torch.full((batch_size, 1), bos_id), src], dim=1)  # (B, L+1) -> (B, L+2)
-        yield CopyBatch(src, tgt, src != pad_id, tgt != pad_id)

@@ -1,6 +1,7 @@
 """nn.Modules of attention.
 
     base.py        AttentionLayer: the forward every kind shares
+    hooked_layer.py  HookedLayer, AttentionLayer's base: observers and head hooks
     kinds/         one file per attention kind (importing it registers every kind)
     kv_cache.py    the cache classes; norms.py, rope.py: the qk_norm / rope submodules
     streaming_cache.py  StreamingKVCache: sink tokens + a window of the last positions

@@ -27,8 +27,6 @@ A kind subclasses :class:`AttentionLayer` and supplies (``project`` and
 ``__init__`` calls ``super().__init__`` (sizes, dropout, observers), creates
 its projections, then ``init_output`` (``out_proj``) and ``init_positions``
 (``rope``/``qk_norm``). ``docs/adding-a-kind.md`` walks through a new kind.
-The file is longer than the house's 500 lines because the one forward and
-the options every kind shares are written here once.
 
 Cross-attention with a cache: ``kv_cache`` given together with ``key``
 holds the keys/values of that ``key`` tensor (an encoder's memory). The
@@ -41,22 +39,28 @@ keys, goes through ``project``). Cross-attention keys sit at rope positions
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
-from collections import OrderedDict
-from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from .._checks import dropout_probability, positive_int
-from ..functional import WeightSelection, attention, merge_masks
+from ..functional import attention, merge_masks
 from ..functional.masks import check_alignment
-from .calls import check_cache_use, check_call, default_alignment, key_padding, refuse_torch_padding, rollback_on_error
+from .calls import (
+    check_cache_use,
+    check_call,
+    check_forward_options,
+    default_alignment,
+    key_padding,
+    refuse_torch_padding,
+    rollback_on_error,
+)
 from .head_selection import check_head_selection, check_heads
+from .hooked_layer import HookedLayer
 from .kv_cache import KVCache
 from .local import check_window, kept_key_columns, local_mask, make_sinks
 from .norms import QKNorm
-from .observe import Observer, notify, observed_selection
+from .observe import notify, observed_selection
 from .rope import Rotary, query_positions
 from .score_options import init_score_options, keep_head_slopes, rebuilt_without_slopes, refuse_options
 from .weight_only import layer_dtype_device
@@ -64,7 +68,7 @@ from .weight_only import layer_dtype_device
 __all__ = ["AttentionLayer"]
 
 
-class AttentionLayer(nn.Module, metaclass=ABCMeta):
+class AttentionLayer(HookedLayer, metaclass=ABCMeta):
     """Base of every attention kind: sizes, observers, cache handling and THE forward.
 
     Args:
@@ -138,13 +142,9 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             default of ``functional.attention``).
         out_proj: the output projection (``init_output``).
 
-    Head hooks (:meth:`register_head_hook`): ``fn(layer, out)`` sees each
-    head's context out [B, H, T, Dv] (the weights times the values, H query
-    heads, before ``merge_heads``) on every forward and may return a
-    replacement of the same shape, or None to keep it. Hooks run in
-    registration order, each on the previous one's result; with none
-    registered the forward is unchanged. ``tools.heads`` masks heads with
-    them, ``tools.importance`` scores heads.
+    Observers (``register_attention_observer``) and head hooks
+    (``register_head_hook``, ``fn(layer, out)`` on the head outputs [B, H, T, Dv]
+    before ``merge_heads``) come from ``HookedLayer`` (``modules.hooked_layer``).
     """
 
     kind = "attention"
@@ -199,8 +199,6 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         self.scale: float | None = None
         self.rope: Rotary | None = None
         self.qk_norm: QKNorm | None = None
-        self._attention_observers: OrderedDict[int, Observer] = OrderedDict()
-        self._head_hooks: OrderedDict[int, Callable] = OrderedDict()
 
     # ------------------------------------------------------------------ building
     def init_output(self, in_features: int, out_features: int) -> None:
@@ -287,26 +285,6 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         return self.select_heads(heads)
 
     # ------------------------------------------------------------------ observers
-    @property
-    def observed(self) -> bool:
-        """True while at least one observer is registered."""
-        return bool(self._attention_observers)
-
-    def register_attention_observer(self, observer: Observer, *, heads=None, rows=None) -> RemovableHandle:
-        """Call ``observer(module, event)`` after every forward until removed.
-
-        While one is registered the layer computes the exact weights (those that
-        mix the values) of the ``heads`` and ``rows`` observers ask for (None: all;
-        ``functional.WeightSelection``; ``modules.observe`` says where they come
-        from). Returns a handle whose ``remove()`` unregisters it. Raises
-        TypeError / ValueError: ``observer`` not callable, heads/rows not ascending ints.
-        """
-        if not callable(observer):
-            raise TypeError(f"observer must be callable, got {type(observer).__name__}")
-        handle = RemovableHandle(self._attention_observers)
-        self._attention_observers[handle.id] = (observer, WeightSelection(heads=heads, rows=rows))
-        return handle
-
     def notify_observers(self, weights, q, k, mask, *, is_causal: bool, causal_alignment: str, heads=None, rows=None,
                          v=None):  # fmt: skip
         """Hand one call's weights [B, h, r, S] of query heads ``heads`` and rows ``rows``
@@ -314,45 +292,6 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
         notify(self, list(self._attention_observers.values()), weights, (heads, rows), self.num_heads, q=q, k=k, v=v,
                attn_mask=mask, scale=q.shape[-1] ** -0.5 if self.scale is None else self.scale, is_causal=is_causal,
                causal_alignment=causal_alignment, kind=self.kind)  # fmt: skip
-
-    # ------------------------------------------------------------------ head hooks
-    def register_head_hook(self, fn: Callable) -> RemovableHandle:
-        """Call ``fn(layer, out)`` on every forward's head outputs until removed.
-
-        ``out`` is [B, H, T, Dv]: head h's context (its attention weights
-        times its values), before the heads are merged by ``out_proj``.
-        ``fn`` returns None (keep ``out``) or a tensor of the same shape that
-        replaces it (e.g. zeros for a masked head).
-
-        Returns:
-            a handle whose ``remove()`` unregisters the hook.
-
-        Raises:
-            TypeError: ``fn`` is not callable.
-        """
-        if not callable(fn):
-            raise TypeError(f"head hook must be callable, got {type(fn).__name__}")
-        handle = RemovableHandle(self._head_hooks)
-        self._head_hooks[handle.id] = fn
-        return handle
-
-    def run_head_hooks(self, out: torch.Tensor) -> torch.Tensor:
-        """Pass out [B, H, T, Dv] through the head hooks in registration order.
-
-        Raises:
-            TypeError / ValueError: a hook returned something other than None
-                or a tensor of out's shape.
-        """
-        for fn in list(self._head_hooks.values()):
-            result = fn(self, out)
-            if result is None:
-                continue
-            if not isinstance(result, torch.Tensor):
-                raise TypeError(f"head hook {fn!r} returned {type(result).__name__}, expected a tensor or None")
-            if result.shape != out.shape:
-                raise ValueError(f"head hook {fn!r} returned shape {tuple(result.shape)}, expected {tuple(out.shape)}")
-            out = result
-        return out
 
     # ------------------------------------------------------------------ hooks
     @abstractmethod
@@ -474,7 +413,7 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
                    dtype=layer_dtype_device(self.out_proj)[0])  # fmt: skip
         refuse_torch_padding(options)
         if options or self.backends is not None:
-            self._check_forward_options(backend, options)
+            check_forward_options(self, backend, options)
         if causal_alignment is not None:
             check_alignment(causal_alignment)
         cross = key is not None
@@ -532,13 +471,3 @@ class AttentionLayer(nn.Module, metaclass=ABCMeta):
             parts.append(f"dropout={self.dropout}")
         parts += [f"{n}={v}" for n, v in (("sinks", self.sinks is not None), ("window", self.sliding_window)) if v]
         return ", ".join(parts)
-
-    def _check_forward_options(self, backend: str, options: dict) -> None:
-        if self.backends is not None and backend not in self.backends:
-            raise ValueError(
-                f"backend={backend!r}: {self.kind} supports backend in {list(self.backends)}"
-            )
-        unknown = sorted(set(options) - set(self.forward_options))
-        if unknown:
-            extra = f"; its own: {list(self.forward_options)}" if self.forward_options else ""
-            raise TypeError(f"{type(self).__name__}.forward() got unexpected keyword argument(s) {unknown}{extra}")

@@ -13,6 +13,7 @@ __all__ = [
     "check_call",
     "check_dtype",
     "check_cache_use",
+    "check_forward_options",
     "key_padding",
     "rollback_on_error",
     "rollback_all_on_error",
@@ -129,6 +130,22 @@ def check_cache_use(kv_cache: Any, key: torch.Tensor | None) -> bool:
             "pass the key tensor that filled it, or reset() the cache"
         )
     return True
+
+
+def check_forward_options(layer: Any, backend: str, options: dict) -> None:
+    """``backend`` must be one of the layer's ``backends`` (None: any), and the extra
+    keyword arguments of its forward must be its kind's ``forward_options``.
+
+    Raises:
+        ValueError: a backend the kind's core does not take (listing those it does).
+        TypeError: unknown keyword arguments (listing the kind's own).
+    """
+    if layer.backends is not None and backend not in layer.backends:
+        raise ValueError(f"backend={backend!r}: {layer.kind} supports backend in {list(layer.backends)}")
+    unknown = sorted(set(options) - set(layer.forward_options))
+    if unknown:
+        extra = f"; its own: {list(layer.forward_options)}" if layer.forward_options else ""
+        raise TypeError(f"{type(layer).__name__}.forward() got unexpected keyword argument(s) {unknown}{extra}")
 
 
 def refuse_torch_padding(options: dict) -> None:

@@ -28,6 +28,7 @@ from .effects_view import write_effects_html, write_effects_png
 from .flops import KVCacheSize, kv_cache_size
 from .gate_importance import GateSweep, GateTraining, gate_sweep
 from .head_effects import HeadEffects, head_effects, logit_difference
+from .head_links import strongest_links
 from .heads import attention_layers, mask_heads
 from .importance import head_importance
 from .objectives import (
@@ -52,7 +53,6 @@ from .roles import (
     format_legend,
     format_roles,
     role_legend,
-    strongest_links,
 )
 from .rollout import MAX_FLOW_TOKENS, attention_flow, attention_rollout
 from .run_with_cache import run_with_cache

@@ -246,11 +246,12 @@ def _new_config(config, G: int):
     """
     H, counts = config.num_heads, config.layer_heads
     if counts is None:
-        kind = "mha" if G == H else "mqa" if G == 1 else "gqa"
-        return dataclasses.replace(config, attention=kind, num_kv_heads=None if kind == "mha" else G)
+        return dataclasses.replace(config, attention=MultiHeadAttention.kind_name(H, G),
+                                   num_kv_heads=None if G == H else G)  # fmt: skip
     if all(h == G for h in counts):
-        return dataclasses.replace(config, attention="mha", num_kv_heads=None, layer_kv_heads=None)
-    kind = "mqa" if G == 1 else "gqa"
+        return dataclasses.replace(config, attention=MultiHeadAttention.kind_name(G, G), num_kv_heads=None,
+                                   layer_kv_heads=None)  # fmt: skip
+    kind = MultiHeadAttention.kind_name(H, G)  # G < H here: every layer keeps more query heads than G
     if H % G == 0:
         return dataclasses.replace(config, attention=kind, num_kv_heads=G, layer_kv_heads=None)
     top = min(d for d in range(G, H + 1) if H % d == 0)

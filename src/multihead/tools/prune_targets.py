@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from ..models.bert import BertEncoder, layer_attention
-from ..models.gpt import GPT, block_attention
+from ..models.gpt import GPT
+from ..models.gpt_blocks import block_attention
 from ..models.minilm import SentenceEncoder
 from ..models.transformer import ATTENTION_ROLES, Transformer, transformer_attention
 from ..modules.base import AttentionLayer

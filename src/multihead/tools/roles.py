@@ -43,32 +43,30 @@ no [SEP] in the input, T != S) is absent from ``scores`` and never a label.
 Without ``token_frequencies`` the rare score needs two different words in
 the text: with one (a text that repeats a word) no word is rarer than another.
 
-The file is longer than the house's 500 lines because each role's score,
-its threshold, and the table and legend that print its definition stay in
-one place, so a formula and its printed meaning cannot drift apart.
+Each role's score, its threshold, and the table and legend that print its
+definition stay in this file, so a formula and its printed meaning cannot
+drift apart. Which tokens are special, punctuation or rare is
+``token_kinds``; a head's strongest links are ``head_links``.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import re
-import string
 import textwrap
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
 from .._checks import non_negative_int, positive_int
 from .capture import AttentionRecord
+from .head_links import Link, strongest_links
+from .token_kinds import CLS_TOKENS, SEP_TOKENS, is_punctuation, rare_tokens
 
 __all__ = [
-    "ROLE_THRESHOLDS", "ROLE_MARGIN", "CLS_TOKENS", "SEP_TOKENS", "HeadRoles", "Link", "classify_heads", "strongest_links",
-    "rare_tokens", "is_special", "is_punctuation", "role_table", "format_roles", "SCORE_MEANINGS", "role_legend",
-    "format_legend", "NO_ROLE", "RULE", "MARKS",
+    "ROLE_THRESHOLDS", "ROLE_MARGIN", "HeadRoles", "classify_heads", "role_table", "format_roles", "SCORE_MEANINGS",
+    "role_legend", "format_legend", "NO_ROLE", "RULE", "MARKS",
 ]  # fmt: skip
 
 #: Default thresholds; a head gets a role when its score is >= the number.
@@ -88,24 +86,6 @@ ROLE_THRESHOLDS: dict[str, float] = {
 #: of the whole range, so "most of the weight" means more than an even head gives.
 ROLE_MARGIN = 0.25
 
-#: Tokens that open a sequence (BERT, RoBERTa/T5-style, Llama-style).
-CLS_TOKENS = frozenset({"[CLS]", "<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>"})
-#: Tokens that separate or end a sequence. GPT-2's ``<|endoftext|>`` is here by
-#: its name, also when a prompt starts with it.
-SEP_TOKENS = frozenset({"[SEP]", "</s>", "<eos>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>"})
-_SPECIAL = CLS_TOKENS | SEP_TOKENS | {"[PAD]", "[UNK]", "[MASK]", "<pad>", "<unk>", "<mask>"}
-_SPECIAL_PATTERN = re.compile(r"<\|[^|]*\|>|\[unused\d+\]")
-_MARKER = re.compile(r"^(##|Ġ|▁)")  # WordPiece continuation, GPT-2 byte-level space, SentencePiece space
-
-
-class Link(NamedTuple):
-    """One query -> key weight of a head."""
-
-    query: str
-    key: str
-    weight: float
-    query_index: int
-    key_index: int
 
 
 @dataclass
@@ -142,129 +122,6 @@ class HeadRoles:
     chance: dict[str, float] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     keys: dict[str, int] = field(default_factory=dict)
-
-
-def is_special(token: str) -> bool:
-    """True for special tokens recognised by their string ([CLS], </s>, <|...|>, ...)."""
-    return token in _SPECIAL or bool(_SPECIAL_PATTERN.fullmatch(token))
-
-
-def _strip_marker(token: str) -> str:
-    return _MARKER.sub("", token, count=1)
-
-
-def is_punctuation(token: str) -> bool:
-    """True when every character (after a leading "##", "Ġ" or "▁") is in
-    ``string.punctuation`` or a unicode P* category (Clark et al. 2019 track
-    attention to periods and commas beside [CLS] and [SEP])."""
-    text = _strip_marker(token)
-    return (
-        bool(text)
-        and not is_special(token)
-        and all(ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text)
-    )
-
-
-def rare_tokens(
-    tokens: Sequence[str],
-    *,
-    k: int = 1,
-    token_frequencies: Mapping[str, float] | None = None,
-    token_ids: Sequence[int] | None = None,
-) -> list[str]:
-    """The ``k`` least frequent distinct tokens of ``tokens``, rarest first.
-
-    Special tokens and punctuation are never candidates. Frequencies come from
-    ``token_frequencies`` (e.g. corpus counts; a token missing from it counts
-    as 0, the rarest) or else from the counts inside ``tokens``. Ties are
-    broken, in order, by: the larger vocabulary id (``token_ids``, aligned
-    with ``tokens``) -- a heuristic that holds only for roughly
-    frequency-ordered vocabularies such as BERT's WordPiece or GPT-2's BPE
-    merges; the longer string without its "##"/"Ġ" marker -- Zipf's law of
-    abbreviation, again a heuristic; and finally the earlier first position.
-
-    Raises:
-        TypeError: ``k`` not an int, a frequency that is not a number.
-        ValueError: ``k`` < 1, ``token_ids`` of another length than ``tokens``.
-    """
-    k = positive_int("k", k)
-    tokens = list(tokens)
-    if token_ids is not None and len(token_ids) != len(tokens):
-        raise ValueError(f"token_ids has {len(token_ids)} entries but there are {len(tokens)} tokens")
-    first: dict[str, int] = {}
-    counts: dict[str, int] = {}
-    ids: dict[str, int] = {}
-    for i, tok in enumerate(tokens):
-        if is_special(tok) or is_punctuation(tok):
-            continue
-        first.setdefault(tok, i)
-        counts[tok] = counts.get(tok, 0) + 1
-        if token_ids is not None:
-            ids[tok] = max(ids.get(tok, int(token_ids[i])), int(token_ids[i]))
-
-    def frequency(tok: str) -> float:
-        if token_frequencies is None:
-            return float(counts[tok])
-        value = token_frequencies.get(tok, 0.0)
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"token_frequencies[{tok!r}] must be a number, got {value!r}")
-        return float(value)
-
-    order = sorted(first, key=lambda t: (frequency(t), -ids.get(t, 0), -len(_strip_marker(t)), first[t]))
-    return order[:k]
-
-
-def strongest_links(
-    weights: torch.Tensor,
-    query_tokens: Sequence[str],
-    key_tokens: Sequence[str],
-    k: int = 3,
-    *,
-    skip_special: bool = True,
-) -> list[Link]:
-    """The ``k`` strongest non-zero weights (largest ``|w|``) of one head as links.
-
-    Args:
-        weights: [T, S] weights of one head.
-        query_tokens: T token strings.
-        key_tokens: S token strings.
-        k: how many links at most.
-        skip_special: leave out links to special keys ([CLS], [SEP], ...),
-            which Clark et al. 2019 read as "no-op" attention and which would
-            otherwise crowd out every other link.
-
-    Returns:
-        links sorted by ``|weight|`` (largest first), ties by query then key
-        index; ``Link.weight`` keeps the sign (signed weights come from
-        heads mixed after the softmax, e.g. DCMHA).
-
-    Raises:
-        TypeError: weights not a tensor, k not an int.
-        ValueError: weights not 2-D, token lists of the wrong length, k < 1.
-    """
-    if not isinstance(weights, torch.Tensor):
-        raise TypeError(f"weights must be a torch.Tensor, got {type(weights).__name__}")
-    if weights.dim() != 2:
-        raise ValueError(f"weights must be [T, S], got shape {tuple(weights.shape)}")
-    k = positive_int("k", k)
-    T, S = weights.shape
-    if len(query_tokens) != T or len(key_tokens) != S:
-        raise ValueError(
-            f"weights [T, S] = [{T}, {S}] need {T} query and {S} key tokens, "
-            f"got len(query_tokens)={len(query_tokens)}, len(key_tokens)={len(key_tokens)}"
-        )
-    w = weights.detach().double().cpu()
-    if skip_special:
-        keep = torch.tensor([not is_special(t) for t in key_tokens], dtype=torch.bool)
-        w = torch.where(keep, w, torch.zeros_like(w))
-    flat = w.reshape(-1)
-    # stable sort on the negated magnitudes keeps row-major order among ties
-    order = torch.sort(-flat.abs(), stable=True).indices[:k]
-    return [
-        Link(query_tokens[i // S], key_tokens[i % S], float(flat[i]), i // S, i % S)
-        for i in order.tolist()
-        if flat[i] != 0
-    ]
 
 
 def _score_positional(

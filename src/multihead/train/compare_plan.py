@@ -45,18 +45,21 @@ from typing import Any
 import torch
 
 from ..models.gpt import GPT, GPTConfig
+from ..modules.kinds.mha import MultiHeadAttention
 from ..modules.registry import attention_class, check_kind, list_attention_kinds
 from ..tools.flops import kv_cache_size
 
-__all__ = ["default_kinds", "MATCH_TOLERANCE", "KindPlan", "plan_kind", "parse_kinds"]
+__all__ = ["default_kinds", "BASELINE", "MATCH_TOLERANCE", "KindPlan", "plan_kind", "parse_kinds"]
 
 MATCH_TOLERANCE = 0.005
+#: The kind every other is matched in size to and compared with: plain multi-head attention ("mha").
+BASELINE = MultiHeadAttention.kind
 
 
 def default_kinds() -> tuple[str, ...]:
-    """Every registered kind whose class gives no ``comparison_skip``, "mha" first, then by name."""
+    """Every registered kind whose class gives no ``comparison_skip``, ``BASELINE`` first, then by name."""
     kinds = [k for k in list_attention_kinds() if attention_class(k).comparison_skip is None]
-    return tuple(sorted(kinds, key=lambda k: (k != "mha", k)))
+    return tuple(sorted(kinds, key=lambda k: (k != BASELINE, k)))
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ def plan_kind(base: GPTConfig, kind: str, options: dict[str, Any] | None = None)
     ``options`` (``multihead compare --attention-option KIND:K=V``) go over the class's
     ``comparison_options``."""
     options = {**attention_class(kind).comparison_options(kind, base.num_heads), **(options or {})}
-    mha = _model(GPTConfig.from_dict({**base.to_dict(), "attention": "mha", "attention_options": {}, "mlp_dim": None}))
+    mha = _model(GPTConfig.from_dict({**base.to_dict(), "attention": BASELINE, "attention_options": {}, "mlp_dim": None}))
     target = mha.num_parameters()
     config = GPTConfig.from_dict({**base.to_dict(), "attention": kind, "attention_options": options, "mlp_dim": None})
     model = _model(config)

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..io import write_bytes_atomic, write_text_atomic
 from .compare_json import dumps
+from .compare_plan import BASELINE
 from .compare_stats import MOST_SEEDS, difference
 
 __all__ = ["summarize_kind", "against_baseline", "write_reports", "markdown_table", "SMOKE_NOTE"]
@@ -66,10 +67,11 @@ def summarize_kind(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str
 
 
 def against_baseline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows, each with ``vs_baseline``: its difference to the baseline kind (mha when
-    compared, else the first) with the 95% interval over seeds (``compare_stats``)."""
+    """The rows, each with ``vs_baseline``: its difference to the baseline kind
+    (``compare_plan.BASELINE`` when compared, else the first) with the 95% interval over
+    seeds (``compare_stats``)."""
     kinds = [r["kind"] for r in rows]
-    base = rows[kinds.index("mha") if "mha" in kinds else 0]
+    base = rows[kinds.index(BASELINE) if BASELINE in kinds else 0]
     by_seed = {r["kind"]: dict(zip(r["seeds"], r["val_loss"], strict=True)) for r in rows}
     return [{**r, "vs_baseline": {"baseline": base["kind"],
                                   **dataclasses.asdict(difference(by_seed[r["kind"]], by_seed[base["kind"]]))}}

@@ -313,10 +313,11 @@ class TrainConfig:
             )
         if self.tokenizer not in (None, "bpe"):
             raise ValueError(f"init_from uses the folder's BPE tokenizer; tokenizer={self.tokenizer!r} cannot go with it")
-        if self.attention != "mha":
+        if self.attention != "mha":  # the format's limit: GPT-2's c_attn holds H query, H key and H value heads
             raise ValueError(
                 f"init_from loads GPT-2's multi-head attention: attention must be 'mha', got attention="
-                f"{self.attention!r} (multihead convert turns the trained run into another kind)"
+                f"{self.attention!r}; a Hugging Face GPT-2 folder holds one key and one value head per query head "
+                "and no other kind's weights (multihead convert turns the trained run into another kind)"
             )
 
     @classmethod

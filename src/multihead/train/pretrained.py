@@ -98,7 +98,7 @@ def load_folder_weights(model: GPT, path: str) -> None:
     import torch
 
     from ..convert.hf_gpt2 import gpt_from_hf_state_dict
-    from ..models.bert import load_safetensors
+    from ..models.bert_weights import load_safetensors
 
     weights = _folder(path) / "model.safetensors"
     try:

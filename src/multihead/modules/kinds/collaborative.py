@@ -20,7 +20,7 @@ is passed as a stride-0 expanded view, never materialised, because the
 values keep H heads). The KV cache stores that one augmented key head plus
 the H value heads. ``from_mha`` re-parametrises a trained MHA exactly;
 ``compress`` shrinks D̃ by keeping the top singular directions of the
-per-head bilinear forms (the linear algebra of both is in
+per-head bilinear forms (both, and their linear algebra, are written in
 ``multihead.modules.kinds.collaborative_compress``).
 
 Rope and QK-norm (options ``rope=`` / ``qk_norm=``, both off by default)::
@@ -46,7 +46,6 @@ modules that use them and always return modules without rope/qk_norm.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -57,10 +56,10 @@ from ..cost import AttentionCost, visible_pairs
 from ..head_selection import head_rows, load_selected
 from ..kv_cache import KVCache
 from ..registry import register_attention
-from .collaborative_compress import exact_weights, relative_error, top_singular_channels
+from .collaborative_compress import Compression, collaborative_from_mha, compress_collaborative
 from .mha import MultiHeadAttention
 
-__all__ = ["CollaborativeAttention", "Compression", "concatenate_mixing"]
+__all__ = ["CollaborativeAttention", "concatenate_mixing"]
 
 _MIXING_INITS = ("normal", "concatenate")
 
@@ -73,23 +72,6 @@ def concatenate_mixing(num_heads: int, shared_dim: int, **factory) -> torch.Tens
     for h in range(num_heads):
         m[h, h * width : (h + 1) * width] = 1.0
     return m
-
-
-@dataclass(frozen=True)
-class Compression:
-    """What :meth:`CollaborativeAttention.compress` returns.
-
-    Attributes:
-        module: the compressed CollaborativeAttention (D̃ = rank).
-        product_error: ‖A − Â‖_F / ‖A‖_F over the stacked per-head forms
-            A_h = W_Qᵀ diag(m_h) W_K (0 when A = 0).
-        output_error: ‖y − ŷ‖_F / ‖y‖_F on the given inputs (0 when y = 0),
-            or None without inputs.
-    """
-
-    module: CollaborativeAttention
-    product_error: float
-    output_error: float | None
 
 
 class CollaborativeAttention(AttentionLayer):
@@ -350,26 +332,7 @@ class CollaborativeAttention(AttentionLayer):
             ValueError: ``mha`` uses rope or qk_norm (per-head rotations and
                 norms over D do not re-parametrise exactly onto D̃ channels).
         """
-        if not isinstance(mha, MultiHeadAttention):
-            raise TypeError(f"from_mha needs a MultiHeadAttention, got {type(mha).__name__}")
-        if mha.rope is not None or mha.qk_norm is not None:
-            raise ValueError("from_mha needs a MultiHeadAttention without rope and qk_norm (not exactly convertible)")
-        H, D = mha.num_heads, mha.head_dim
-        w = mha.projection_weights()
-        Wo, bo = mha.out_proj.weight, mha.out_proj.bias
-        mod = cls(
-            mha.embed_dim, H, shared_dim=H * D, head_dim=D, kdim=mha.kdim, vdim=mha.vdim,
-            qkv_bias=w["v"][1] is not None, out_bias=bo is not None, dropout=mha.dropout, scale=D**-0.5,
-            mixing_init="concatenate", device=Wo.device, dtype=Wo.dtype,
-        )  # fmt: skip
-        with torch.no_grad():
-            state = exact_weights(w["q"], w["k"][0], w["v"], num_heads=H, num_kv_heads=mha.num_kv_heads, head_dim=D)
-            state["out_proj.weight"] = Wo
-            if bo is not None:
-                state["out_proj.bias"] = bo
-            mod.load_state_dict(state, strict=False)  # the mixing stays the CONCATENATE one
-        mod.train(mha.training)
-        return mod if shared_dim is None else mod.compress(shared_dim).module
+        return collaborative_from_mha(cls, mha, shared_dim)
 
     def compress(self, rank: int, *, query: torch.Tensor | None = None, **forward_kwargs) -> Compression:
         """Shrink D̃ to ``rank`` by keeping the top singular directions.
@@ -397,25 +360,7 @@ class CollaborativeAttention(AttentionLayer):
                 or qk_norm (the SVD of A_h ignores both, so it would not
                 approximate the module's function).
         """
-        positive_int("rank", rank)
-        if self.rope is not None or self.qk_norm is not None:
-            raise ValueError("compress needs a module without rope and qk_norm; they are not part of A_h")
-        if rank > self.shared_dim:
-            raise ValueError(f"rank must lie in 1 … shared_dim={self.shared_dim}, got rank={rank}")
-        ref = self.out_proj.weight
-        options = {**self.init_options, "shared_dim": rank, "rope": False, "qk_norm": False}
-        with torch.no_grad():
-            A = self.head_products()  # (H, C, kdim)
-            Wq, Wk, mixing = top_singular_channels(A, rank)
-            small = type(self)(self.embed_dim, self.num_heads, head_dim=self.head_dim, mixing_init="concatenate",
-                               device=ref.device, dtype=ref.dtype, **options)  # fmt: skip
-            small.load_state_dict({**self.state_dict(), "q_proj.weight": Wq, "k_proj.weight": Wk, "mixing": mixing})
-            small.train(self.training)
-            product_error = relative_error(A, small.head_products())
-            output_error = None
-            if query is not None:
-                output_error = relative_error(self(query, **forward_kwargs), small(query, **forward_kwargs))
-        return Compression(small, product_error, output_error)
+        return compress_collaborative(self, rank, query=query, **forward_kwargs)
 
     def extra_repr(self) -> str:
         out = f", out_dim={self.out_dim}" if self.out_dim != self.embed_dim else ""

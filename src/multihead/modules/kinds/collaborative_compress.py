@@ -1,9 +1,11 @@
-"""The linear algebra of converting to and compressing collaborative attention
-(Cordonnier et al., 2020), on tensors only.
+"""Converting to and compressing collaborative attention (Cordonnier et al., 2020).
 
-``CollaborativeAttention.from_mha`` and ``.compress`` build their modules
-from these functions:
+``CollaborativeAttention.from_mha`` and ``.compress`` are written here, as
+functions of the class or module they build from, on top of the linear
+algebra on tensors:
 
+    collaborative_from_mha(cls, mha, shared_dim)  a MultiHeadAttention -> collaborative heads
+    compress_collaborative(layer, rank, query)     fewer shared channels -> ``Compression``
     exact_weights:        MHA projections (H heads of width D) -> the weights of
                           the collaborative module with D̃ = H·D that computes
                           the same scores
@@ -15,12 +17,95 @@ from these functions:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from ..._checks import positive_int
+from .mha import MultiHeadAttention
 
-__all__ = ["exact_weights", "top_singular_channels", "relative_error"]
+__all__ = [
+    "Compression", "collaborative_from_mha", "compress_collaborative", "exact_weights", "top_singular_channels",
+    "relative_error",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Compression:
+    """What ``CollaborativeAttention.compress`` returns.
+
+    Attributes:
+        module: the compressed CollaborativeAttention (D̃ = rank).
+        product_error: ‖A − Â‖_F / ‖A‖_F over the stacked per-head forms
+            A_h = W_Qᵀ diag(m_h) W_K (0 when A = 0).
+        output_error: ‖y − ŷ‖_F / ‖y‖_F on the given inputs (0 when y = 0),
+            or None without inputs.
+    """
+
+    module: nn.Module
+    product_error: float
+    output_error: float | None
+
+
+def collaborative_from_mha(cls: type, mha: MultiHeadAttention, shared_dim: int | None) -> nn.Module:
+    """``cls.from_mha(mha, shared_dim)`` (``cls``: ``CollaborativeAttention`` or a
+    subclass); its docstring says what the result is.
+
+    Raises:
+        TypeError: ``mha`` is not a MultiHeadAttention.
+        ValueError: ``mha`` uses rope or qk_norm.
+    """
+    if not isinstance(mha, MultiHeadAttention):
+        raise TypeError(f"from_mha needs a MultiHeadAttention, got {type(mha).__name__}")
+    if mha.rope is not None or mha.qk_norm is not None:
+        raise ValueError("from_mha needs a MultiHeadAttention without rope and qk_norm (not exactly convertible)")
+    H, D = mha.num_heads, mha.head_dim
+    w = mha.projection_weights()
+    Wo, bo = mha.out_proj.weight, mha.out_proj.bias
+    mod = cls(
+        mha.embed_dim, H, shared_dim=H * D, head_dim=D, kdim=mha.kdim, vdim=mha.vdim,
+        qkv_bias=w["v"][1] is not None, out_bias=bo is not None, dropout=mha.dropout, scale=D**-0.5,
+        mixing_init="concatenate", device=Wo.device, dtype=Wo.dtype,
+    )  # fmt: skip
+    with torch.no_grad():
+        state = exact_weights(w["q"], w["k"][0], w["v"], num_heads=H, num_kv_heads=mha.num_kv_heads, head_dim=D)
+        state["out_proj.weight"] = Wo
+        if bo is not None:
+            state["out_proj.bias"] = bo
+        mod.load_state_dict(state, strict=False)  # the mixing stays the CONCATENATE one
+    mod.train(mha.training)
+    return mod if shared_dim is None else mod.compress(shared_dim).module
+
+
+def compress_collaborative(
+    layer: nn.Module, rank: int, *, query: torch.Tensor | None = None, **forward_kwargs
+) -> Compression:
+    """``layer.compress(rank, query=query, **forward_kwargs)`` for a
+    ``CollaborativeAttention`` ``layer``; its docstring says what is kept.
+
+    Raises:
+        ValueError: rank outside 1 … shared_dim, or ``layer`` uses rope or qk_norm.
+    """
+    positive_int("rank", rank)
+    if layer.rope is not None or layer.qk_norm is not None:
+        raise ValueError("compress needs a module without rope and qk_norm; they are not part of A_h")
+    if rank > layer.shared_dim:
+        raise ValueError(f"rank must lie in 1 … shared_dim={layer.shared_dim}, got rank={rank}")
+    ref = layer.out_proj.weight
+    options = {**layer.init_options, "shared_dim": rank, "rope": False, "qk_norm": False}
+    with torch.no_grad():
+        A = layer.head_products()  # (H, C, kdim)
+        Wq, Wk, mixing = top_singular_channels(A, rank)
+        small = type(layer)(layer.embed_dim, layer.num_heads, head_dim=layer.head_dim, mixing_init="concatenate",
+                            device=ref.device, dtype=ref.dtype, **options)  # fmt: skip
+        small.load_state_dict({**layer.state_dict(), "q_proj.weight": Wq, "k_proj.weight": Wk, "mixing": mixing})
+        small.train(layer.training)
+        product_error = relative_error(A, small.head_products())
+        output_error = None
+        if query is not None:
+            output_error = relative_error(layer(query, **forward_kwargs), small(query, **forward_kwargs))
+    return Compression(small, product_error, output_error)
 
 
 def relative_error(exact: torch.Tensor, approx: torch.Tensor) -> float:

@@ -93,20 +93,23 @@ def _seen(
     # Causal: query t sees keys 0 .. min(t + offset, S - 1), none when t + offset < 0.
     offset = 0 if req.causal_alignment == "top_left" else S - T
     if offset >= 0 and offset + T <= S:  # a slice of the prefix sums: no index to build
-        def last_seen(c: torch.Tensor) -> torch.Tensor:
-            return c[:, :, offset : offset + T]  # (..., S, X) -> (..., T, X)
         seen_some = None
+
+        def prefix(t: torch.Tensor) -> torch.Tensor:  # (..., S, X) -> (..., T, X)
+            if T == 1:  # one query (a decode step): one sum, no prefix sums
+                return t[:, :, : offset + 1].sum(dim=-2, keepdim=True)
+            return t.cumsum(dim=-2)[:, :, offset : offset + T]
     else:
         seen_to = torch.arange(offset, offset + T, device=req.q.device)  # (T,)
         index = seen_to.clamp(0, S - 1)
         seen_some = (seen_to >= 0)[:, None]  # (T, 1)
 
-        def last_seen(c: torch.Tensor) -> torch.Tensor:
-            return c.index_select(-2, index).masked_fill(~seen_some, 0)  # (..., S, X) -> (..., T, X)
-    sums = tuple(last_seen(t.cumsum(dim=-2))[:, :, None] for t in terms)  # (B, G, 1, T, X)
+        def prefix(t: torch.Tensor) -> torch.Tensor:  # (..., S, X) -> (..., T, X)
+            return t.cumsum(dim=-2).index_select(-2, index).masked_fill(~seen_some, 0)
+    sums = tuple(prefix(t)[:, :, None] for t in terms)  # (B, G, 1, T, X)
     if keep is None:
         return sums, seen_some
-    kept = last_seen(keep.to(torch.int32).cumsum(dim=-2)) > 0  # (B|1, 1, T, 1): some allowed key seen
+    kept = prefix(keep.to(torch.int32)) > 0  # (B|1, 1, T, 1): some allowed key seen
     return sums, kept[:, :, None]  # (B|1, 1, 1, T, 1)
 
 
@@ -136,13 +139,11 @@ def _seen_through_mask(
 
 
 def _row_term(t: torch.Tensor) -> torch.Tensor:
-    """[..., X] -> [..., 1] in t's dtype: NaN where the row holds a
-    non-finite entry, else 0. One pass: the row sum in float64 cannot
-    overflow for float32 and narrower entries, so it is finite exactly when
-    every entry is, and times 0 it is 0 or NaN."""
-    if t.dtype == torch.float64:
-        return (t - t).sum(dim=-1, keepdim=True)  # inf - inf and NaN - NaN are NaN
-    return (t.sum(dim=-1, keepdim=True, dtype=torch.float64) * 0).to(t.dtype)
+    """[..., X] -> [..., 1]: NaN where the row holds a non-finite entry,
+    else 0. Two read-only reductions: the row's max and min, each times 0
+    (a NaN, +inf or -inf entry makes one of them non-finite; a sum could
+    overflow on finite entries)."""
+    return t.amax(dim=-1, keepdim=True) * 0 + t.amin(dim=-1, keepdim=True) * 0
 
 
 def _sanitise(req: AttentionRequest) -> tuple[AttentionRequest, Fixup]:

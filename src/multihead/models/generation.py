@@ -38,11 +38,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 import torch
 
 from .._checks import non_negative_int, positive_int
+from ..modules.graph_cache import GraphKVCache, supports_graph_steps
+from ..modules.kv_cache import KVCache
+from .gpt_inputs import check_token_ids, known_token_ids
 
 __all__ = ["filter_top_k", "filter_top_p", "sample_next_token", "generate"]
 
@@ -192,6 +196,7 @@ def generate(
     if idx.dim() != 2 or idx.shape[0] == 0 or idx.shape[1] == 0:
         raise ValueError(f"idx must be (B, T0) with B, T0 >= 1, got {tuple(idx.shape)}")
     B, T0 = idx.shape
+    check_token_ids(idx.long(), cfg.vocab_size)  # the prompt, once: the steps feed ids the model produced
     max_new_tokens = non_negative_int("max_new_tokens", max_new_tokens)
     window = cfg.context_length
     if T0 > window:
@@ -234,9 +239,9 @@ def generate(
         caches = model.make_kv_caches(B, min(window, T0 + max_new_tokens)) if use_cache else None
     compiled = None
     if compile_steps and use_cache and mask is None:
-        compiled = torch.compile(lambda feed, kv: model(feed, kv_caches=kv, logits_to_keep=1), fullgraph=True)
+        compiled = _compiled_steps(model, caches, idx.device)
     tokens, done, steps = idx, torch.zeros(B, dtype=torch.bool, device=idx.device), []
-    with torch.no_grad():
+    with torch.no_grad(), known_token_ids():  # checked above; later ids come from the model's vocabulary
         for step in range(max_new_tokens):
             if streaming is not None:
                 logits = _stream_step(model, tokens, caches, first if step == 0 else None, T0)
@@ -266,9 +271,109 @@ def _step(model, tokens, mask, caches, compiled, step: int, window: int) -> torc
             cache.reset()
     else:
         feed = tokens if (caches is None or step == 0) else tokens[:, -1:]
-    if compiled is not None and feed.shape[1] == 1:  # a one-token step over the cache
-        return compiled(feed, caches)[:, -1]  # (B, 1, V) -> (B, V)
+        if compiled is not None and step > 0:  # a one-token step over the cache
+            return compiled(feed, caches)
     return model(feed, attention_mask=seen, kv_caches=caches, logits_to_keep=1)[:, -1]
+
+
+def _uses_cuda_graphs(model, caches, device: torch.device) -> bool:
+    """Whether ``compile_steps`` records the steps as a CUDA graph: on CUDA, for a
+    model whose every block decodes over a ``GraphKVCache`` (``modules.graph_cache``)."""
+    blocks = getattr(model, "blocks", None)
+    return (device.type == "cuda" and blocks is not None and all(type(c) is KVCache for c in caches)
+            and all(supports_graph_steps(b.attn) for b in blocks))  # fmt: skip
+
+
+def _compiled_steps(model, caches, device: torch.device):
+    """``step(feed [B, 1], caches) -> logits [B, V]`` for the one-token steps after the prefill.
+
+    On CUDA, when the model qualifies: ``_GraphSteps`` (torch.compile
+    mode="reduce-overhead", a CUDA graph replayed every step). Otherwise the
+    steps over the growing ``KVCache`` through torch.compile(fullgraph=True)
+    in its default mode (the cache length symbolic: two compiles, ``modules.kv_cache``).
+    """
+    if _uses_cuda_graphs(model, caches, device):
+        return _GraphSteps(model, {"mode": "reduce-overhead"})
+    step = torch.compile(lambda feed, kv: model(feed, kv_caches=kv, logits_to_keep=1), fullgraph=True)
+    return lambda feed, kv: step(feed, kv)[:, -1]  # (B, 1, V) -> (B, V)
+
+
+def _graph_step(model, feed: torch.Tensor, caches: list[GraphKVCache], position: torch.Tensor) -> torch.Tensor:
+    """One token over the GraphKVCaches; moves ``position`` on by one. logits [B, V]."""
+    logits = model(feed, kv_caches=caches, logits_to_keep=1)[:, -1]  # (B, 1, V) -> (B, V)
+    position.add_(1)
+    return logits
+
+
+class _GraphSteps:
+    """The one-token steps of ``generate`` calls over ``GraphKVCache``s.
+
+    The first step of a call copies the prefilled caches' keys and values
+    into the model's step buffers (``_STEP_BUFFERS``: kept per model, reused
+    by every call with the same cache shapes, so their addresses never
+    change) at a device-side position = the prompt's length. The buffers
+    and the position are static addresses
+    (``torch._dynamo.mark_static_address``: the in-place writes of a step
+    stay inside the recorded graph and nothing is copied in), and
+    ``_graph_step`` is compiled with ``options`` (torch.compile's keywords;
+    fullgraph=True): every step has the same shapes and no Python int that
+    changes, so one compile serves every step and every later call, and
+    "reduce-overhead" records it once as a CUDA graph (cudagraph trees: a
+    warm-up run, a recording, then replays, in this and later calls). The
+    logits are cloned: the graph's output buffer is overwritten by the next
+    replay. The caller's ``KVCache``s are left as the prefill wrote them.
+    """
+
+    def __init__(self, model, options: dict) -> None:
+        self.model, self.options = model, options
+        self.state = None
+
+    def __call__(self, feed: torch.Tensor, caches: list) -> torch.Tensor:
+        if self.state is None:
+            self.state = _step_buffers(self.model, caches, self.options)
+            n = caches[0].length
+            for g, c in zip(self.state.caches, caches):
+                g.k[:, :, :n].copy_(c.k[:, :, :n])
+                g.v[:, :, :n].copy_(c.v[:, :, :n])
+            self.state.position.fill_(n)
+        state = self.state
+        feed = feed.clone(memory_format=torch.contiguous_format)  # strides (1, 1) every step: a view of tokens recompiles
+        torch.compiler.cudagraph_mark_step_begin()
+        return state.step(self.model, feed, state.caches, state.position).clone()
+
+
+class _StepBuffers(NamedTuple):
+    key: tuple  # the caches' shapes, dtypes and device, and the compile options
+    caches: list  # GraphKVCache per block
+    position: torch.Tensor  # [1] long
+    step: Any  # the compiled _graph_step
+
+
+_STEP_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its last _StepBuffers
+
+
+def _step_buffers(model, caches: list, options: dict) -> _StepBuffers:
+    """The model's step buffers for caches shaped as ``caches`` (new ones, marked
+    static, when the shapes differ from the last call's)."""
+    key = (tuple((tuple(c.k.shape), tuple(c.v.shape), c.k.dtype) for c in caches), caches[0].k.device,
+           tuple(sorted(options.items())))  # fmt: skip
+    state = _STEP_BUFFERS.get(model)
+    if state is None or state.key != key:
+        _STEP_BUFFERS.pop(model, None)  # free the old buffers first
+        position = torch.zeros(1, dtype=torch.long, device=caches[0].k.device)
+        graph_caches = [GraphKVCache(_empty_like(c), position) for c in caches]
+        for t in (position, *(b for c in graph_caches for b in (c.k, c.v))):
+            torch._dynamo.mark_static_address(t, guard=False)
+        step = torch.compile(_graph_step, fullgraph=True, **options)
+        state = _STEP_BUFFERS[model] = _StepBuffers(key, graph_caches, position, step)
+    return state
+
+
+def _empty_like(cache: KVCache) -> KVCache:
+    """A new ``KVCache`` with buffers shaped as ``cache``'s."""
+    B, G, S, D = cache.k.shape
+    return KVCache(B, G, S, D, value_dim=cache.v.shape[3], value_heads=cache.v.shape[1], dtype=cache.k.dtype,
+                   device=cache.k.device)  # fmt: skip
 
 
 def _stream_step(model, tokens, caches, first: int | None, T0: int) -> torch.Tensor:

@@ -293,7 +293,7 @@ def _compiled_steps(model, caches, device: torch.device):
     in its default mode (the cache length symbolic: two compiles, ``modules.kv_cache``).
     """
     if _uses_cuda_graphs(model, caches, device):
-        return _GraphSteps(model, {"mode": "reduce-overhead"})
+        return _GraphSteps(model, {"mode": "reduce-overhead", "dynamic": False})
     step = torch.compile(lambda feed, kv: model(feed, kv_caches=kv, logits_to_keep=1), fullgraph=True)
     return lambda feed, kv: step(feed, kv)[:, -1]  # (B, 1, V) -> (B, V)
 

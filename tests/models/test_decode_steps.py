@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from multihead.functional import attention
 from multihead.models import generation
+from multihead.models.decode_steps import GraphSteps, uses_cuda_graphs
 from multihead.models.gpt import GPT, GPTConfig
 from multihead.modules.graph_cache import GraphKVCache, supports_graph_steps
 
@@ -143,10 +144,10 @@ def test_which_models_decode_over_graph_caches():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     model = _model(attention="gqa", num_kv_heads=2)
     assert all(supports_graph_steps(b.attn) for b in model.blocks)
-    assert generation._uses_cuda_graphs(model, model.make_kv_caches(1, 4), cuda)
-    assert not generation._uses_cuda_graphs(model, model.make_kv_caches(1, 4), cpu)
+    assert uses_cuda_graphs(model, model.make_kv_caches(1, 4), cuda)
+    assert not uses_cuda_graphs(model, model.make_kv_caches(1, 4), cpu)
     for other in (_model(positions="rope"), _model(positions="alibi"), _model(attention_options={"window": 4})):
-        assert not generation._uses_cuda_graphs(other, other.make_kv_caches(1, 4), cuda)
+        assert not uses_cuda_graphs(other, other.make_kv_caches(1, 4), cuda)
 
 
 @pytest.fixture
@@ -154,7 +155,7 @@ def graph_steps_on_cpu(monkeypatch):
     """generate's CUDA-graph path on CPU, compiled with a CompileCounter (dynamo only)."""
     torch._dynamo.reset()
     counter = CompileCounter()
-    monkeypatch.setattr(generation, "_compiled_steps", lambda model, caches, device: generation._GraphSteps(
+    monkeypatch.setattr(generation, "compiled_steps", lambda model, caches, device: GraphSteps(
         model, {"backend": counter}))  # fmt: skip
     yield counter
     torch._dynamo.reset()

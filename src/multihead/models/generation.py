@@ -27,6 +27,24 @@ time, so every step sees what token-by-token decoding would::
 
     step  t  sees  tokens 0 .. k-1 (sinks) + t-w+1 .. t   at positions 0 .. k+w-1
 
+A step reads nothing back to the host except, with ``eos``, whether every
+row is done (Hugging Face's loop checks that too): the prompt's ids are
+range-checked once, and the steps run inside ``gpt_inputs.known_token_ids``
+(an argmax or a draw over the vocabulary is in range). What the model's
+layers read themselves (eager attention's non-finite check on CPU) is theirs.
+
+``compile_steps=True`` on CUDA records the one-token step as a CUDA graph.
+A graph replays fixed shapes and addresses, and a ``KVCache`` step returns
+[B, G, length, D], one position longer every step, so after the eager
+prefill the steps run over ``modules.graph_cache.GraphKVCache``s: buffers
+kept per model (``_STEP_BUFFERS``, the same addresses in every call with
+the same shapes; ``models.decode_steps``), the prefill's keys and values copied in, every step
+writing at a device-side position and attending over all slots, masked::
+
+    prefill (eager)  -> KVCache buffers --copy--> step buffers, position = T0
+    step  (graph)    -> write k, v at position; attend slots <= position;
+                        position += 1 (on the device)
+
 Left-padded prompts (``attention_mask`` [B, T0], 1 = real token, pads on the
 left) keep their pads in the cache; the mask over the cached length is passed
 on every step so pads are never attended::
@@ -38,14 +56,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import weakref
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from .._checks import non_negative_int, positive_int
-from ..modules.graph_cache import GraphKVCache, supports_graph_steps
-from ..modules.kv_cache import KVCache
+from .decode_steps import compiled_steps
 from .gpt_inputs import check_token_ids, known_token_ids
 
 __all__ = ["filter_top_k", "filter_top_p", "sample_next_token", "generate"]
@@ -168,10 +184,19 @@ def generate(
         return_logits: also return the raw next-token logits of every step
             (before temperature and filtering).
         compile_steps: run the one-token steps over the static cache through
-            ``torch.compile(fullgraph=True)`` (the prefill and a padded batch's
-            steps stay eager). The first call compiles (seconds); the cache
-            length is a Python int that becomes symbolic, so the steps of a
-            call compile twice in all (``modules.kv_cache``).
+            ``torch.compile(fullgraph=True)`` (the prefill, a padded batch's
+            steps and the steps once the window slides stay eager). On CPU
+            (and on CUDA for a model that does not qualify, below) the steps
+            grow the ``KVCache`` in inductor's default mode: the cache length
+            is a Python int that becomes symbolic, so the steps of a call
+            compile twice in all (``modules.kv_cache``). On CUDA, for a
+            model whose blocks all pass ``modules.graph_cache.
+            supports_graph_steps`` (no rope, ALiBi or window; GPT-2's
+            layout does), the steps run over ``GraphKVCache``s of one fixed
+            shape with mode="reduce-overhead": one compile (static shapes),
+            then one CUDA graph replayed every step, with no host read in
+            a step (module docstring). The first call compiles (seconds
+            on CPU, tens of seconds for GPT-2 small on CUDA).
         streaming: None, or (sink_tokens, window): decode with streaming
             caches (module docstring) for any number of tokens; sink_tokens +
             window <= context_length. Not with padding, ``use_cache=False``
@@ -239,7 +264,7 @@ def generate(
         caches = model.make_kv_caches(B, min(window, T0 + max_new_tokens)) if use_cache else None
     compiled = None
     if compile_steps and use_cache and mask is None:
-        compiled = _compiled_steps(model, caches, idx.device)
+        compiled = compiled_steps(model, caches, idx.device)
     tokens, done, steps = idx, torch.zeros(B, dtype=torch.bool, device=idx.device), []
     with torch.no_grad(), known_token_ids():  # checked above; later ids come from the model's vocabulary
         for step in range(max_new_tokens):
@@ -274,106 +299,6 @@ def _step(model, tokens, mask, caches, compiled, step: int, window: int) -> torc
         if compiled is not None and step > 0:  # a one-token step over the cache
             return compiled(feed, caches)
     return model(feed, attention_mask=seen, kv_caches=caches, logits_to_keep=1)[:, -1]
-
-
-def _uses_cuda_graphs(model, caches, device: torch.device) -> bool:
-    """Whether ``compile_steps`` records the steps as a CUDA graph: on CUDA, for a
-    model whose every block decodes over a ``GraphKVCache`` (``modules.graph_cache``)."""
-    blocks = getattr(model, "blocks", None)
-    return (device.type == "cuda" and blocks is not None and all(type(c) is KVCache for c in caches)
-            and all(supports_graph_steps(b.attn) for b in blocks))  # fmt: skip
-
-
-def _compiled_steps(model, caches, device: torch.device):
-    """``step(feed [B, 1], caches) -> logits [B, V]`` for the one-token steps after the prefill.
-
-    On CUDA, when the model qualifies: ``_GraphSteps`` (torch.compile
-    mode="reduce-overhead", a CUDA graph replayed every step). Otherwise the
-    steps over the growing ``KVCache`` through torch.compile(fullgraph=True)
-    in its default mode (the cache length symbolic: two compiles, ``modules.kv_cache``).
-    """
-    if _uses_cuda_graphs(model, caches, device):
-        return _GraphSteps(model, {"mode": "reduce-overhead", "dynamic": False})
-    step = torch.compile(lambda feed, kv: model(feed, kv_caches=kv, logits_to_keep=1), fullgraph=True)
-    return lambda feed, kv: step(feed, kv)[:, -1]  # (B, 1, V) -> (B, V)
-
-
-def _graph_step(model, feed: torch.Tensor, caches: list[GraphKVCache], position: torch.Tensor) -> torch.Tensor:
-    """One token over the GraphKVCaches; moves ``position`` on by one. logits [B, V]."""
-    logits = model(feed, kv_caches=caches, logits_to_keep=1)[:, -1]  # (B, 1, V) -> (B, V)
-    position.add_(1)
-    return logits
-
-
-class _GraphSteps:
-    """The one-token steps of ``generate`` calls over ``GraphKVCache``s.
-
-    The first step of a call copies the prefilled caches' keys and values
-    into the model's step buffers (``_STEP_BUFFERS``: kept per model, reused
-    by every call with the same cache shapes, so their addresses never
-    change) at a device-side position = the prompt's length. The buffers
-    and the position are static addresses
-    (``torch._dynamo.mark_static_address``: the in-place writes of a step
-    stay inside the recorded graph and nothing is copied in), and
-    ``_graph_step`` is compiled with ``options`` (torch.compile's keywords;
-    fullgraph=True): every step has the same shapes and no Python int that
-    changes, so one compile serves every step and every later call, and
-    "reduce-overhead" records it once as a CUDA graph (cudagraph trees: a
-    warm-up run, a recording, then replays, in this and later calls). The
-    logits are cloned: the graph's output buffer is overwritten by the next
-    replay. The caller's ``KVCache``s are left as the prefill wrote them.
-    """
-
-    def __init__(self, model, options: dict) -> None:
-        self.model, self.options = model, options
-        self.state = None
-
-    def __call__(self, feed: torch.Tensor, caches: list) -> torch.Tensor:
-        if self.state is None:
-            self.state = _step_buffers(self.model, caches, self.options)
-            n = caches[0].length
-            for g, c in zip(self.state.caches, caches):
-                g.k[:, :, :n].copy_(c.k[:, :, :n])
-                g.v[:, :, :n].copy_(c.v[:, :, :n])
-            self.state.position.fill_(n)
-        state = self.state
-        feed = feed.clone(memory_format=torch.contiguous_format)  # strides (1, 1) every step: a view of tokens recompiles
-        torch.compiler.cudagraph_mark_step_begin()
-        return state.step(self.model, feed, state.caches, state.position).clone()
-
-
-class _StepBuffers(NamedTuple):
-    key: tuple  # the caches' shapes, dtypes and device, and the compile options
-    caches: list  # GraphKVCache per block
-    position: torch.Tensor  # [1] long
-    step: Any  # the compiled _graph_step
-
-
-_STEP_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its last _StepBuffers
-
-
-def _step_buffers(model, caches: list, options: dict) -> _StepBuffers:
-    """The model's step buffers for caches shaped as ``caches`` (new ones, marked
-    static, when the shapes differ from the last call's)."""
-    key = (tuple((tuple(c.k.shape), tuple(c.v.shape), c.k.dtype) for c in caches), caches[0].k.device,
-           tuple(sorted(options.items())))  # fmt: skip
-    state = _STEP_BUFFERS.get(model)
-    if state is None or state.key != key:
-        _STEP_BUFFERS.pop(model, None)  # free the old buffers first
-        position = torch.zeros(1, dtype=torch.long, device=caches[0].k.device)
-        graph_caches = [GraphKVCache(_empty_like(c), position) for c in caches]
-        for t in (position, *(b for c in graph_caches for b in (c.k, c.v))):
-            torch._dynamo.mark_static_address(t, guard=False)
-        step = torch.compile(_graph_step, fullgraph=True, **options)
-        state = _STEP_BUFFERS[model] = _StepBuffers(key, graph_caches, position, step)
-    return state
-
-
-def _empty_like(cache: KVCache) -> KVCache:
-    """A new ``KVCache`` with buffers shaped as ``cache``'s."""
-    B, G, S, D = cache.k.shape
-    return KVCache(B, G, S, D, value_dim=cache.v.shape[3], value_heads=cache.v.shape[1], dtype=cache.k.dtype,
-                   device=cache.k.device)  # fmt: skip
 
 
 def _stream_step(model, tokens, caches, first: int | None, T0: int) -> torch.Tensor:

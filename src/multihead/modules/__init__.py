@@ -14,6 +14,7 @@
 
 from .base import AttentionLayer
 from .compat import TorchMultiheadAttention
+from .graph_cache import GraphKVCache, supports_graph_steps
 from .kinds import (
     DCMHA,
     CollaborativeAttention,
@@ -24,7 +25,6 @@ from .kinds import (
     OverlappingHeadAttention,
     TalkingHeadsAttention,
 )
-from .graph_cache import GraphKVCache, supports_graph_steps
 from .kv_cache import KVCache, LatentKVCache
 from .norms import QKNorm
 from .registry import load_entry_point_kinds

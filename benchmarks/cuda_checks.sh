@@ -47,7 +47,8 @@ for step in $steps; do
     moh) bench moh 60 moh_active_heads --set device=cuda --rounds 20 --scenario "core forward, 50% active" \
         --scenario "core forward causal, 50% active, B=1 T=2048" --scenario "forward causal, 50% active, B=1 T=2048" ;;
     syncs) TAIL=12 run syncs 60 $py -m benchmarks.cuda_syncs ;;
-    decode) TAIL=20 run decode 80 $py -m benchmarks.decode_vs_hf --modes eager --rounds 3 ;;
+    decode) TAIL=24 run decode 150 $py -m benchmarks.decode_vs_hf --device cuda --modes eager compiled \
+        --formats fp32 bf16 --batches 1,8 --rounds 3 ;;
     *) echo "unknown step $step" ;;
     esac
 done

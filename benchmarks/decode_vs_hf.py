@@ -2,6 +2,7 @@
 
     python -m benchmarks.decode_vs_hf --threads 1 --rounds 5
     python -m benchmarks.decode_vs_hf --profile fp32       # where one batch-1 step spends its time
+    python -m benchmarks.decode_vs_hf --device cuda --modes eager compiled --formats fp32 bf16 --rounds 3
 
 One GPT-2 small shaped model (random weights, seed 0, float32) and the
 Hugging Face model built from it (``gpt_to_hf_state_dict``: the same
@@ -17,7 +18,16 @@ Contenders, one ``generate`` call each, taking turns round by round
   int8 (``quantize_weights``), each eager and compiled;
 * batch 8: Hugging Face, multihead float32 and fp32-T, eager and compiled.
 
-Reported: tokens/s (median), the speed against Hugging Face, batch-1 tokens/s
+``--formats`` keeps some of fp32, fp32-T, bf16, int8 (bf16 and int8 run at
+batch 1 only), ``--modes`` eager and/or compiled, ``--device`` cpu or cuda
+(default: cuda when there is one). On CUDA ``compile_steps=True`` replays the
+one-token step as a CUDA graph (``models.generation``); its compile happens
+in the token check before the timed rounds, and every call is timed between
+two ``torch.cuda.synchronize()``.
+
+Reported: tokens/s (median), the speed against Hugging Face, whether the
+greedy tokens are Hugging Face's ("yes", or the first new token that
+differs), batch-1 tokens/s
 as a fraction of the weight-streaming limit (the model's weight bytes over
 the copy bandwidth ``tools.machine_limits`` measured: every weight is read
 once per step), and for bf16 / int8 the speed against float32 beside their
@@ -42,6 +52,7 @@ from multihead.tools.logit_error import logit_error
 from multihead.tools.machine_limits import machine_limits
 
 PROMPT = 16
+FORMATS = ("fp32", "fp32-T", "bf16", "int8")
 
 
 def hf_twin(model: GPT):
@@ -71,18 +82,24 @@ def contenders(models: dict[str, torch.nn.Module], hf, idx: torch.Tensor, new: i
     return steps
 
 
-def check_same_tokens(steps: dict, want: torch.Tensor, formats: tuple[str, ...] = ("fp32", "fp32-T")) -> None:
-    """Every float32 contender (and Hugging Face) gives the same greedy tokens: on CPU or
-    stop; on CUDA (other kernels, other rounding) a difference is printed and timing goes on."""
+def check_same_tokens(steps: dict, want: torch.Tensor, formats: tuple[str, ...] = ("fp32", "fp32-T")) -> dict:
+    """name -> "yes" or "from new token k" against Hugging Face's greedy tokens (every
+    contender called once: the compiled ones compile here). A float32 contender that
+    differs stops the run on CPU; on CUDA (other kernels, other rounding) it is reported."""
+    same = {}
     for name, call in steps.items():
-        if name == "Hugging Face" or name.split()[0] in formats:
-            got = call()
-            if not torch.equal(got, want):
-                first = int((got != want).any(0).nonzero()[0]) - PROMPT
-                message = f"{name} generated other tokens than Hugging Face from new token {first} on"
-                if want.device.type != "cuda":
-                    sys.exit(f"{message}: not timing")
-                print(f"warning: {message} (CUDA kernels round differently near a tie)")
+        got = call()
+        if torch.equal(got, want):
+            same[name] = "yes"
+            continue
+        first = int((got != want).any(0).nonzero()[0]) - PROMPT
+        same[name] = f"from new token {first}"
+        if name.split()[0] in formats:
+            message = f"{name} generated other tokens than Hugging Face from new token {first} on"
+            if want.device.type != "cuda":
+                sys.exit(f"{message}: not timing")
+            print(f"warning: {message} (CUDA kernels round differently near a tie)")
+    return same
 
 
 def profile_step(model: GPT, rows: int) -> None:
@@ -107,11 +124,17 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
-    parser.add_argument("--modes", default="eager,compiled", help="eager and/or compiled steps (default both)")
+    parser.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"],
+                        help="eager and/or compiled steps (default both)")
+    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS),
+                        help="weight formats (default all; bf16 and int8 at batch 1 only)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--remeasure-limits", action="store_true", help="measure the copy bandwidth again (cached)")
     parser.add_argument("--profile", choices=("fp32", "bf16", "int8"), help="profile one batch-1 step and exit")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
     torch._dynamo.config.recompile_limit = 64  # three models x two batch sizes, each compiled for its own cache
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_preset(args.preset)).eval()
@@ -123,10 +146,11 @@ def main() -> None:
 
 
 def run(model: GPT, args: argparse.Namespace) -> None:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     hf = hf_twin(model).to(device)
     model = model.to(device)
-    quantized = {"fp32-T": quantize_weights(model, "fp32"), **{f: quantize_weights(model, f) for f in ("bf16", "int8")}}
+    kinds = {"fp32-T": "fp32", "bf16": "bf16", "int8": "int8"}
+    quantized = {f: quantize_weights(model, kinds[f]) for f in args.formats if f != "fp32"}
     limits = machine_limits(device.type, ["float32"], remeasure=args.remeasure_limits)
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     load = [os.getloadavg()[0]]
@@ -135,23 +159,25 @@ def run(model: GPT, args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(1)
     for rows in (int(b) for b in args.batches.split(",")):
         idx = torch.randint(0, model.config.vocab_size, (rows, PROMPT), generator=gen).to(device)
-        models = {"fp32": model, **(quantized if rows == 1 else {"fp32-T": quantized["fp32-T"]})}
-        steps = contenders(models, hf, idx, args.new_tokens, args.modes.split(","))
+        models = {"fp32": model, **quantized} if "fp32" in args.formats else dict(quantized)
+        if rows > 1:
+            models = {f: m for f, m in models.items() if f in ("fp32", "fp32-T")}
+        steps = contenders(models, hf, idx, args.new_tokens, args.modes)
         with torch.no_grad():
             want = hf.generate(idx, max_new_tokens=args.new_tokens, do_sample=False)
-            check_same_tokens(steps, want)
+            same = check_same_tokens(steps, want)
             times = time_alternating(steps, warmup=1, rounds=args.rounds, sync=sync)
         rate = {name: rows * args.new_tokens / statistics.median(t) for name, t in times.items()}
-        print(f"\n| batch {rows} | tokens/s (median of {args.rounds}) | vs Hugging Face | vs fp32 same mode | fraction of weight-streaming limit |")  # fmt: skip
-        print("|---|---|---|---|---|")
+        print(f"\n| batch {rows} | tokens/s (median of {args.rounds}) | vs Hugging Face | greedy tokens = Hugging Face's | vs fp32 same mode | fraction of weight-streaming limit |")  # fmt: skip
+        print("|---|---|---|---|---|---|")
         for name, r in rate.items():
             fmt = name.split()[0]
             m = {"fp32": model, **quantized}.get(fmt, model)
             limit = limits.bandwidth / weight_bytes(m)  # steps per second when every weight byte is read once
             base = rate.get(f"fp32 {name.split()[-1]}", r)  # Hugging Face: against itself
             frac = f"{r / rows / limit:.2f} (limit {limit:.1f} steps/s)" if rows == 1 else ""
-            print(f"| {name} | {r:.1f} | {r / rate['Hugging Face']:.2f}x | {r / base:.2f}x | {frac} |")
-        if rows == 1:
+            print(f"| {name} | {r:.1f} | {r / rate['Hugging Face']:.2f}x | {same[name]} | {r / base:.2f}x | {frac} |")
+        if rows == 1 and any(f in quantized for f in ("bf16", "int8")):
             print()
             for f, q in quantized.items():
                 if f != "fp32-T":

@@ -27,6 +27,24 @@ time, so every step sees what token-by-token decoding would::
 
     step  t  sees  tokens 0 .. k-1 (sinks) + t-w+1 .. t   at positions 0 .. k+w-1
 
+A step reads nothing back to the host except, with ``eos``, whether every
+row is done (Hugging Face's loop checks that too): the prompt's ids are
+range-checked once, and the steps run inside ``gpt_inputs.known_token_ids``
+(an argmax or a draw over the vocabulary is in range). What the model's
+layers read themselves (eager attention's non-finite check on CPU) is theirs.
+
+``compile_steps=True`` on CUDA records the one-token step as a CUDA graph.
+A graph replays fixed shapes and addresses, and a ``KVCache`` step returns
+[B, G, length, D], one position longer every step, so after the eager
+prefill the steps run over ``modules.graph_cache.GraphKVCache``s: buffers
+kept per model (``_STEP_BUFFERS``, the same addresses in every call with
+the same shapes; ``models.decode_steps``), the prefill's keys and values copied in, every step
+writing at a device-side position and attending over all slots, masked::
+
+    prefill (eager)  -> KVCache buffers --copy--> step buffers, position = T0
+    step  (graph)    -> write k, v at position; attend slots <= position;
+                        position += 1 (on the device)
+
 Left-padded prompts (``attention_mask`` [B, T0], 1 = real token, pads on the
 left) keep their pads in the cache; the mask over the cached length is passed
 on every step so pads are never attended::
@@ -43,6 +61,8 @@ from typing import Any
 import torch
 
 from .._checks import non_negative_int, positive_int
+from .decode_steps import compiled_steps
+from .gpt_inputs import check_token_ids, known_token_ids
 
 __all__ = ["filter_top_k", "filter_top_p", "sample_next_token", "generate"]
 
@@ -164,10 +184,19 @@ def generate(
         return_logits: also return the raw next-token logits of every step
             (before temperature and filtering).
         compile_steps: run the one-token steps over the static cache through
-            ``torch.compile(fullgraph=True)`` (the prefill and a padded batch's
-            steps stay eager). The first call compiles (seconds); the cache
-            length is a Python int that becomes symbolic, so the steps of a
-            call compile twice in all (``modules.kv_cache``).
+            ``torch.compile(fullgraph=True)`` (the prefill, a padded batch's
+            steps and the steps once the window slides stay eager). On CPU
+            (and on CUDA for a model that does not qualify, below) the steps
+            grow the ``KVCache`` in inductor's default mode: the cache length
+            is a Python int that becomes symbolic, so the steps of a call
+            compile twice in all (``modules.kv_cache``). On CUDA, for a
+            model whose blocks all pass ``modules.graph_cache.
+            supports_graph_steps`` (no rope, ALiBi or window; GPT-2's
+            layout does), the steps run over ``GraphKVCache``s of one fixed
+            shape with mode="reduce-overhead": one compile (static shapes),
+            then one CUDA graph replayed every step, with no host read in
+            a step (module docstring). The first call compiles (seconds
+            on CPU, tens of seconds for GPT-2 small on CUDA).
         streaming: None, or (sink_tokens, window): decode with streaming
             caches (module docstring) for any number of tokens; sink_tokens +
             window <= context_length. Not with padding, ``use_cache=False``
@@ -192,6 +221,7 @@ def generate(
     if idx.dim() != 2 or idx.shape[0] == 0 or idx.shape[1] == 0:
         raise ValueError(f"idx must be (B, T0) with B, T0 >= 1, got {tuple(idx.shape)}")
     B, T0 = idx.shape
+    check_token_ids(idx.long(), cfg.vocab_size)  # the prompt, once: the steps feed ids the model produced
     max_new_tokens = non_negative_int("max_new_tokens", max_new_tokens)
     window = cfg.context_length
     if T0 > window:
@@ -234,9 +264,9 @@ def generate(
         caches = model.make_kv_caches(B, min(window, T0 + max_new_tokens)) if use_cache else None
     compiled = None
     if compile_steps and use_cache and mask is None:
-        compiled = torch.compile(lambda feed, kv: model(feed, kv_caches=kv, logits_to_keep=1), fullgraph=True)
+        compiled = compiled_steps(model, caches, idx.device)
     tokens, done, steps = idx, torch.zeros(B, dtype=torch.bool, device=idx.device), []
-    with torch.no_grad():
+    with torch.no_grad(), known_token_ids():  # checked above; later ids come from the model's vocabulary
         for step in range(max_new_tokens):
             if streaming is not None:
                 logits = _stream_step(model, tokens, caches, first if step == 0 else None, T0)
@@ -266,8 +296,8 @@ def _step(model, tokens, mask, caches, compiled, step: int, window: int) -> torc
             cache.reset()
     else:
         feed = tokens if (caches is None or step == 0) else tokens[:, -1:]
-    if compiled is not None and feed.shape[1] == 1:  # a one-token step over the cache
-        return compiled(feed, caches)[:, -1]  # (B, 1, V) -> (B, V)
+        if compiled is not None and step > 0:  # a one-token step over the cache
+            return compiled(feed, caches)
     return model(feed, attention_mask=seen, kv_caches=caches, logits_to_keep=1)[:, -1]
 
 

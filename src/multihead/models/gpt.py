@@ -45,6 +45,7 @@ from .gpt_inputs import (
     check_logits_to_keep,
     check_parameter_dtypes,
     check_token_ids,
+    graph_step_inputs,
     loss_of,
     positions_from_mask,
     scored_tokens,
@@ -353,7 +354,10 @@ class GPT(nn.Module):
                 every cache's length as it was. Streaming caches from
                 :meth:`make_streaming_caches` hold any number of positions
                 (no ``context_length`` limit; no ``attention_mask`` or
-                ``position_ids``).
+                ``position_ids``). ``GraphKVCache``s (``modules.graph_cache``,
+                one token per call at their shared device-side position,
+                over every slot of the buffers: one shape for every step, what
+                ``generate`` records as a CUDA graph) take neither either.
             logits_to_keep: 0 (default) for logits at every position, N for
                 the last N only, as Hugging Face's argument: decoding needs
                 the last position's, and the LM head is the largest product
@@ -389,10 +393,13 @@ class GPT(nn.Module):
         want = scored_tokens(targets, labels, B, T, self.config.vocab_size)  # checked before the model runs
         check_logits_to_keep(logits_to_keep, want is not None)
         check_parameter_dtypes(self)
-        past = 0 if kv_caches is None else check_caches(kv_caches, len(self.blocks), B, T)
-        if kv_caches is not None and hasattr(kv_caches[0], "sink_tokens"):  # streaming: any length, no table
+        if kv_caches is not None and hasattr(kv_caches[0], "visible_slots"):  # GraphKVCache: one fixed shape
+            key_padding, position_ids = graph_step_inputs(kv_caches, self.blocks, attention_mask, position_ids, B, T)
+        elif kv_caches is not None and hasattr(kv_caches[0], "sink_tokens"):  # streaming: any length, no table
+            check_caches(kv_caches, len(self.blocks), B, T)
             key_padding = check_streaming_call(self.config, attention_mask, position_ids)
         else:
+            past = 0 if kv_caches is None else check_caches(kv_caches, len(self.blocks), B, T)
             key_padding, position_ids = token_positions(
                 attention_mask, position_ids, B=B, T=T, past=past, context_length=self.config.context_length,
                 device=idx.device,

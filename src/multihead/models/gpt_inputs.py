@@ -2,6 +2,7 @@
 
     check_token_ids(idx, vocab)           idx [B, T]: dtype, shape, ids in range -> (B, T)
     check_caches(kv_caches, blocks, B, T) one per block, equal lengths, room for T -> cached length
+    graph_step_inputs(kv_caches, blocks, ...)  one token over ``GraphKVCache``s -> (key mask [B, S_max], position [1, 1])
     check_parameter_dtypes(model)         one floating dtype for every parameter (TypeError naming them)
     token_positions(mask, position_ids)   the padding mask [B, S] (True = real token)
                                           and the positions [B, T] or [1, T]
@@ -27,14 +28,20 @@ checks run everywhere.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from ..modules.graph_cache import supports_graph_steps
+
 __all__ = [
     "LMOutput", "check_caches", "check_logits_to_keep", "check_parameter_dtypes", "check_token_ids", "loss_of",
-    "next_token_loss", "positions_from_mask", "scored_tokens", "token_positions",
+    "next_token_loss", "positions_from_mask", "scored_tokens", "token_positions", "graph_step_inputs",
+    "known_token_ids",
 ]  # fmt: skip
 
 _ID_DTYPES = (torch.int64, torch.int32)  # the index dtypes nn.Embedding accepts
@@ -57,12 +64,28 @@ def _eager() -> bool:
     return not torch.compiler.is_compiling()
 
 
+_KNOWN_IDS: ContextVar[bool] = ContextVar("known_token_ids", default=False)
+
+
+@contextmanager
+def known_token_ids() -> Iterator[None]:
+    """Inside: ``check_token_ids`` checks dtype and shape but not the id range
+    (no host read). For ids already checked or produced by the model itself
+    (``generate``'s steps: an argmax or a draw over the vocabulary is in range)."""
+    token = _KNOWN_IDS.set(True)
+    try:
+        yield
+    finally:
+        _KNOWN_IDS.reset(token)
+
+
 def check_token_ids(idx: object, vocab_size: int) -> tuple[int, int]:
     """(B, T) of token ids ``idx`` [B, T].
 
     Raises:
         TypeError: not a tensor, or not int64/int32.
-        ValueError: not 2-D with T >= 1, or (eager) ids outside [0, vocab_size).
+        ValueError: not 2-D with T >= 1, or (eager, outside ``known_token_ids``)
+            ids outside [0, vocab_size).
     """
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"idx must be a torch.Tensor, got {type(idx).__name__}")
@@ -70,7 +93,7 @@ def check_token_ids(idx: object, vocab_size: int) -> tuple[int, int]:
         raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype} (use torch.int64 or torch.int32)")
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise ValueError(f"idx must be (B, T) with T >= 1, got {tuple(idx.shape)}")
-    if _eager() and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= vocab_size):
+    if _eager() and idx.numel() and not _KNOWN_IDS.get() and (int(idx.min()) < 0 or int(idx.max()) >= vocab_size):
         raise ValueError(f"token ids must be in [0, {vocab_size}), got min {int(idx.min())}, max {int(idx.max())}")
     B, T = idx.shape
     return B, T
@@ -131,6 +154,41 @@ def token_positions(
     if key_padding is not None:
         return key_padding, positions_from_mask(key_padding)[:, past:]  # (B, S) -> (B, T)
     return key_padding, torch.arange(past, S, device=device)[None, :]  # (1, T)
+
+
+def graph_step_inputs(
+    kv_caches: list, blocks: Any, attention_mask: object, position_ids: object, B: int, T: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(key mask [B, S_max] bool, positions [1, 1]) of a one-token call over
+    one ``GraphKVCache`` per block (``modules.graph_cache``): the slots up to
+    the caches' shared ``position``, and that position.
+
+    Raises:
+        ValueError: a wrong number of caches, caches that are not
+            ``GraphKVCache``s sharing one position, T != 1 or another batch
+            size, an ``attention_mask`` or ``position_ids`` (the caches place
+            the token), or (eager) a block whose attention cannot decode
+            over them (``supports_graph_steps``).
+    """
+    if len(kv_caches) != len(blocks):
+        raise ValueError(f"need one KV cache per block: {len(blocks)}, got {len(kv_caches)}")
+    given = [name for name, value in (("attention_mask", attention_mask), ("position_ids", position_ids))
+             if value is not None]  # fmt: skip
+    if given:
+        raise ValueError(f"a forward over GraphKVCaches takes no {' or '.join(given)}: the caches' position "
+                         "places the token and masks the empty slots")  # fmt: skip
+    position = kv_caches[0].position
+    for i, (cache, block) in enumerate(zip(kv_caches, blocks)):
+        if _eager() and (not hasattr(cache, "visible_slots") or cache.position is not position):
+            raise ValueError(f"KV cache of block {i}: every block needs a GraphKVCache sharing block 0's position")
+        try:
+            cache.check_append(B, T)
+        except ValueError as err:
+            raise ValueError(f"KV cache of block {i}: {err}") from None
+        if _eager() and not supports_graph_steps(block.attn):
+            raise ValueError(f"block {i}'s attention ({getattr(block.attn, 'kind', type(block.attn).__name__)}) "
+                             "cannot decode over a GraphKVCache: it has rope, ALiBi, a window or a cache of its own")  # fmt: skip
+    return kv_caches[0].visible_slots(B), position.view(1, 1)
 
 
 def check_parameter_dtypes(model: torch.nn.Module) -> None:

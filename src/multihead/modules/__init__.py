@@ -5,6 +5,7 @@
     kinds/         one file per attention kind (importing it registers every kind)
     kv_cache.py    the cache classes; norms.py, rope.py: the qk_norm / rope submodules
     streaming_cache.py  StreamingKVCache: sink tokens + a window of the last positions
+    graph_cache.py GraphKVCache: one-token steps of one fixed shape (CUDA graphs)
     window_cache.py  WindowKVCache (+ DCMHA's, MLA's latent): a local layer's last window positions (window_cache)
     local.py       the shared options sinks and window
     observe.py     observer events; cost.py: cost conventions; registry.py: kinds by name
@@ -14,6 +15,7 @@
 
 from .base import AttentionLayer
 from .compat import TorchMultiheadAttention
+from .graph_cache import GraphKVCache, supports_graph_steps
 from .kinds import (
     DCMHA,
     CollaborativeAttention,
@@ -37,6 +39,8 @@ __all__ = [
     "KVCache",
     "StreamingKVCache",
     "streaming_cache",
+    "GraphKVCache",
+    "supports_graph_steps",
     "WindowKVCache",
     "WindowDynamicKVCache",
     "WindowLatentKVCache",

@@ -121,7 +121,12 @@ def cuda_kernel_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The tensors as CUDA's fused kernels read them right: a CUDA tensor that is not
     contiguous from a 16-byte aligned start is copied (a view into a fused projection
     whose widths are not multiples of 8 elements gave wrong bfloat16 results on an
-    H100); CPU tensors and aligned ones are returned as they are."""
+    H100); CPU tensors and aligned ones are returned as they are, and so is everything
+    inside ``torch.compile`` (a data pointer cannot be traced; inductor aligns its own
+    kernels' inputs)."""
+    if torch.compiler.is_compiling():
+        return tensors
+
     def ready(t: torch.Tensor) -> torch.Tensor:
         if not t.is_cuda or (t.is_contiguous() and t.data_ptr() % 16 == 0):
             return t

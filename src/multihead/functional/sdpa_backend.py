@@ -135,7 +135,7 @@ def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
         **kwargs,
     )
     if folded:
-        out = out.view(B, H, T, Dv)  # (B, G, R*T, Dv) -> (B, H, T, Dv)
+        out = out.reshape(B, H, T, Dv)  # (B, G, R*T, Dv) -> (B, H, T, Dv); the kernel's output may be strided
     if row_ok is not None:
         out = out.masked_fill(~row_ok, 0.0)
     return out, None

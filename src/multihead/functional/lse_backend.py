@@ -99,8 +99,8 @@ def _kernel_inputs(req: AttentionRequest):
         visible = req.visible()
         if visible is not None:
             ok = visible.any(dim=-1, keepdim=True)  # (..., T, 1)
-            # On the CPU eager code looks (a host read); elsewhere the harmless row is always applied.
-            if host_sync.sync_free(q.device) or not bool(ok.all()):
+            # Eager code looks (a host read); compiled code always applies the harmless row.
+            if host_sync.sync_free() or not bool(ok.all()):
                 row_ok = ok
                 visible = visible | ~ok
         if req.bias is not None:

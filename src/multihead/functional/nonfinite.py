@@ -16,20 +16,16 @@ backend and patching the output afterwards:
   is NaN, or +inf/-inf when every such value there is +inf/-inf (IEEE sums
   of positive weights).
 
-Two ways to the same numbers:
+Two ways to the same numbers (``host_sync``):
 
-* check first (eager on the CPU): one reduction over q, k and v decides
-  (a host read); only when a non-finite number is present is the patch
-  computed, so the common path pays one pass over the inputs;
-* sync-free (inside ``torch.compile``, and in eager mode on a GPU or any
-  device but the CPU): no host read and no data-dependent branch. The
+* eager: one reduction over q, k and v decides (a host read); only when a
+  non-finite number is present is the patch computed, so the common path
+  pays one pass over the inputs;
+* inside ``torch.compile``: no host read and no data-dependent branch. The
   inputs are always sanitised and the patch always added; it is built from
-  terms that are 0 for finite entries (``x - x``, summed over features or
-  over the keys a query sees), so with finite inputs it adds zeros and the
-  result equals the check-first one. A host read on a GPU stalls the host
-  until the device catches up, so the next kernels are queued late; the
-  patch is a fixed dozen small kernels (docs/benchmarks.md,
-  ``benchmarks/cuda_syncs.py``).
+  terms that are 0 for finite entries (a row's max and min times 0; the
+  sums of the non-finite values a query sees), so with finite inputs it
+  adds zeros and the result equals the eager one.
 """
 
 from __future__ import annotations
@@ -188,11 +184,11 @@ def split_nonfinite(req: AttentionRequest) -> tuple[AttentionRequest, Fixup | No
     the non-finite effects on the output.
 
     In eager mode the function is None when every entry is finite (the
-    request is returned as it is); where ``sync_free`` it is always
-    returned (``host_sync.sync_free``), and adds zeros on finite inputs.
+    request is returned as it is); inside ``torch.compile``
+    (``host_sync.sync_free``) it is always returned, and adds zeros on finite inputs.
     """
     if req.k.numel() == 0 or req.q.numel() == 0:
         return req, None
-    if not host_sync.sync_free(req.q.device) and _all_finite(req):
+    if not host_sync.sync_free() and _all_finite(req):
         return req, None
     return _sanitise(req)

@@ -195,9 +195,9 @@ def _normalise_mask(
         return mask, None
     bias = mask.to(q.dtype) if q.dtype not in (torch.float16, torch.bfloat16) else mask.float()
     neg_inf = torch.isneginf(bias)
-    # On the CPU, eager code looks (a host read) and keeps a mask without -inf
-    # as a pure bias; elsewhere it always splits, which gives the same numbers.
-    if host_sync.sync_free(q.device) or bool(neg_inf.any()):
+    # Eager code looks (a host read) and keeps a mask without -inf as a pure
+    # bias; compiled code always splits, which gives the same numbers.
+    if host_sync.sync_free() or bool(neg_inf.any()):
         return ~neg_inf, bias.masked_fill(neg_inf, 0.0)
     return None, bias
 

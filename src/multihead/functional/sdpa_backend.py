@@ -104,9 +104,9 @@ def sdpa_attention(req: AttentionRequest) -> tuple[torch.Tensor, torch.Tensor | 
         visible = req.visible()
         if visible is not None:
             ok = visible.any(dim=-1, keepdim=True)  # (..., T, 1)
-            # On the CPU, eager code skips the fix-up when every row sees a key
-            # (a host read); elsewhere it is always applied, a no-op on rows that see one.
-            if host_sync.sync_free(q.device) or not bool(ok.all()):
+            # Eager code skips the fix-up when every row sees a key (a host read);
+            # compiled code always applies it, a no-op on rows that see one.
+            if host_sync.sync_free() or not bool(ok.all()):
                 row_ok = ok
                 visible = visible | ~ok  # any finite row; its output is zeroed below
         mask = visible

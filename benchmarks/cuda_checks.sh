@@ -7,7 +7,7 @@
 # Needs torch with CUDA and the project's dependencies importable (PYTHONPATH=src is set here;
 # nothing is installed). Each step's log goes to OUT_DIR/<step>.log and its results under
 # OUT_DIR/<step>/; the last lines of each log are printed. STEPs (default: all): tests peers
-# capture flex moh syncs decode.
+# capture flex moh syncs decode. The tests step runs WORKERS processes (default 8) where pytest-xdist is installed.
 set -u
 out=${1:?usage: bash benchmarks/cuda_checks.sh OUT_DIR [STEP ...]}
 shift
@@ -15,6 +15,7 @@ steps=${*:-tests peers capture flex moh syncs decode}
 mkdir -p "$out"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 MULTIHEAD_CACHE="$out/cache"
 py=${PYTHON:-python3}
+workers=$($py -c "import xdist" 2>/dev/null && echo "-n ${WORKERS:-8}")  # parallel tests where pytest-xdist is there
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
@@ -36,8 +37,10 @@ bench() {  # bench NAME SECONDS CASE ARGS...: one benchmark case on CUDA
 
 for step in $steps; do
     case $step in
-    tests) TAIL=25 run tests 170 $py -m pytest tests -q -rs -p no:cacheprovider -o addopts=--import-mode=importlib ${XDIST:-} \
-        --continue-on-collection-errors -k "cuda or gpu" ;;
+    tests) # one line per test as it ends (-v), so a run cut by its limit still names what failed
+        TAIL=5 run tests 300 $py -m pytest tests -v --tb=line -rfEs -p no:cacheprovider -p no:benchmark \
+            -o addopts=--import-mode=importlib $workers --continue-on-collection-errors -k "cuda or gpu"
+        grep -E " (FAILED|ERROR) |^(FAILED|ERROR) |^E " "$out/tests.log" | head -60 ;;
     peers) bench peers 90 attention_peers --device cuda --set dtype=bfloat16 --number 10 \
         --set "cuda_peers=['sdpa_flash','sdpa_cudnn','sdpa_efficient']" \
         --scenario "forward, causal" --scenario "fwd+bwd, causal" ;;
@@ -46,7 +49,7 @@ for step in $steps; do
         --scenario causal --scenario "causal + alibi" --scenario "causal + softcap" ;;
     moh) bench moh 60 moh_active_heads --set device=cuda --rounds 20 --scenario "core forward, 50% active" \
         --scenario "core forward causal, 50% active, B=1 T=2048" --scenario "forward causal, 50% active, B=1 T=2048" ;;
-    syncs) TAIL=12 run syncs 60 $py -m benchmarks.cuda_syncs ;;
+    syncs) TAIL=20 run syncs 60 $py -m benchmarks.cuda_syncs --rounds 9 ;;
     decode) TAIL=24 run decode 150 $py -m benchmarks.decode_vs_hf --device cuda --modes eager compiled \
         --formats fp32 bf16 --batches 1,8 --rounds 3 ;;
     *) echo "unknown step $step" ;;

@@ -339,7 +339,7 @@ def test_compression_keeps_the_largest_singular_values_of_all_heads():
     A = c.head_products()  # [H, C, kdim]
     sig = torch.linalg.svdvals(A).reshape(-1).sort(descending=True).values  # every head's σ, largest first
     for rank in (1, 4, 9):
-        dropped = sig[rank:].pow(2).sum().sqrt() / A.norm()
+        dropped = (sig[rank:].pow(2).sum().sqrt() / A.norm()).detach()
         assert abs(c.compress(rank).product_error - float(dropped)) < 1e-10, rank
     H, n = A.shape[0], min(A.shape[1], A.shape[2])
     assert top_singular_channels(A, H * n)[0].shape == (H * n, A.shape[1])  # every singular value kept

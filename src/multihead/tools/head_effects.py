@@ -163,8 +163,8 @@ def logit_difference(answer_id, wrong_id, position: int = -1) -> Callable[[objec
         if not -T <= position < T:
             raise ValueError(f"position={position} out of range for {T} positions")
         row = logits[:, position].double()  # (B, V)
-        picks = [_per_item(name, ids, B, V) for name, ids in (("answer_id", answer), ("wrong_id", wrong))]
-        items = torch.arange(B)
+        picks = [_per_item(name, ids, B, V).to(row.device) for name, ids in (("answer_id", answer), ("wrong_id", wrong))]
+        items = torch.arange(B, device=row.device)
         return float((row[items, picks[0]] - row[items, picks[1]]).mean())
 
     return metric

@@ -53,3 +53,18 @@ def test_a_mask_that_differs_between_query_rows_hides_a_nan_key_from_one_row(bac
     clean = attention(q, k.nan_to_num(0.0), v, attn_mask=mask, backend=backend)
     torch.testing.assert_close(out[0, :, 0], clean[0, :, 0], rtol=0, atol=1e-12)
     assert out[0, :, 1].isnan().all()
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+@pytest.mark.parametrize("part", [0, 1, 2])
+def test_views_of_one_fused_buffer_are_checked_in_every_part(backend, part):
+    """catches: the check reading only part of a fused [B, T, 3, H, D] buffer
+    (q, k and v are views of it, checked through their base)."""
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(1, 4, 3, 2, 4, dtype=F64, generator=g)  # (B, T, 3, H, D)
+    clean = attention(*(t.transpose(1, 2) for t in qkv.unbind(2)), is_causal=True, backend=backend)
+    qkv[0, 3, part, 1, 2] = float("nan")  # the last position: in every earlier row's future
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # 3 x (B, H, T, D), views of qkv
+    out = attention(q, k, v, is_causal=True, backend=backend)
+    torch.testing.assert_close(out[0, :, :3], clean[0, :, :3], rtol=0, atol=1e-12)  # rows 0-2 cannot see it
+    assert out[0, 1 if part == 0 else slice(None), 3].isnan().any()

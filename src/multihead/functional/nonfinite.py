@@ -18,9 +18,10 @@ backend and patching the output afterwards:
 
 Two ways to the same numbers (``host_sync``):
 
-* eager: one reduction over q, k and v decides (a host read); only when a
+* eager: one sum over q, k and v decides (a host read; one sum of their
+  buffer when they are views of a fused projection's output); only when a
   non-finite number is present is the patch computed, so the common path
-  pays one pass over the inputs;
+  pays one pass over the inputs and two operations;
 * inside ``torch.compile``: no host read and no data-dependent branch. The
   inputs are always sanitised and the patch always added; it is built from
   terms that are 0 for finite entries (a row's max and min times 0; the
@@ -45,15 +46,29 @@ __all__ = ["split_nonfinite"]
 Fixup = Callable[[torch.Tensor, "torch.Tensor | None"], tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
+def _inputs(req: AttentionRequest) -> tuple[torch.Tensor, ...]:
+    """The tensors whose entries are q, k and v: their one base tensor when all
+    three are views of it and it holds nothing else (a fused projection's
+    output, [B, T, 3C], seen as three [B, H, T, D]), else q, k and v."""
+    q, k, v = req.q, req.k, req.v
+    base = q._base
+    if base is not None and k._base is base and v._base is base and base.numel() == q.numel() + k.numel() + v.numel():
+        return (base,)
+    return q, k, v
+
+
 def _all_finite(req: AttentionRequest) -> bool:
     """Whether q, k and v hold only finite numbers (eager only: syncs)."""
     acc = torch.float64 if req.k.dtype == torch.float64 else torch.float32
+    tensors = _inputs(req)
     with torch.no_grad():
-        total = req.q.sum(dtype=acc) + req.k.sum(dtype=acc) + req.v.sum(dtype=acc)
+        total = tensors[0].sum(dtype=acc)
+        for t in tensors[1:]:
+            total = total + t.sum(dtype=acc)
         if math.isfinite(total.item()):  # the one read, and no kernel for the test
             return True
         # The sum may overflow with finite entries; look element-wise.
-        return all(bool(torch.isfinite(t).all()) for t in (req.q, req.k, req.v))
+        return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _seen(

@@ -49,8 +49,8 @@ def test_writes_the_png_and_prints_the_heads_that_reached_the_threshold(run):
     assert lines[0] == (f"{run}: heads scored at 4 evaluation(s), steps 10..40, on 8 x 2·32 repeated random tokens "
                         "(chance: previous_token 0.059, duplicate_token 0.021, induction 0.021)")  # fmt: skip
     rows = [line.split() for line in lines if line.split()[0] in ROLES and "no" not in line.split()]
-    assert rows == [["previous_token", "0", "1", "0.4", "10", "-", "->", "0.900", "0.900"],
-                    ["induction", "1", "0", "0.5", "30", "0.080", "->", "0.550", "0.710"]]  # fmt: skip
+    assert rows == [["previous_token", "0", "1", "0.4", "10", "-", "->", "0.900", "0.900", "held"],
+                    ["induction", "1", "0", "0.5", "30", "0.080", "->", "0.550", "0.710", "held"]]  # fmt: skip
     assert "duplicate_token: no head reached 0.4 (best at step 40: 0.070)" in lines
     assert lines[-1] == f"wrote {png}" and not [p for p in run.iterdir() if p.name.startswith(".")]
 
@@ -63,6 +63,21 @@ def test_threshold_and_out(run, tmp_path):
     assert "induction" in out and " 40 " in out and "0.550 -> 0.710" in out
     rc, out, err = quietly("heads", str(run), "--threshold", "0.075")  # one for all: step 20's 0.08 reaches it
     assert [line.split()[:5] for line in out.splitlines() if line.startswith("induction ")] == [["induction", "1", "0", "0.075", "20"]]
+
+
+def test_a_head_that_crossed_once_and_fell_back_is_marked(run):
+    """catches: a one-evaluation blip listed like a formed head (its row must say "fell")."""
+    rc, out, err = quietly("heads", str(run), "--threshold", "0.6")  # 0.71 at the end: held
+    assert [line.split()[-1] for line in out.splitlines() if line.startswith("induction ")] == ["held"]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()[:-1]]
+    tracked = [line for line in lines if "heads" in line]
+    for line, score in zip(tracked, (0.05, 0.62, 0.2, 0.1)):  # reaches 0.5 at step 20, ends at 0.1
+        line["heads"]["scores"]["induction"][1][0] = score
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rc, out, err = quietly("heads", str(run))
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines() if line.startswith("induction ")]
+    assert rows == [["induction", "1", "0", "0.5", "20", "0.050", "->", "0.620", "0.100", "fell"]]
 
 
 def test_a_run_that_recorded_no_thresholds_uses_0_4(run):

@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def format_rises(series, found, given: float | None = None) -> list[str]:
     """The lines printed: what was tracked, then one row per head that reached its role's
-    threshold (``found``: ``head_series.rises``), and a line for each role where none did."""
+    threshold (``found``: ``head_series.rises``; "held" when its final score is still at
+    least the threshold, "fell" when it is not), and a line for each role where none did."""
     import numpy as np
 
     steps = series.steps
@@ -61,11 +62,12 @@ def format_rises(series, found, given: float | None = None) -> list[str]:
     ]
     if found:
         lines.append(f"{'role':<16} {'layer':>5} {'head':>4} {'threshold':>9} {'reached at step':>15} "
-                     f"{'score before -> then':>21} {'final':>6}")  # fmt: skip
+                     f"{'score before -> then':>21} {'final':>6} {'at the end':>10}")  # fmt: skip
     for r in found:
         before = "   -" if r.before is None else f"{r.before:.3f}"
+        end = "held" if r.final >= r.threshold else "fell"  # a score that crossed once and fell back is no formed head
         lines.append(f"{r.role:<16} {r.layer:>5} {r.head:>4} {r.threshold:>9g} {r.step:>15} {before:>12} -> "
-                     f"{r.at:.3f} {r.final:>6.3f}")  # fmt: skip
+                     f"{r.at:.3f} {r.final:>6.3f} {end:>10}")  # fmt: skip
     for role in series.scores:
         if any(r.role == role for r in found):
             continue

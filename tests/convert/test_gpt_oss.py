@@ -12,6 +12,8 @@ from support.attention import assert_matches
 from multihead import streaming_cache
 from multihead.convert import from_official
 from multihead.convert.official.gpt_oss import to_official
+from multihead.modules.kv_cache import KVCache
+from multihead.modules.window_cache import WindowKVCache
 
 gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
 masking = pytest.importorskip("transformers.masking_utils")
@@ -83,6 +85,9 @@ def test_matches_the_transformers_layer_forward_and_decoding(layer_type):
     cache = m.make_kv_cache(2, T)
     steps = [m(x[:, :2], kv_cache=cache)] + [m(x[:, t : t + 1], kv_cache=cache) for t in range(2, T)]
     assert_matches(torch.cat(steps, dim=1), want)  # decoding runs past the window of 3
+    # a sliding layer's cache keeps its last W positions, a full one all T
+    assert type(cache) is (WindowKVCache if layer_type == "sliding_attention" else KVCache)
+    assert cache.length == T and cache.k.shape[2] == (W if layer_type == "sliding_attention" else T)
 
 
 def test_each_official_detail_matters():

@@ -234,23 +234,24 @@ def _window_of_latent(probe: LatentKVCache, max_len: int, window: int) -> Window
 _WINDOWED = {KVCache: _window_of_kv, DynamicKVCache: _window_of_dynamic, LatentKVCache: _window_of_latent}
 
 
-def window_cache(layer, batch_size: int, max_len: int) -> KVCache:
+def window_cache(layer, batch_size: int, max_len: int, **options) -> KVCache:
     """The decoding cache of ``layer`` for up to ``max_len`` positions: when it
     has a window (``layer.sliding_window``) and its own cache is a ``KVCache``,
     ``DynamicKVCache`` or ``LatentKVCache``, the windowed class of that cache
     (``WindowKVCache``, ``WindowDynamicKVCache``, ``WindowLatentKVCache``);
-    else ``layer.make_kv_cache``'s.
+    else ``layer.make_kv_cache``'s. ``options`` (dtype, device) go to
+    ``layer.make_kv_cache``.
 
     Raises:
         TypeError / ValueError: as ``make_kv_cache`` (sizes).
     """
     window = getattr(layer, "sliding_window", None)
     if window is None:
-        return layer.make_kv_cache(batch_size, max_len)
-    probe = layer.make_kv_cache(batch_size, 1)  # its layout, shapes, dtype and device
+        return layer.make_kv_cache(batch_size, max_len, **options)
+    probe = layer.make_kv_cache(batch_size, 1, **options)  # its layout, shapes, dtype and device
     build = _WINDOWED.get(type(probe))
     if build is None:
-        return layer.make_kv_cache(batch_size, max_len)
+        return layer.make_kv_cache(batch_size, max_len, **options)
     return build(probe, positive_int("max_len", max_len), window)
 
 

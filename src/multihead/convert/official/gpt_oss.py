@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ...modules.kinds.mha import MultiHeadAttention
+from ...modules.window_cache import window_cache
 from ._shapes import check_official_shapes
 
 __all__ = ["OfficialGptOssAttention", "from_official", "to_official"]
@@ -76,8 +77,9 @@ class OfficialGptOssAttention(nn.Module):
                               kv_cache=kv_cache)  # fmt: skip
 
     def make_kv_cache(self, batch_size: int, max_len: int, **options):
-        """The module's cache: rotated keys and values, (batch_size, G, max_len, D)."""
-        return self.attention.make_kv_cache(batch_size, max_len, **options)
+        """The module's cache: rotated keys and values, (batch_size, G, max_len, D), or
+        on a sliding layer the last ``sliding_window`` of them (``modules.window_cache``)."""
+        return window_cache(self.attention, batch_size, max_len, **options)
 
 
 def _rope_base(rope_parameters: dict | None, rope_theta: float | None) -> float:

@@ -173,6 +173,16 @@ def test_graph_steps_give_the_eager_tokens_and_compile_once(graph_steps_on_cpu, 
     assert graph_steps_on_cpu.frame_count == 1
 
 
+def test_graph_steps_of_other_prompt_lengths_and_token_counts_reuse_the_one_compile(graph_steps_on_cpu):
+    """catches: step buffers sized by the call (prompt + new tokens), which recompile for every
+    new size and, past dynamo's recompile limit, raise."""
+    model, idx = _model(), _prompt()
+    for prompt, new in ((idx, 9), (idx[:, :3], 4), (idx[:, :4], 15)):
+        want = model.generate(prompt, new, temperature=0)
+        assert torch.equal(model.generate(prompt, new, temperature=0, compile_steps=True), want)
+    assert graph_steps_on_cpu.frame_count == 1
+
+
 def test_graph_steps_stop_at_the_context_and_slide_on(graph_steps_on_cpu):
     """Past context_length the window slides with eager steps, as without compile_steps."""
     model, idx = _model(context_length=8), _prompt()

@@ -10,12 +10,14 @@ mode="reduce-overhead" and static shapes, recorded once as a CUDA graph and
 replayed (``models.generation``'s module docstring draws it).
 
 The step buffers are kept per model (``_STEP_BUFFERS``, the last shapes
-only, freed with the model) so that every call with the same shapes replays
-the same graph over the same addresses. Each model and cache shape is one
-compile of ``_graph_step``; dynamo's ``recompile_limit`` (8 by default)
-caps how many one process makes, and past it torch.compile raises (under
-fullgraph=True): raise ``torch._dynamo.config.recompile_limit`` to decode
-with more models or shapes.
+only, freed with the model), each ``context_length`` positions long, so that
+every call with the same batch size replays the same graph over the same
+addresses, whatever its prompt length and number of new tokens. Each model
+and batch size is one compile of ``_graph_step``; dynamo's
+``recompile_limit`` (8 by default) caps how many one process makes, and past
+it torch.compile raises (under fullgraph=True): raise
+``torch._dynamo.config.recompile_limit`` to decode with more models or
+batch sizes.
 """
 
 from __future__ import annotations
@@ -64,9 +66,10 @@ class GraphSteps:
     """The one-token steps of ``generate`` calls over ``GraphKVCache``s.
 
     The first step of a call copies the prefilled caches' keys and values
-    into the model's step buffers (``_STEP_BUFFERS``: kept per model, reused
-    by every call with the same cache shapes, so their addresses never
-    change) at a device-side position = the prompt's length. The buffers
+    into the model's step buffers (``_STEP_BUFFERS``: kept per model,
+    ``context_length`` positions long, reused by every call of the same
+    batch size, so their addresses never change) at a device-side position =
+    the prompt's length. The buffers
     and the position are static addresses
     (``torch._dynamo.mark_static_address``: the in-place writes of a step
     stay inside the recorded graph and nothing is copied in), and
@@ -108,15 +111,17 @@ _STEP_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model 
 
 
 def _step_buffers(model, caches: list, options: dict) -> _StepBuffers:
-    """The model's step buffers for caches shaped as ``caches`` (new ones, marked
-    static, when the shapes differ from the last call's)."""
-    key = (tuple((tuple(c.k.shape), tuple(c.v.shape), c.k.dtype) for c in caches), caches[0].k.device,
+    """The model's step buffers for caches of ``caches``' batch, heads and widths,
+    each ``context_length`` positions long whatever the call's prompt and number of
+    new tokens (new ones, marked static, when these differ from the last call's)."""
+    S_max = model.config.context_length  # one shape for every call of this batch size: no recompile
+    key = (tuple((_shape(c.k, S_max), _shape(c.v, S_max), c.k.dtype) for c in caches), caches[0].k.device,
            tuple(sorted(options.items())))  # fmt: skip
     state = _STEP_BUFFERS.get(model)
     if state is None or state.key != key:
         _STEP_BUFFERS.pop(model, None)  # free the old buffers first
         position = torch.zeros(1, dtype=torch.long, device=caches[0].k.device)
-        graph_caches = [GraphKVCache(_empty_like(c), position) for c in caches]
+        graph_caches = [GraphKVCache(_empty_like(c, S_max), position) for c in caches]
         for t in (position, *(b for c in graph_caches for b in (c.k, c.v))):
             torch._dynamo.mark_static_address(t, guard=False)
         step = torch.compile(_graph_step, fullgraph=True, **options)
@@ -124,8 +129,14 @@ def _step_buffers(model, caches: list, options: dict) -> _StepBuffers:
     return state
 
 
-def _empty_like(cache: KVCache) -> KVCache:
-    """A new ``KVCache`` with buffers shaped as ``cache``'s."""
-    B, G, S, D = cache.k.shape
-    return KVCache(B, G, S, D, value_dim=cache.v.shape[3], value_heads=cache.v.shape[1], dtype=cache.k.dtype,
+def _shape(t: torch.Tensor, S_max: int) -> tuple[int, ...]:
+    """[B, G, S, D] -> (B, G, S_max, D)."""
+    B, G, _, D = t.shape
+    return B, G, S_max, D
+
+
+def _empty_like(cache: KVCache, S_max: int) -> KVCache:
+    """A new ``KVCache`` with buffers shaped as ``cache``'s but ``S_max`` positions long."""
+    B, G, _, D = cache.k.shape
+    return KVCache(B, G, S_max, D, value_dim=cache.v.shape[3], value_heads=cache.v.shape[1], dtype=cache.k.dtype,
                    device=cache.k.device)  # fmt: skip

@@ -37,8 +37,9 @@ layers read themselves (eager attention's non-finite check on CPU) is theirs.
 A graph replays fixed shapes and addresses, and a ``KVCache`` step returns
 [B, G, length, D], one position longer every step, so after the eager
 prefill the steps run over ``modules.graph_cache.GraphKVCache``s: buffers
-kept per model (``_STEP_BUFFERS``, the same addresses in every call with
-the same shapes; ``models.decode_steps``), the prefill's keys and values copied in, every step
+kept per model, ``context_length`` slots long (``_STEP_BUFFERS``, the same
+addresses in every call of the same batch size; ``models.decode_steps``),
+the prefill's keys and values copied in, every step
 writing at a device-side position and attending over all slots, masked::
 
     prefill (eager)  -> KVCache buffers --copy--> step buffers, position = T0

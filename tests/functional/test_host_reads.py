@@ -122,3 +122,16 @@ def test_every_kind_forward_reads_nothing_back_where_sync_free(kind, monkeypatch
     for causal in (False, True):
         assert _reads(lambda causal=causal: m(x, is_causal=causal)) == {}, f"{kind}, causal={causal}"
 
+
+
+def test_the_eager_check_of_a_fused_projection_is_one_sum(monkeypatch):
+    """catches: the check summing q, k and v apart (three sums and two adds) when they
+    are views of one fused projection output that holds nothing else."""
+    _sync_free(monkeypatch, False)
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        mha(x, is_causal=True)
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert counts.get("aten::sum") == 1 and counts.get("aten::_local_scalar_dense") == 1

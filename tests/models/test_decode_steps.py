@@ -148,6 +148,7 @@ def test_which_models_decode_over_graph_caches():
     assert not uses_cuda_graphs(model, model.make_kv_caches(1, 4), cpu)
     for other in (_model(positions="rope"), _model(positions="alibi"), _model(attention_options={"window": 4})):
         assert not uses_cuda_graphs(other, other.make_kv_caches(1, 4), cuda)
+    assert not supports_graph_steps(torch.nn.Linear(4, 4))  # not an attention layer at all
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@
 # Needs torch with CUDA and the project's dependencies importable (PYTHONPATH=src is set here;
 # nothing is installed). Each step's log goes to OUT_DIR/<step>.log and its results under
 # OUT_DIR/<step>/; the last lines of each log are printed. STEPs: tests syncs capture decode
-# (the default: at most 8.5 minutes, within one 10-minute device call) and peers flex moh.
+# (the default: at most 8.5 minutes, within one 10-minute device call) and peers flex moh views.
 # The tests step runs WORKERS processes (default 8) where pytest-xdist is installed.
 set -u
 out=${1:?usage: bash benchmarks/cuda_checks.sh OUT_DIR [STEP ...]}
@@ -51,6 +51,7 @@ for step in $steps; do
     moh) bench moh 60 moh_active_heads --set device=cuda --rounds 20 --scenario "core forward, 50% active" \
         --scenario "core forward causal, 50% active, B=1 T=2048" --scenario "forward causal, 50% active, B=1 T=2048" ;;
     syncs) TAIL=20 run syncs 60 $py -m benchmarks.cuda_syncs --rounds 9 ;;
+    views) TAIL=16 run views 80 $py -m benchmarks.cuda_views ;;
     decode) TAIL=24 run decode 150 $py -m benchmarks.decode_vs_hf --device cuda --modes eager compiled \
         --formats fp32 bf16 --batches 1,8 --rounds 3 ;;
     *) echo "unknown step $step" ;;

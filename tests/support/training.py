@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 from pathlib import Path
 
 import torch
@@ -75,3 +76,16 @@ def word_text(path: Path) -> Path:
     rng = random.Random(0)
     path.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(600)) + "\n")
     return path
+
+
+def signal_during_steps(monkeypatch, steps: dict[int, list[int]]) -> None:
+    """Raise the listed signals in this process during those optimizer steps (1-based)."""
+    original, calls = torch.optim.AdamW.step, [0]
+
+    def step(self, *args, **kwargs):
+        calls[0] += 1
+        for sig in steps.get(calls[0], []):
+            signal.raise_signal(sig)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)

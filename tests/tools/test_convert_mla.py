@@ -247,6 +247,26 @@ def test_refusals_name_the_values():
     assert dataclasses.asdict(model.config)["attention"] == "mha"
 
 
+@pytest.mark.parametrize("method", ["svd", "activation"])
+def test_the_conversion_does_not_depend_on_the_signs_the_svd_returns(monkeypatch, method):
+    """catches: latent weights that follow the singular vectors' signs, which LAPACK and cuSOLVER
+    choose differently (a CUDA conversion then differed from the CPU one)."""
+    model = _gpt()
+    calibration = [_tokens(12, (4, 16))] if method == "activation" else None
+    want = to_mla(model, 24, method=method, calibration=calibration)
+    svd = torch.linalg.svd
+
+    def flipped(W, **kw):
+        U, S, Vh = svd(W, **kw)
+        signs = torch.where(torch.arange(U.shape[1]) % 3 == 0, -1.0, 1.0).to(U)  # flip every third vector
+        return U * signs, S, Vh * signs[: Vh.shape[0], None]
+
+    monkeypatch.setattr(torch.linalg, "svd", flipped)
+    got = to_mla(model, 24, method=method, calibration=calibration)
+    for name, tensor in want.state_dict().items():
+        torch.testing.assert_close(got.state_dict()[name], tensor, msg=name)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_conversion_equals_the_cpu_one_and_decodes_from_the_latent_cache():
     model = _gpt()

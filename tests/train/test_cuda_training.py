@@ -4,13 +4,15 @@ line decodes on the device and leaves the generators as they were. Runs only whe
 device is present (docs/testing.md lists the paths only a GPU checks)."""
 
 import json
+import signal
 
 import pytest
 import torch
-from support.training import tiny_config
+from support.training import signal_during_steps, tiny_config
 
 from multihead.train import latest_checkpoint, train
 from multihead.train.checkpoint import load_training_state
+from multihead.train.interrupt import TrainingInterrupted
 
 TEXT = "".join(f"a line of text, number {i % 7}, for the tiny model.\n" for i in range(200))
 
@@ -21,10 +23,13 @@ def _metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_bf16_cuda_resume_restores_the_cuda_generator_and_follows_the_straight_run(tmp_path):
+def test_bf16_cuda_resume_restores_the_cuda_generator_and_follows_the_straight_run(tmp_path, monkeypatch):
     values = dict(max_steps=6, warmup=1, checkpoint_every=3, eval_every=3, log_every=1, dropout=0.1, device="cuda",
                   dtype="bfloat16")  # fmt: skip
-    train(tiny_config(tmp_path / "split", TEXT, **{**values, "max_steps": 3}), progress=False)
+    signal_during_steps(monkeypatch, {3: [signal.SIGTERM]})  # stops after step 3 of the same 6-step schedule
+    with pytest.raises(TrainingInterrupted):
+        train(tiny_config(tmp_path / "split", TEXT, **values), progress=False)
+    monkeypatch.undo()
     resumed = train(tiny_config(tmp_path / "split", TEXT, **values), resume=True, progress=False)
     straight = train(tiny_config(tmp_path / "straight", TEXT, **values), progress=False)
     split_state = load_training_state(latest_checkpoint(resumed.run_dir))

@@ -12,9 +12,8 @@ import sys
 import textwrap
 
 import pytest
-import torch
 from support.torchrun import QUIET_EXIT
-from support.training import assert_follows
+from support.training import assert_follows, signal_during_steps
 from support.training import tiny_config as support_tiny_config
 
 from multihead.train import latest_checkpoint, load_training_state, train
@@ -28,19 +27,6 @@ def tiny_config(tmp_path, **overrides):
     values = dict(batch_size=8, max_steps=6, lr=3e-3, min_lr=3e-3, warmup=1, eval_every=3, log_every=1,
                   checkpoint_every=3)  # fmt: skip
     return support_tiny_config(tmp_path, TEXT, **{**values, **overrides})
-
-
-def signal_during_steps(monkeypatch, steps: dict[int, list[int]]) -> None:
-    """Raise the listed signals in this process during those optimizer steps (1-based)."""
-    original, calls = torch.optim.AdamW.step, [0]
-
-    def step(self, *args, **kwargs):
-        calls[0] += 1
-        for sig in steps.get(calls[0], []):
-            signal.raise_signal(sig)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", step)
 
 
 def test_a_signal_ends_the_run_after_its_step_with_a_checkpoint_and_restores_the_handlers(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ compile again (past torch's recompile limit torch runs flex_attention
 unfused, with the same numbers).
 
 Where it cannot serve, the reasons say so and ``auto`` moves on: dropout
-(flex_attention has none); on CPU, float64, calls inside a user's
+(flex_attention has none); float64; on CPU, calls inside a user's
 ``torch.compile`` (inductor cannot fuse the CPU template with the code
 around it) and gradients (torch 2.13 compiles
 flex_attention on CPU for inference only) and weights (its CPU kernel returns
@@ -63,8 +63,8 @@ def flex_not_supported(req: AttentionRequest) -> list[str]:
     D, Dv = req.q.shape[-1], req.v.shape[-1]
     if device == "cuda" and min(D, Dv) < 16:  # torch's CUDA flex template (2.11-2.13)
         reasons.append(f"head widths below 16 on CUDA (D={D}, Dv={Dv}): flex_attention's CUDA kernel needs 16 or more")
-    if device == "cpu" and req.q.dtype == torch.float64:
-        reasons.append("float64 on CPU: flex_attention's CPU kernel takes float32, float16 and bfloat16")
+    if req.q.dtype == torch.float64:  # CUDA: Triton failed to compile its float64 dots (H100, torch 2.11)
+        reasons.append("float64: flex_attention's kernels take float32, float16 and bfloat16")
     if device == "cpu" and torch.compiler.is_compiling():
         reasons.append("inside torch.compile on CPU: inductor's CPU flex_attention template cannot be fused "
                        "with the code around it (torch 2.13); call it outside the compiled region")  # fmt: skip

@@ -149,7 +149,10 @@ def _factor(W: torch.Tensor, r: int, moments: tuple | None) -> torch.Tensor:
         )
         W = W @ (evecs * evals.clamp_min(0).sqrt()) @ evecs.T  # W Σ^½
     U, _, _ = torch.linalg.svd(W, full_matrices=True)  # (2GD, 2GD)
-    return U[:, :r]
+    U = U[:, :r]
+    # each vector's sign is free: make its largest entry positive, so CPU and CUDA agree
+    top = U.gather(0, U.abs().argmax(0, keepdim=True))  # (1, r)
+    return U * torch.where(top < 0, -1.0, 1.0).to(U.dtype)
 
 
 @torch.no_grad()

@@ -59,3 +59,26 @@ def test_the_kinds_converted_are_those_that_declare_regrouped_key_values():
     model.blocks[1].attn = layer
     with pytest.raises(ValueError, match=r"^layer 1 is attention kind 'mha' \(OwnKeys\); to_gqa converts only "):
         to_gqa(model, 2, method="mean")
+
+
+def test_a_kind_that_declares_regrouped_key_values_keeps_its_name_and_class_through_to_gqa():
+    """catches: to_gqa naming the new layers by the mha family's rule, which turned an outside kind
+    built on MultiHeadAttention into plain "gqa"."""
+    from multihead.modules import registry
+    from multihead.modules.kinds.mha import MultiHeadAttention
+
+    class Regrouped(MultiHeadAttention):
+        kind = "regrouped-for-test"
+        regroups_key_values = True
+
+    registry.register_attention(Regrouped.kind)(Regrouped)
+    try:
+        model = _gpt(attention=Regrouped.kind)
+        idx = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+        for G in (4, 2, 1):  # the tiny preset has 4 heads
+            new = to_gqa(model, G, method="mean")
+            assert new.config.attention == Regrouped.kind and new.config.num_kv_heads == (None if G == 4 else G)
+            assert all(type(b.attn) is Regrouped and b.attn.num_kv_heads == G for b in new.blocks)
+        torch.testing.assert_close(to_gqa(model, 4, method="mean")(idx), model(idx))  # all heads kept: the same function
+    finally:
+        registry._KINDS.pop(Regrouped.kind, None)

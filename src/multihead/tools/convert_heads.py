@@ -82,6 +82,7 @@ import torch
 from torch import nn
 
 from ..modules.kinds.mha import MultiHeadAttention
+from ..modules.registry import attention_class
 from .calibration import backbone_of, check_kind, finished, rebuilt, run_calibration
 
 __all__ = ["to_gqa", "METHODS"]
@@ -243,15 +244,16 @@ def _new_config(config, G: int):
     Per-layer query counts (a pruned model) stay; G goes into ``num_kv_heads``
     where it divides ``num_heads``, as a config requires, else into
     ``layer_kv_heads`` under the smallest divisor of ``num_heads`` above it.
+    The kind is named by its class (``kind_name``): the mha family's name
+    follows G, a subclass that declares its own ``kind`` keeps it.
     """
     H, counts = config.num_heads, config.layer_heads
+    name = attention_class(config.attention).kind_name
     if counts is None:
-        return dataclasses.replace(config, attention=MultiHeadAttention.kind_name(H, G),
-                                   num_kv_heads=None if G == H else G)  # fmt: skip
+        return dataclasses.replace(config, attention=name(H, G), num_kv_heads=None if G == H else G)
     if all(h == G for h in counts):
-        return dataclasses.replace(config, attention=MultiHeadAttention.kind_name(G, G), num_kv_heads=None,
-                                   layer_kv_heads=None)  # fmt: skip
-    kind = MultiHeadAttention.kind_name(H, G)  # G < H here: every layer keeps more query heads than G
+        return dataclasses.replace(config, attention=name(G, G), num_kv_heads=None, layer_kv_heads=None)
+    kind = name(H, G)  # G < H here: every layer keeps more query heads than G
     if H % G == 0:
         return dataclasses.replace(config, attention=kind, num_kv_heads=G, layer_kv_heads=None)
     top = min(d for d in range(G, H + 1) if H % d == 0)

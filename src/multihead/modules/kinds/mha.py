@@ -89,17 +89,20 @@ class MultiHeadAttention(AttentionLayer):
         """"gqa": half as many key/value heads as query heads (at least 1); "mha", "mqa": none."""
         return {"num_kv_heads": max(1, num_heads // 2)} if kind == "gqa" else {}
 
-    @staticmethod
-    def kind_name(num_heads: int, num_kv_heads: int) -> str:
+    @classmethod
+    def kind_name(cls, num_heads: int, num_kv_heads: int) -> str:
         """The registered name of this attention with H query and G key/value heads:
-        "mha" (G = H), "mqa" (G = 1 < H) or "gqa" (otherwise)."""
+        a subclass that declares its own ``kind`` keeps it; the family's is "mha"
+        (G = H), "mqa" (G = 1 < H) or "gqa" (otherwise)."""
+        if cls.kind != MultiHeadAttention.kind:
+            return cls.kind
         return "mha" if num_kv_heads == num_heads else "mqa" if num_kv_heads == 1 else "gqa"
 
     def __init__(self, embed_dim: int, num_heads: int, **options) -> None:
         super().__init__(embed_dim, num_heads, **options)
         H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
         if type(self).kind == MultiHeadAttention.kind:  # the family's per-instance name
-            self.kind = self.kind_name(H, G)
+            self.kind = MultiHeadAttention.kind_name(H, G)
         bias, factory = self.qkv_bias, self.factory
         self.fused = self.kdim == embed_dim and self.vdim == embed_dim
         if self.fused:

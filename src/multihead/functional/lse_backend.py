@@ -129,15 +129,18 @@ def cuda_kernel_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     aligns its own kernels' inputs)."""
     if torch.compiler.is_compiling():
         return tensors
+    return tuple(t if not t.is_cuda or kernel_ready(t) else t.clone(memory_format=torch.contiguous_format) for t in tensors)
 
-    def aligned(t: torch.Tensor) -> bool:
-        if t.data_ptr() % 16:
-            return False
-        size = t.element_size()
-        strides = (s * size % 16 == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
-        return t.is_contiguous() or (t.stride(-1) == 1 and all(strides))
 
-    return tuple(t if not t.is_cuda or aligned(t) else t.clone(memory_format=torch.contiguous_format) for t in tensors)
+def kernel_ready(t: torch.Tensor) -> bool:
+    """Whether the fused kernels read ``t`` right as it is (``cuda_kernel_inputs``' rule, on
+    any device): it starts at a multiple of 16 bytes and is contiguous, or is a view with a
+    last stride of 1 whose other strides (of dimensions longer than 1) are multiples of 16 bytes."""
+    if t.data_ptr() % 16:
+        return False
+    size = t.element_size()
+    strides = (s * size % 16 == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+    return t.is_contiguous() or (t.stride(-1) == 1 and all(strides))
 
 
 def _unit_last_stride(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -163,6 +163,9 @@ def test_heads_are_a_strided_view_without_copies():
     assert heads.shape == (2, H, 7, D + 4)
     assert heads.untyped_storage().data_ptr() == padded.untyped_storage().data_ptr()
     assert torch.equal(heads[:, 1, :, :], padded[..., D : 2 * D + 4])
+    for width in (H * D + 3, H * D + 4 + D):  # one channel short; one head's width too many
+        with pytest.raises(ValueError, match=rf"padded has {width} channels; .* need H·D \+ 2·ov = {H * D + 4}"):
+            overlapped_heads(torch.randn(2, 7, width), H, D, 2)
 
 
 # ---------------------------------------------------------------- cache

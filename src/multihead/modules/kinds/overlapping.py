@@ -59,8 +59,13 @@ def overlapped_heads(padded: torch.Tensor, num_heads: int, head_dim: int, overla
         [B, H, N, D + 2·ov], a view of ``padded``: head i is padded channels
         [i·D, (i+1)·D + 2·ov).
     """
+    width = num_heads * head_dim + 2 * overlap
+    if padded.shape[-1] != width:
+        raise ValueError(
+            f"padded has {padded.shape[-1]} channels; num_heads={num_heads} heads of head_dim={head_dim} "
+            f"with overlap={overlap} need H·D + 2·ov = {width}"
+        )
     heads = padded.unfold(-1, head_dim + 2 * overlap, head_dim)  # (B, N, H*D + 2ov) -> (B, N, H, Dw)
-    assert heads.shape[-2] == num_heads, (heads.shape, num_heads)  # internal invariant
     return heads.transpose(1, 2)  # (B, N, H, Dw) -> (B, H, N, Dw)
 
 

@@ -68,3 +68,18 @@ def test_views_of_one_fused_buffer_are_checked_in_every_part(backend, part):
     out = attention(q, k, v, is_causal=True, backend=backend)
     torch.testing.assert_close(out[0, :, :3], clean[0, :, :3], rtol=0, atol=1e-12)  # rows 0-2 cannot see it
     assert out[0, 1 if part == 0 else slice(None), 3].isnan().any()
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("mask_shape", [(1, 1, 1, 1), (2, 1, 1, 1), (1, 1, 1, 5)], ids=["one", "per-batch", "per-key"])
+@pytest.mark.parametrize("fill", [0.5, float("-inf")], ids=["finite", "hides-all"])
+def test_causal_calls_with_a_mask_broadcast_over_the_keys_match_the_reference(backend, alignment, mask_shape, fill):
+    """catches: prefix sums over the keys of a mask whose key dimension is 1 (broadcast), which
+    gave an empty slice and a shape error instead of the output."""
+    from support.attention import check_against_reference
+
+    q, k, v = (t.expand(2, -1, -1, -1).clone() for t in _qkv(H=2, G=1, T=3, S=5))
+    q[0, 0, 0, 1], k[1, 0, 3, 0], v[0, 0, 4, 2] = float("nan"), float("nan"), float("-inf")
+    mask = torch.full(mask_shape, fill, dtype=F64)
+    check_against_reference(q, k, v, backend, attn_mask=mask, is_causal=True, causal_alignment=alignment)

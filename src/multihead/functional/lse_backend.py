@@ -118,14 +118,13 @@ def _kernel_inputs(req: AttentionRequest):
 
 
 def cuda_kernel_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The tensors as CUDA's fused kernels read them right: a CUDA tensor that does not
-    start at a multiple of 16 bytes, or is a view whose last stride is not 1 or whose
-    other strides are not multiples of 16 bytes, is copied (a view into a fused
-    projection whose widths are not multiples of 8 elements gave wrong bfloat16 results on
-    an H100). Aligned views pass as they are: q, k and v of a fused
-    projection at head widths of 8·k elements are not copied (a forward 12-17% faster on
-    an H100, ``benchmarks/cuda_views.py``). CPU tensors are returned as they are, and so
-    is everything inside ``torch.compile`` (a data pointer cannot be traced; inductor
+    """The tensors as CUDA's fused kernels read them right: a CUDA tensor that is not
+    ``kernel_ready`` is copied (a view into a fused projection whose widths are not
+    multiples of 8 elements gave wrong bfloat16 results on an H100). Aligned views pass
+    as they are, so q, k and v cut from a fused projection at head widths of 8·k
+    elements are not copied (a forward 10-17% faster on an H100,
+    ``benchmarks/cuda_views.py``). CPU tensors are returned as they are, and so is
+    everything inside ``torch.compile`` (a data pointer cannot be traced; inductor
     aligns its own kernels' inputs)."""
     if torch.compiler.is_compiling():
         return tensors

@@ -96,7 +96,8 @@ def _seen(
         return _seen_through_mask(terms, req)
     keep = None
     if allowed is not None:
-        keep = allowed[:, :, 0, :, None]  # (B|1, 1, 1, S) -> (B|1, 1, S, 1): per key, shared by heads and rows
+        keep = allowed[:, :, 0, :, None]  # (B|1, 1, 1, S|1) -> (B|1, 1, S|1, 1): per key, shared by heads and rows
+        keep = keep.expand(*keep.shape[:2], S, 1)  # a mask broadcast over the keys: prefix sums need all S
         terms = tuple(t.masked_fill(~keep, 0) for t in terms)
     if req.causal_is_trivial:
         sums = tuple(t.sum(dim=-2)[:, :, None, None, :] for t in terms)  # (B, G, X) -> (B, G, 1, 1, X)

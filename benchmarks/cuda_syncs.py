@@ -28,17 +28,9 @@ import torch.nn.functional as F
 from multihead import MultiHeadAttention
 from multihead.functional import attention, host_sync
 
+from .timing import cuda_ms
+
 SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "aten::item")
-
-
-def _time(fn, number: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(number):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / number
 
 
 def _branch_free(call):
@@ -95,7 +87,7 @@ def _compare(title: str, ours, floor, a) -> None:
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(a.rounds):
         for name, f in contenders.items():
-            times[name].append(_time(f, a.number))
+            times[name].append(cuda_ms(f, a.number))
     base = statistics.median(times["bare sdpa"])
     print(f"\n{title}: {torch.cuda.get_device_name()}, {a.dtype}, {a.rounds} rounds of {a.number} calls, alternating")
     print("| contender | median ms | / bare sdpa |\n|---|---|---|")

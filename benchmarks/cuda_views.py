@@ -21,6 +21,8 @@ import torch
 from multihead import MultiHeadAttention
 from multihead.functional import lse_backend, sdpa_backend
 
+from .timing import cuda_ms
+
 VIEWS = lse_backend.cuda_kernel_inputs  # the rule in use
 
 
@@ -64,16 +66,6 @@ def check(dtype: torch.dtype) -> None:
             raise SystemExit(f"views form is worse than the copy form at C={C} H={H}")
 
 
-def _time(fn, number: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(number):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / number
-
-
 def timing(B: int, T: int, dtype: torch.dtype, a) -> None:
     m = MultiHeadAttention(768, 12, device="cuda", dtype=dtype).eval()
     x = torch.randn(B, T, 768, device="cuda", dtype=dtype)
@@ -84,7 +76,7 @@ def timing(B: int, T: int, dtype: torch.dtype, a) -> None:
     for _ in range(a.rounds):
         for name, rule in (("copy", copies), ("views", VIEWS)):
             use(rule)
-            times[name].append(_time(lambda: m(x, is_causal=True), a.number))
+            times[name].append(cuda_ms(lambda: m(x, is_causal=True), a.number))
     use(VIEWS)
     c, v = statistics.median(times["copy"]), statistics.median(times["views"])
     print(f"| B={B} T={T} C=768 H=12 causal {dtype} | {c:.4f} | {v:.4f} | {v / c:.2f} |")

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["compare", "fmt_ms", "summarize", "threads", "time_alternating"]
+__all__ = ["compare", "cuda_ms", "fmt_ms", "summarize", "threads", "time_alternating"]
 
 
 @contextmanager
@@ -95,6 +95,17 @@ def time_alternating(
         if gc_was_enabled:
             gc.enable()
     return times
+
+
+def cuda_ms(fn: Callable[[], object], number: int) -> float:
+    """Milliseconds per call of ``fn`` over ``number`` back-to-back calls, timed with CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(number):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / number
 
 
 def _quartiles(xs: Sequence[float]) -> tuple[float, float]:

@@ -190,6 +190,21 @@ def test_attention_kinds_build_and_decode(kind, num_kv_heads, groups):
     assert_greedy_agrees(tokens, tokens_ref, lg, lg_ref, start=1)
 
 
+@pytest.mark.parametrize(("kind", "options", "read"), [
+    ("overlapping", {"overlap": 2}, lambda layer: layer.overlap == 2),
+    ("mha", {"qk_norm": True}, lambda layer: layer.qk_norm is not None),
+])  # fmt: skip
+def test_attention_options_reach_every_layer_of_every_role(kind, options, read):
+    """catches: options that only the encoder (or no layer) receives."""
+    model, b = small(attention=kind, attention_options=options), padded_batch()
+    layers = [m for m in model.modules() if hasattr(m, "register_head_hook")]
+    assert len(layers) == 3 * 2 and all(read(layer) for layer in layers)  # encoder, decoder, cross in 2 layers
+    kw = {"src_key_mask": b.src_key_mask, "return_logits": True}
+    tokens, lg = model.greedy_decode(b.src, 8, **kw)
+    tokens_ref, lg_ref = model.greedy_decode(b.src, 8, use_cache=False, **kw)
+    assert_greedy_agrees(tokens, tokens_ref, lg, lg_ref, start=1)
+
+
 def test_post_norm_and_shared_embeddings():
     model, b = small(norm_first=False, tie_embeddings=True, share_embeddings=True), padded_batch()
     assert isinstance(model.encoder_norm, torch.nn.Identity)
@@ -230,6 +245,10 @@ def test_unknown_preset_lists_valid_ones():
         ({"norm_first": 1}, TypeError, "norm_first=1"),
         ({"layer_norm_eps": 0.0}, ValueError, "layer_norm_eps=0.0"),
         ({"share_embeddings": True, "src_vocab_size": 12}, ValueError, "12 and 11"),
+        ({"attention_options": ["overlap"]}, TypeError, r"attention_options must be a dict .* \['overlap'\]"),
+        ({"attention_options": {"dropout": 0.1}}, ValueError, r"\['dropout'\] are set by the config or the model: use .*attention_dropout"),
+        ({"attention_options": {"overlap": 1}}, TypeError, "overlap"),  # not an option of "mha"
+        ({"attention": "overlapping", "attention_options": {"overlap": -1}}, ValueError, "overlap=-1"),
     ],
 )
 def test_config_validation_names_the_values(overrides, error, match):

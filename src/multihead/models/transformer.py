@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -41,6 +41,11 @@ from .head_layout import check_layer_heads, layer_head_options
 from .transformer_layers import DecoderCache, DecoderLayer, EncoderLayer
 
 __all__ = ["TransformerConfig", "PRESETS", "Transformer", "ATTENTION_ROLES", "transformer_attention"]
+
+# Attention options the config derives from its own fields, and those fields.
+CONFIG_OPTIONS = {"embed_dim": "embed_dim", "num_heads": "num_heads", "head_dim": "embed_dim / num_heads",
+                  "num_kv_heads": "num_kv_heads", "dropout": "attention_dropout",
+                  "device": "Transformer(config).to(device)", "dtype": "Transformer(config).to(dtype)"}  # fmt: skip
 
 # The three places an attention layer sits, and the config fields listing their per-layer head counts.
 ATTENTION_ROLES = {
@@ -62,6 +67,10 @@ class TransformerConfig:
         dropout: on embeddings + positions and on every sublayer output.
         attention_dropout: on the attention weights (training only).
         attention: registry name of the attention kind ("mha", "gqa", "mqa", ...).
+        attention_options: further keyword options of that kind for every attention
+            layer (JSON values, e.g. {"overlap": 2} for "overlapping", {"qk_norm": True});
+            what this config sets itself (sizes, head counts, ``attention_dropout``)
+            is refused there (``CONFIG_OPTIONS``).
         norm_first: pre-norm (True, the Annotated Transformer) or post-norm (the paper).
         layer_norm_eps: eps of every LayerNorm.
         max_len: number of sinusoidal positions (longest source or target).
@@ -94,6 +103,7 @@ class TransformerConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0
     attention: str = "mha"
+    attention_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     norm_first: bool = True
     layer_norm_eps: float = 1e-5
     max_len: int = 5000
@@ -135,9 +145,14 @@ class TransformerConfig:
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise ValueError(f"pad_id, bos_id, eos_id must differ, got {self.pad_id}, {self.bos_id}, {self.eos_id}")
         check_kind(self.attention)
-        with torch.device("meta"):  # the kind's own checks (head sizes, num_kv_heads), no memory used
+        if not isinstance(self.attention_options, dict) or not all(isinstance(k, str) for k in self.attention_options):
+            raise TypeError(f"attention_options must be a dict of option name -> value, got {self.attention_options!r}")
+        taken = {k: CONFIG_OPTIONS[k] for k in self.attention_options if k in CONFIG_OPTIONS}
+        if taken:
+            raise ValueError(f"attention_options {sorted(taken)} are set by the config or the model: use {taken}")
+        with torch.device("meta"):  # the kind's own checks (head sizes, num_kv_heads, options), no memory used
             build_attention(self.attention, embed_dim=self.embed_dim, num_heads=self.num_heads,
-                            **self.attention_options())
+                            **self.layer_options())
         for role, (heads, kv) in ATTENTION_ROLES.items():
             layers = self.num_encoder_layers if role == "encoder" else self.num_decoder_layers
             try:
@@ -154,12 +169,13 @@ class TransformerConfig:
         """D = embed_dim // num_heads (also in layers with fewer heads)."""
         return self.embed_dim // self.num_heads
 
-    def attention_options(self) -> dict:
-        """Keyword options passed to ``build_attention`` for every attention layer."""
-        options = {"dropout": self.attention_dropout}
+    def layer_options(self) -> dict:
+        """Keyword options passed to ``build_attention`` for every attention layer
+        (before its per-layer head counts)."""
+        options: dict[str, Any] = {"dropout": self.attention_dropout}
         if self.num_kv_heads is not None:
             options["num_kv_heads"] = self.num_kv_heads
-        return options
+        return {**options, **self.attention_options}  # disjoint: CONFIG_OPTIONS are refused
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> TransformerConfig:
@@ -212,7 +228,7 @@ def transformer_attention(config: TransformerConfig, role: str, layer: int, **fa
     heads, kv = ATTENTION_ROLES[role]
     layout = _RoleLayout(config.num_heads, config.num_kv_heads, config.head_dim, getattr(config, heads),
                          getattr(config, kv))
-    options = {**config.attention_options(), **layer_head_options(layout, layer), **factory}
+    options = {**config.layer_options(), **layer_head_options(layout, layer), **factory}
     return build_attention(config.attention, embed_dim=config.embed_dim, **options)
 
 

@@ -120,6 +120,20 @@ def test_window_one_and_reset_and_the_errors():
         WindowKVCache(1, 1, 4, 2, window=0)
 
 
+@pytest.mark.parametrize(("k_shape", "v_shape", "words"), [
+    ((1, 2, 3), (1, 1, 2, 3), "must be \\(B, G, T, D\\) with equal T"),  # k of 3 dims
+    ((1, 1, 2, 3), (1, 1, 2), "must be \\(B, G, T, D\\) with equal T"),  # v of 3 dims
+    ((1, 1, 2, 3), (1, 1, 3, 3), "must be \\(B, G, T, D\\) with equal T"),  # T differs
+    ((1, 1, 2, 4), (1, 1, 2, 3), "cache holds k \\(B=1, G=1, D=3\\)"),  # another key width
+])  # fmt: skip
+def test_a_write_of_the_wrong_shape_is_refused_before_anything_is_written(k_shape, v_shape, words):
+    """catches: a shape check that needs every condition to fail before it refuses."""
+    cache = WindowKVCache(1, 1, 6, 3, window=2)
+    with pytest.raises(ValueError, match=words):
+        cache.update(torch.zeros(k_shape), torch.zeros(v_shape))
+    assert cache.length == 0
+
+
 def test_a_call_that_fails_after_the_write_leaves_the_cache_as_it_was():
     """A key mask of the wrong width is refused after the cache was written: the kept keys
     and the length come back, and decoding on gives the outputs of a run without that call."""

@@ -46,6 +46,14 @@ def test_table_files_and_measured_points(tmp_path, limits, capsys):
     assert (out / "roofline.md").read_text().splitlines()[0] == printed.splitlines()[1]
 
 
+def test_the_default_context_fits_a_model_shorter_than_1024(limits, capsys):
+    """catches: a default --context of 1024 that every preset below 1025 positions refused."""
+    assert roofline.run(_args("--preset", "tiny", "--device", "cpu")) == 0  # tiny: context_length 128
+    assert "batch 1, context 127, float32" in capsys.readouterr().out
+    assert roofline.run(_args("--preset", "gpt2-small", "--device", "cpu")) == 0
+    assert "batch 1, context 1023, float32" in capsys.readouterr().out  # 1024 positions: one left for the step
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

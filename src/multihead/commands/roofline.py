@@ -1,6 +1,6 @@
 """``multihead roofline``: where a GPT's prefill and decoding sit against this machine's limits.
 
-    multihead roofline --preset gpt2-small --context 1024
+    multihead roofline --preset gpt2-small --context 512
     multihead roofline --attention gqa --attention-option num_kv_heads=4 --batch 8 --measure --out roof
     multihead roofline --positions rope --layer-attention-options '[{"window": 128}, {}]'
     multihead roofline --checkpoint runs/tiny --context 64
@@ -60,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", metavar="PATH",
                         help="the config of a GPT checkpoint or of a training run's latest one, instead of a preset")  # fmt: skip
     parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences (default 1)")
-    parser.add_argument("--context", type=int, default=1024, metavar="T",
-                        help="prompt tokens of the prefill, cached tokens of the decode step (default 1024)")  # fmt: skip
+    parser.add_argument("--context", type=int, default=None, metavar="T",
+                        help="prompt tokens of the prefill, cached tokens of the decode step (default 1024, or "
+                             "the model's context_length - 1 when that is smaller)")  # fmt: skip
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES), help="weights and activations (default float32)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda when available")
     parser.add_argument("--measure", action="store_true", help="also time the real model (random weights)")
@@ -99,6 +100,8 @@ def prepare(args: argparse.Namespace) -> Job:
     import_modules(args.imports)
     config, label = _model(args)
     GPT(config, device="meta")  # the kind and its options, checked
+    if args.context is None:  # the decode step adds one position to the cached ones
+        args.context = min(1024, config.context_length - 1)
     for flag, value in (("--batch", args.batch), ("--context", args.context)):
         if value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")

@@ -9,10 +9,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.attention import BACKENDS, F64, assert_matches, check_against_reference, make_qkv
+from support.properties import examples
 
 from multihead.functional import attention, padding_mask_from_lengths
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOL = 1e-12
 
 backends = st.sampled_from(BACKENDS)
@@ -172,7 +173,7 @@ dtypes = st.sampled_from([F64, F64, F64, torch.float32, torch.int64, torch.bool]
 mask_dtypes = st.sampled_from([torch.bool, F64, torch.float32, torch.int32, torch.uint8])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     base=st.tuples(st.integers(0, 3), st.sampled_from([1, 2, 4]), st.integers(0, 4), st.integers(0, 4),
                    st.integers(0, 4), st.integers(0, 4)),
@@ -260,7 +261,7 @@ def calls(draw):
     return q, k, v, kw
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(call=calls(), backend=backends)
 def test_random_calls_match_reference(call, backend):
     """Any valid call (masks of every accepted layout, empty tensors, NaN in

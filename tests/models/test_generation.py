@@ -18,6 +18,7 @@ from multihead.models.gpt import GPT, GPTConfig
 transformers = pytest.importorskip("transformers")
 from support.hf_gpt2 import hf_model, ours_from  # noqa: E402
 from support.paths import assert_greedy_agrees  # noqa: E402
+from support.properties import examples  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +188,7 @@ def test_filter_top_p_keeps_the_smallest_set_with_mass_at_least_p():
     assert torch.equal(out[torch.isfinite(out)], logits[0, [1, 3]])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(st.floats(-5, 5, allow_nan=False), min_size=1, max_size=12),
     st.floats(0.01, 1.0),

@@ -268,6 +268,16 @@ def test_inputs_are_checked():
         model.encode(b.src, b.src_key_mask.long())
     with pytest.raises(ValueError, match="max_len=128"):
         model.greedy_decode(b.src, 200)
+    with pytest.raises(ValueError, match=r"positions 0\.\.128 exceed max_len=128"):
+        model.encode(torch.full((1, 129), 3))
+
+
+def test_greedy_decoding_may_use_every_position_and_no_more():
+    """max_len counts the bos: max_len - 1 decoder positions, at most config.max_len."""
+    model, b = small(max_len=16), padded_batch()
+    assert model.greedy_decode(b.src, 17).shape[1] <= 17
+    with pytest.raises(ValueError, match="max_len - 1 = 17 decoder positions exceed config.max_len=16"):
+        model.greedy_decode(b.src, 18)
 
 
 def test_copy_task_batches_layout():

@@ -9,12 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.modules import random_module as _module
+from support.properties import derandomized, examples
 
 from multihead import MultiHeadAttention
 
 F64 = torch.float64
 BACKENDS = ["math", "sdpa"]
-PROPS = settings(max_examples=25, deadline=None, derandomize=True)
+PROPS = settings(max_examples=examples(25), deadline=None, derandomize=derandomized())
 
 
 

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.modules import random_module
+from support.properties import derandomized, examples
 
 from multihead import KVCache, MultiHeadAttention
 
@@ -216,7 +217,7 @@ def test_cache_without_is_causal_and_explicit_alignment():
     torch.testing.assert_close(got, m(x, attn_mask=mask)[:, 4:], rtol=0, atol=TOL)
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=examples(30), deadline=None, derandomize=derandomized())
 @given(
     heads=st.sampled_from(list(HEADS)),
     splits=st.lists(st.integers(1, 4), min_size=1, max_size=6),

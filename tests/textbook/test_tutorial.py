@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.properties import examples
 from torch import nn
 
 from multihead.textbook.tutorial import (
@@ -160,7 +161,7 @@ def test_scaled_dot_product_fully_masked_row_is_zero_with_finite_grad():
         assert torch.isfinite(t.grad).all()
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     lead=st.lists(st.integers(1, 3), min_size=0, max_size=3),
     tq=st.integers(1, 5),

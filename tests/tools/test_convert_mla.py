@@ -234,6 +234,7 @@ def test_refusals_name_the_values():
     with pytest.raises(ValueError, match="decode must be"):
         to_mla(model, 8, method="svd", decode="fast")
     mla = to_mla(model, 8, method="svd")
+    assert to_mla(model, 1, method="svd").blocks[0].attn.kv_a_proj.weight.shape[0] == 1  # the narrowest latent
     with pytest.raises(ValueError, match="layer 0 is attention kind 'mla'"):
         to_mla(mla, 8, method="svd")
     with pytest.raises(ValueError, match="layer 0 has rope"):

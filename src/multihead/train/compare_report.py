@@ -181,6 +181,7 @@ def _plot(rows: list[dict[str, Any]], smoke_test: bool = False) -> bytes:
                     textcoords="offset points", xytext=(4, 4), fontsize=8)  # fmt: skip
     title = "smoke test: no comparison" if smoke_test else "validation loss, mean over seeds"
     curves.set(xlabel="step", ylabel="validation loss (nats/token)", title=title)
+    curves.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, min_n_ticks=1))  # whole steps
     curves.legend(fontsize=8)
     kv.set(xlabel="KV-cache bytes per token (all layers, float32)", ylabel="final validation loss",
            title="loss against KV-cache size")  # fmt: skip

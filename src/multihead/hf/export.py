@@ -86,11 +86,13 @@ def check_hf_export(model: nn.Module, *, zero_heads: bool = False) -> str:
         TypeError: not a GPT, BertEncoder or SentenceEncoder.
         ValueError: what transformers cannot hold (see the module docstring).
     """
+    from ..models.head_layout import plain_multi_head
+
     family, inner, _ = _parts(model)
     config = inner.config
     target = "GPT2LMHeadModel" if family == "gpt" else "BertModel"
     H = config.num_heads
-    if config.attention != "mha" or config.num_kv_heads not in (None, H):
+    if not plain_multi_head(config):
         kv = "" if config.num_kv_heads is None else f" with {config.num_kv_heads} key/value heads for {H} query heads"
         raise ValueError(
             f"transformers' {target} has plain multi-head attention (one key/value head per query head); "

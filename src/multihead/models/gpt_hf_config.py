@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .head_layout import plain_multi_head
+
 __all__ = ["config_fields_from_hf", "gpt2_config_kwargs", "require_gpt2_layout"]
 
 
@@ -85,7 +87,7 @@ def require_gpt2_layout(config: Any) -> None:
         ValueError: attention other than "mha" with all heads, qkv_bias=False,
             per-layer head counts, or positions other than a learned table.
     """
-    if config.attention != "mha" or config.num_kv_heads not in (None, config.num_heads):
+    if not plain_multi_head(config):
         raise ValueError(
             "Hugging Face GPT-2 weights exist only for attention='mha' with num_kv_heads == num_heads (its c_attn "
             "holds one key and one value head per query head and no other kind's weights); "

@@ -21,7 +21,7 @@ from typing import Any
 from .._checks import positive_int
 from ..modules.registry import attention_class
 
-__all__ = ["check_layer_heads", "layer_head_options"]
+__all__ = ["check_layer_heads", "layer_head_options", "plain_multi_head"]
 
 
 def _counts(name: str, values: object, num_layers: int) -> list[int]:
@@ -104,3 +104,10 @@ def layer_head_options(config: Any, layer: int) -> dict[str, int]:
         if config.layer_kv_heads is not None:
             options["num_kv_heads"] = config.layer_kv_heads[layer]
     return options
+
+
+def plain_multi_head(config: Any) -> bool:
+    """Whether ``config``'s layers are "mha" with one key/value head per query head:
+    the only layout Hugging Face's GPT-2 and BERT weights hold (their fused or
+    separate q, k, v projections are H heads each, and no other kind's weights)."""
+    return config.attention == "mha" and config.num_kv_heads in (None, config.num_heads)

@@ -6,13 +6,14 @@
 #
 # Needs torch with CUDA and the project's dependencies importable (PYTHONPATH=src is set here;
 # nothing is installed). Each step's log goes to OUT_DIR/<step>.log and its results under
-# OUT_DIR/<step>/; the last lines of each log are printed. STEPs: tests syncs capture decode
-# (the default: at most 8.5 minutes, within one 10-minute device call) and peers flex moh views.
+# OUT_DIR/<step>/; the last lines of each log are printed. STEPs: tests peers capture decode
+# (the default: at most 9 minutes with every step at its limit, about 6 on an H100, within one
+# 10-minute device call) and syncs flex moh views.
 # The tests step runs WORKERS processes (default 8) where pytest-xdist is installed.
 set -u
 out=${1:?usage: bash benchmarks/cuda_checks.sh OUT_DIR [STEP ...]}
 shift
-steps=${*:-tests syncs capture decode}
+steps=${*:-tests peers capture decode}
 mkdir -p "$out"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 MULTIHEAD_CACHE="$out/cache"
 py=${PYTHON:-python3}

@@ -205,6 +205,22 @@ def test_attention_options_reach_every_layer_of_every_role(kind, options, read):
     assert_greedy_agrees(tokens, tokens_ref, lg, lg_ref, start=1)
 
 
+@pytest.mark.parametrize("options", [{"rope": True}, {"alibi": True}, {"window": 3}], ids=["rope", "alibi", "window"])
+def test_position_options_go_to_self_attention_only_and_cached_decoding_agrees(options):
+    """catches: rope or ALiBi in cross-attention, whose cached steps placed every query at position 0
+    (logits 0.1 off the uncached decode), and a window there, which a cross-attention call refuses."""
+    model = small(attention_options=options)
+    has = {"rope": lambda m: m.rope is not None, "alibi": lambda m: m.alibi_slopes is not None,
+           "window": lambda m: m.sliding_window == 3}[next(iter(options))]  # fmt: skip
+    assert all(has(layer.self_attn) for layer in (*model.encoder, *model.decoder))
+    assert not any(has(layer.cross_attn) for layer in model.decoder)
+    src = torch.tensor([[3, 4, 5, 6, 7, 8, 2], [7, 8, 2, 0, 0, 0, 0]])
+    kw = {"src_key_mask": src != 0, "return_logits": True}
+    tokens, lg = model.greedy_decode(src, 9, **kw)
+    tokens_ref, lg_ref = model.greedy_decode(src, 9, use_cache=False, **kw)
+    assert_greedy_agrees(tokens, tokens_ref, lg, lg_ref, start=1)
+
+
 def test_post_norm_and_shared_embeddings():
     model, b = small(norm_first=False, tie_embeddings=True, share_embeddings=True), padded_batch()
     assert isinstance(model.encoder_norm, torch.nn.Identity)

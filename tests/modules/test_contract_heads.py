@@ -23,7 +23,7 @@ from support.paths import assert_paths_agree
 
 from multihead import AttentionLayer, list_attention_kinds
 from multihead.modules.head_selection import head_rows
-from multihead.modules.registry import attention_class
+from multihead.modules.registry import attention_class, kind_options
 from multihead.tools.heads import mask_heads
 
 KINDS = list_attention_kinds()
@@ -48,6 +48,10 @@ def test_every_kind_answers_the_capability_questions(kind):
     assert isinstance(cls.weight_only_layers, bool)
     if cls.layer_index_option is not None:  # a constructor option that takes the layer's index
         assert cls.layer_index_option in inspect.signature(cls.__init__).parameters
+    accepted = kind_options(kind)  # None: the kind takes any keyword
+    assert isinstance(cls.self_attention_options, tuple)
+    known = None if accepted is None else {*accepted, *cls.refused_options}  # option names, taken or refused
+    assert known is None or set(cls.self_attention_options) <= known, cls.self_attention_options
     options = cls.comparison_options(kind, 8)
     assert isinstance(options, dict)
     m = build(kind, **options) if options else build(kind)

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .._checks import dropout_probability, non_negative_int, positive_int
-from ..modules.registry import build_attention, check_kind, total_aux_loss
+from ..modules.registry import attention_class, build_attention, check_kind, total_aux_loss
 from ..modules.window_cache import window_cache
 from .head_layout import check_layer_heads, layer_head_options
 from .transformer_layers import DecoderCache, DecoderLayer, EncoderLayer
@@ -70,7 +70,9 @@ class TransformerConfig:
         attention_options: further keyword options of that kind for every attention
             layer (JSON values, e.g. {"overlap": 2} for "overlapping", {"qk_norm": True});
             what this config sets itself (sizes, head counts, ``attention_dropout``)
-            is refused there (``CONFIG_OPTIONS``).
+            is refused there (``CONFIG_OPTIONS``). Cross-attention layers leave out
+            the kind's ``self_attention_options`` (rope, alibi, window): queries
+            and memory keys share no position axis.
         norm_first: pre-norm (True, the Annotated Transformer) or post-norm (the paper).
         layer_norm_eps: eps of every LayerNorm.
         max_len: number of sinusoidal positions (longest source or target).
@@ -229,6 +231,9 @@ def transformer_attention(config: TransformerConfig, role: str, layer: int, **fa
     layout = _RoleLayout(config.num_heads, config.num_kv_heads, config.head_dim, getattr(config, heads),
                          getattr(config, kv))
     options = {**config.layer_options(), **layer_head_options(layout, layer), **factory}
+    if role == "cross":  # no position axis shared by the queries and the memory's keys
+        for name in attention_class(config.attention).self_attention_options:
+            options.pop(name, None)
     return build_attention(config.attention, embed_dim=config.embed_dim, **options)
 
 

@@ -135,6 +135,9 @@ class AttentionLayer(HookedLayer, metaclass=ABCMeta):
         selects_weights: ``core`` takes a ``WeightSelection`` as ``return_weights``
             and returns just those weights (the default core). A class defining
             ``core`` gets False unless it says so: asked for every weight.
+        self_attention_options: the constructor options that place queries and
+            keys on one position axis (rope, ALiBi, a window); a cross-attention
+            call has no such axis, so models build cross-attention layers without them.
 
     Attributes:
         rope: a ``Rotary`` or None; qk_norm: a ``QKNorm`` or None.
@@ -158,6 +161,7 @@ class AttentionLayer(HookedLayer, metaclass=ABCMeta):
     weight_only_layers: bool = False
     regroups_key_values: bool = False
     selects_weights: bool = True
+    self_attention_options: tuple[str, ...] = ("rope", "alibi", "window")
 
     def __init__(
         self,

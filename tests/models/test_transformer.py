@@ -205,13 +205,12 @@ def test_attention_options_reach_every_layer_of_every_role(kind, options, read):
     assert_greedy_agrees(tokens, tokens_ref, lg, lg_ref, start=1)
 
 
-@pytest.mark.parametrize("options", [{"rope": True}, {"alibi": True}, {"window": 3}], ids=["rope", "alibi", "window"])
+@pytest.mark.parametrize("options", [{"rope": True}, {"alibi": True}], ids=["rope", "alibi"])
 def test_position_options_go_to_self_attention_only_and_cached_decoding_agrees(options):
     """catches: rope or ALiBi in cross-attention, whose cached steps placed every query at position 0
-    (logits 0.1 off the uncached decode), and a window there, which a cross-attention call refuses."""
+    (logits 0.1 off the uncached decode)."""
     model = small(attention_options=options)
-    has = {"rope": lambda m: m.rope is not None, "alibi": lambda m: m.alibi_slopes is not None,
-           "window": lambda m: m.sliding_window == 3}[next(iter(options))]  # fmt: skip
+    has = {"rope": lambda m: m.rope is not None, "alibi": lambda m: m.alibi_slopes is not None}[next(iter(options))]
     assert all(has(layer.self_attn) for layer in (*model.encoder, *model.decoder))
     assert not any(has(layer.cross_attn) for layer in model.decoder)
     src = torch.tensor([[3, 4, 5, 6, 7, 8, 2], [7, 8, 2, 0, 0, 0, 0]])
@@ -265,6 +264,8 @@ def test_unknown_preset_lists_valid_ones():
         ({"attention_options": {"dropout": 0.1}}, ValueError, r"\['dropout'\] are set by the config or the model: use .*attention_dropout"),
         ({"attention_options": {"overlap": 1}}, TypeError, "overlap"),  # not an option of "mha"
         ({"attention": "overlapping", "attention_options": {"overlap": -1}}, ValueError, "overlap=-1"),
+        ({"attention_options": {"window": 4}}, ValueError, r"window=4 would make every self-attention layer causal .*"
+                                                           r"transformer_attention\(config, 'decoder', i, window=w\)"),
     ],
 )
 def test_config_validation_names_the_values(overrides, error, match):

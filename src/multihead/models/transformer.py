@@ -70,9 +70,10 @@ class TransformerConfig:
         attention_options: further keyword options of that kind for every attention
             layer (JSON values, e.g. {"overlap": 2} for "overlapping", {"qk_norm": True});
             what this config sets itself (sizes, head counts, ``attention_dropout``)
-            is refused there (``CONFIG_OPTIONS``). Cross-attention layers leave out
-            the kind's ``self_attention_options`` (rope, alibi, window): queries
-            and memory keys share no position axis.
+            is refused there (``CONFIG_OPTIONS``), and so is ``window`` (it makes a
+            layer causal, the encoder's too). Cross-attention layers leave out the
+            kind's ``self_attention_options`` (rope, alibi, window): queries and
+            memory keys share no position axis.
         norm_first: pre-norm (True, the Annotated Transformer) or post-norm (the paper).
         layer_norm_eps: eps of every LayerNorm.
         max_len: number of sinusoidal positions (longest source or target).
@@ -152,6 +153,13 @@ class TransformerConfig:
         taken = {k: CONFIG_OPTIONS[k] for k in self.attention_options if k in CONFIG_OPTIONS}
         if taken:
             raise ValueError(f"attention_options {sorted(taken)} are set by the config or the model: use {taken}")
+        if self.attention_options.get("window") is not None:  # it includes causality: the encoder would lose its future
+            raise ValueError(
+                f"attention_options window={self.attention_options['window']} would make every self-attention layer "
+                "causal and local, the encoder's too; give decoder layers a window one by one: "
+                "model.decoder[i].self_attn = multihead.models.transformer.transformer_attention(config, 'decoder', i, "
+                "window=w)"
+            )
         with torch.device("meta"):  # the kind's own checks (head sizes, num_kv_heads, options), no memory used
             build_attention(self.attention, embed_dim=self.embed_dim, num_heads=self.num_heads,
                             **self.layer_options())

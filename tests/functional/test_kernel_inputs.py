@@ -11,9 +11,9 @@ import torch
 from multihead.functional.lse_backend import cuda_kernel_inputs, kernel_ready
 
 
-def _fused_views(C: int, H: int, dtype: torch.dtype, B: int = 2, T: int = 5) -> list[torch.Tensor]:
+def _fused_views(C: int, H: int, dtype: torch.dtype, device: str = "cpu", B: int = 2, T: int = 5) -> list[torch.Tensor]:
     """q, k, v [B, H, T, D] as ``MultiHeadAttention`` cuts them from one (B, T, 3C) projection."""
-    qkv = torch.empty(B, T, 3 * C, dtype=dtype)
+    qkv = torch.randn(B, T, 3 * C, dtype=dtype, device=device)
     assert qkv.data_ptr() % 16 == 0
     return [qkv[..., i * C : (i + 1) * C].view(B, T, H, C // H).transpose(1, 2) for i in range(3)]
 
@@ -58,8 +58,7 @@ def test_cpu_tensors_are_returned_as_they_are():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_copies_exactly_the_views_that_are_not_ready():
     for C, H in ((768, 12), (36, 3)):
-        qkv = torch.randn(2, 5, 3 * C, dtype=torch.bfloat16, device="cuda")
-        views = [qkv[..., i * C : (i + 1) * C].view(2, 5, H, C // H).transpose(1, 2) for i in range(3)]
+        views = _fused_views(C, H, torch.bfloat16, "cuda")
         out = cuda_kernel_inputs(*views)
         for before, after in zip(views, out):
             assert (after is before) == kernel_ready(before)
